@@ -1,0 +1,96 @@
+"""The backend contract.
+
+A backend adapts one array framework to attnspec. It exposes the spec's public functions with
+the spec's signatures, on the framework's own arrays, plus the few hooks the conformance suite
+needs (conversion, devices, dtypes, synchronization, and a per-case support query).
+
+Feature names used by `supports` (the conformance suite asks with these, and reports them):
+    sdpa                 any sdpa call (the case carries the options used)
+    sdpa_vjp, mha, mha_vjp, lsh_attention, lsh_attention_vjp, sdpa_blocked
+The ``case`` keywords are the call's own options plus ``dtype`` (a name from FLOAT_DTYPES),
+``device`` and the shapes ``q_shape``, ``k_shape``, ``v_shape``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar
+
+import numpy as np
+
+from attnspec.spec._validate import FLOAT_DTYPES
+
+__all__ = ["Backend", "FLOAT_DTYPES", "Unsupported"]
+
+
+class Unsupported(NotImplementedError):
+    """Raised by a backend function the backend does not implement (with the reason)."""
+
+
+class Backend:
+    """Base class: subclasses set ``name``, ``dtypes`` and implement the array hooks and sdpa.
+
+    Functions a backend does not implement raise `Unsupported`, and `supports` reports them, so
+    the suite can tell "unsupported: reason" apart from "failed".
+    """
+
+    name: ClassVar[str] = "abstract"
+    dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
+    #: the spec functions this backend implements; `supports` refuses the others
+    implements: ClassVar[frozenset[str]] = frozenset({"sdpa"})
+
+    # -- arrays -----------------------------------------------------------------------------
+    def devices(self) -> list[str]:
+        return ["cpu"]
+
+    def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> Any:
+        raise NotImplementedError
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Block until queued device work is done (timing reads the clock only after this)."""
+
+    def dtype_name(self, x: Any) -> str:
+        """The canonical dtype name of one of this backend's arrays (``float32``, ``bool``...)."""
+        return np.dtype(x.dtype).name
+
+    # -- capability -------------------------------------------------------------------------
+    def supports(self, feature: str, **case: Any) -> list[str]:
+        """Reasons this backend cannot run ``feature`` for ``case``; empty means supported."""
+        reasons = []
+        if feature not in self.implements:
+            reasons.append(f"{self.name} does not implement {feature}")
+        dtype = case.get("dtype")
+        if dtype is not None and dtype not in self.dtypes:
+            reasons.append(f"{self.name} has no {dtype} (supports {', '.join(self.dtypes)})")
+        device = case.get("device")
+        if device is not None and device not in self.devices():
+            reasons.append(f"{self.name} cannot run on device {device!r} here")
+        return reasons
+
+    # -- the spec's functions ---------------------------------------------------------------
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+             q_lengths=None, kv_lengths=None, return_weights=False):
+        raise Unsupported(f"{self.name} does not implement sdpa")
+
+    def __repr__(self) -> str:
+        return f"<attnspec backend {self.name!r}>"
+
+
+def spec_signature_mismatches(backend: Backend) -> list[str]:
+    """Public spec functions whose backend signature differs from the spec's (for the tests)."""
+    import attnspec.spec as spec
+
+    problems = []
+    for fn in sorted(backend.implements):
+        ours = inspect.signature(getattr(spec, fn))
+        theirs = inspect.signature(getattr(backend, fn))
+        if list(ours.parameters) != list(theirs.parameters) or any(
+            ours.parameters[p].kind != theirs.parameters[p].kind
+            or ours.parameters[p].default != theirs.parameters[p].default
+            for p in ours.parameters
+        ):
+            problems.append(f"{backend.name}.{fn}{theirs} != spec.{fn}{ours}")
+    return problems

@@ -4,17 +4,24 @@ Every decision where frameworks disagree is listed in ``spec/README.md`` with it
 """
 
 from attnspec._errors import SpecError
+from attnspec.spec.grads import sdpa_vjp
 from attnspec.spec.masks import causal_mask, padding_mask, query_padding_mask, window_mask
+from attnspec.spec.mha import MHAParams, merge_heads, mha, split_heads
 from attnspec.spec.positions import sinusoidal_positions
 from attnspec.spec.sdpa import sdpa, sdpa_loops
 
 __all__ = [
+    "MHAParams",
     "SpecError",
     "causal_mask",
+    "merge_heads",
+    "mha",
     "padding_mask",
     "query_padding_mask",
     "sdpa",
     "sdpa_loops",
+    "sdpa_vjp",
     "sinusoidal_positions",
+    "split_heads",
     "window_mask",
 ]

@@ -1,0 +1,90 @@
+"""Fixtures of the conformance suite: the backend under test, its device, and the case judge."""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+
+from attnspec import SpecError
+from attnspec.conformance.pytest_helpers import resolve_backend
+from attnspec.conformance.recorder import case_key, declared_deviations, dev_id
+
+
+@pytest.fixture(scope="session")
+def attn_backend(attn_backend_name, pytestconfig):
+    try:
+        backend = resolve_backend(attn_backend_name)
+    except Exception as exc:  # an unusable backend is the user's first question: say why
+        pytest.fail(f"backend {attn_backend_name!r} is not usable: {type(exc).__name__}: {exc}", pytrace=False)
+    if hasattr(backend, "numerics_policy"):
+        backend.numerics_policy()  # sets TF32 off / highest matmul precision, and reports it
+    rec = pytestconfig._attn_recorder
+    rec.backend, rec.backend_name = backend, attn_backend_name
+    rec.device = pytestconfig.getoption("--attn-device") or backend.devices()[0]
+    return backend
+
+
+@pytest.fixture(scope="session")
+def attn_device(attn_backend, pytestconfig):
+    return pytestconfig._attn_recorder.device
+
+
+@pytest.fixture
+def judge(attn_backend, attn_device, pytestconfig, request):
+    """Run one case through ``body`` and record its verdict; undeclared failures raise."""
+    rec = pytestconfig._attn_recorder
+    nodeid = request.node.nodeid
+    name = rec.backend_name
+    deviations = declared_deviations(name)
+
+    def run(function: str, prop: str, case, body, feature_case: dict | None = None) -> None:
+        base = {"function": function, "property": prop, "feature": case.feature, "dtype": case.dtype,
+                "tags": sorted(case.tags), "shapes": {k: list(v) for k, v in case.shapes.items()}}
+        skipped = rec.start(nodeid, case_key(nodeid, case.describe(), case.seed))
+        if skipped:
+            rec.record(nodeid, {**base, "status": skipped, "message": f"{skipped} in an earlier attempt"})
+            return
+        reasons = attn_backend.supports(function, dtype=case.dtype, device=attn_device,
+                                        q_shape=case.q.shape, k_shape=case.k.shape,
+                                        v_shape=case.v.shape, **case.options, **(feature_case or {}))
+        if reasons:
+            rec.record(nodeid, {**base, "status": "unsupported", "reason": "; ".join(reasons)})
+            return
+        applicable = [d for d in deviations if _applies(d, case.tags)]
+        for d in applicable:
+            rec.exercised(dev_id(d))
+        try:
+            verdict = body()
+        except SpecError as exc:
+            verdict = _raised(name, function, prop, case, attn_device, f"raised SpecError on a valid input: {exc}")
+        except Exception as exc:
+            verdict = _raised(name, function, prop, case, attn_device,
+                              f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}")
+        if verdict.status == "failed" and applicable:
+            verdict.status, verdict.deviation_id = "deviation", dev_id(applicable[0])
+        worst = verdict.worst
+        rec.record(nodeid, {
+            **base, "status": verdict.status, "reason": verdict.reason, "deviation_id": verdict.deviation_id,
+            "max_abs_err": worst.max_abs_err if worst else None,
+            "max_rel_err": worst.max_rel_err if worst else None,
+            "budget_used": worst.budget_used if worst else None,
+            "message": verdict.message if verdict.status == "failed" else "",
+        })
+        if verdict.status == "failed":
+            raise AssertionError(verdict.message)
+
+    return run
+
+
+def _applies(deviation, tags) -> bool:
+    needed = getattr(deviation, "tags", None)
+    return bool(needed) and set(needed) <= set(tags)
+
+
+def _raised(name, function, prop, case, device, text: str):
+    from attnspec.conformance.pytest_helpers import Verdict, repro
+
+    snippet = "\n".join("    " + line for line in repro(name, case, device).splitlines())
+    return Verdict("failed", message=f"[{name}] {function} {prop}: {case.describe()} device={device}\n"
+                                     f"  {text}\n  reproduce with:\n{snippet}")

@@ -1,0 +1,201 @@
+"""Hypothesis strategies for the conformance suite.
+
+A drawn `SDPACase` holds NumPy inputs already rounded to the case dtype, the keyword options, the
+feature it exercises and its tags (what the case contains: a row with no visible key, poisoned
+masked keys...). Sizes come from small fixed menus so that compiling backends (JAX) reuse their
+compiled functions across examples; the largest side is capped by ``ATTNSPEC_MAX_SIDE``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+from hypothesis import strategies as st
+
+MAX_SIDE = int(os.environ.get("ATTNSPEC_MAX_SIDE", "24"))
+SIDES = tuple(s for s in (1, 2, 3, 5, 8, 13, 16, 24, 32, 64) if s <= MAX_SIDE)
+DIMS = (1, 4, 8, 16)
+NP_DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float64": np.float64}
+
+# feature -> what the case exercises. Every case is one feature; "combined" mixes several.
+SDPA_FEATURES = (
+    "plain", "scale", "rank2", "batch_broadcast", "gqa", "mqa", "dk_ne_dv",
+    "mask", "bias", "bias_neg_inf", "causal_upper_left", "causal_lower_right",
+    "window", "window_lower_right", "kv_lengths", "q_lengths", "no_visible_rows",
+    "masked_nonfinite", "empty", "large_logits", "ties_and_zeros", "combined",
+)
+
+
+@dataclass
+class SDPACase:
+    feature: str
+    dtype: str
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    options: dict[str, Any] = field(default_factory=dict)
+    tags: frozenset[str] = frozenset()
+    seed: int = 0
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"q": self.q.shape, "k": self.k.shape, "v": self.v.shape}
+
+    def describe(self) -> str:
+        opts = ", ".join(f"{k}={_short(v)}" for k, v in sorted(self.options.items()))
+        return (f"feature={self.feature} dtype={self.dtype} q{self.q.shape} k{self.k.shape} "
+                f"v{self.v.shape} {opts}").rstrip()
+
+    def with_options(self, **options: Any) -> "SDPACase":
+        return replace(self, options={**self.options, **options})
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        return f"<{v.dtype.name}{list(v.shape)}>"
+    return repr(v)
+
+
+@st.composite
+def sdpa_cases(draw, dtype: str, features: tuple[str, ...] = SDPA_FEATURES) -> SDPACase:
+    """One sdpa call exercising a drawn feature, in ``dtype``."""
+    feature = draw(st.sampled_from(features))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    tags = {feature}
+
+    batch = draw(st.sampled_from([(), (2,), (1, 3)]))
+    hkv = draw(st.sampled_from([1, 2]))
+    group = draw(st.sampled_from([1, 2, 3] if feature in ("gqa", "combined") else [1]))
+    if feature == "mqa":
+        hkv, group = 1, draw(st.sampled_from([2, 4]))
+    hq = hkv * group
+    n, m = draw(st.sampled_from(SIDES)), draw(st.sampled_from(SIDES))
+    if feature == "empty":
+        n, m = draw(st.sampled_from([(0, m), (n, 0), (0, 0)]))
+    dk = draw(st.sampled_from(DIMS))
+    dv = draw(st.sampled_from([d for d in DIMS if d != dk] or [dk])) if feature == "dk_ne_dv" else (
+        draw(st.sampled_from(DIMS)) if feature == "combined" else dk)
+    if dk != dv:
+        tags.add("dk_ne_dv")
+    if group > 1:
+        tags.add("gqa")
+    if n != m:
+        tags.add("n_ne_m")
+
+    q_batch = batch
+    k_batch = batch
+    if feature == "batch_broadcast" and batch:
+        k_batch = (1,) * len(batch)  # k/v broadcast against q's batch
+    rank2 = feature == "rank2"
+    if rank2:
+        q_batch = k_batch = batch = ()
+        hkv = hq = 1
+
+    def shape(b, h, length, d):
+        return (length, d) if rank2 else (*b, h, length, d)
+
+    magnitude = 1.0
+    if feature == "large_logits":
+        magnitude = float(draw(st.sampled_from([8.0, 16.0])))  # logits up to ~magnitude^2 * sqrt(dk)
+    q = rng.standard_normal(shape(q_batch, hq, n, dk)) * magnitude
+    k = rng.standard_normal(shape(k_batch, hkv, m, dk)) * magnitude
+    v = rng.standard_normal(shape(k_batch, hkv, m, dv))
+    if feature == "ties_and_zeros" and m > 1:
+        k[..., 1::2, :] = k[..., :1, :]  # exact ties among logits
+        q[..., ::2, :] = 0.0  # zero queries: uniform weights
+        v[..., -1, :] = 0.0
+    if feature == "large_logits":
+        tags.add("large_logits")
+
+    options: dict[str, Any] = {}
+    full = (*batch, hq, n, m) if not rank2 else (n, m)
+    if feature in ("mask", "combined", "no_visible_rows"):
+        mshape = draw(st.sampled_from([(n, m), full, (*batch, 1, n, m) if not rank2 else (1, m)]))
+        mask = rng.random(mshape) < draw(st.sampled_from([0.3, 0.7, 0.95]))
+        if feature == "no_visible_rows" and n > 0:
+            mask = np.broadcast_to(mask, full).copy()
+            mask[..., rng.integers(0, n), :] = False
+        options["mask"] = mask
+    if feature == "scale":
+        options["scale"] = float(draw(st.sampled_from([0.05, 0.5, 2.0])))
+    if feature in ("bias", "bias_neg_inf", "combined"):
+        bshape = draw(st.sampled_from([(n, m), full]))
+        bias = rng.standard_normal(bshape) * 2
+        if feature != "bias":
+            bias = np.where(rng.random(bshape) < 0.3, -np.inf, bias)
+            tags.add("bias_neg_inf")
+        options["bias"] = bias
+    if feature in ("causal_upper_left", "window", "combined"):
+        options["causal"] = draw(st.sampled_from(["upper_left", None] if feature == "window" else ["upper_left"]))
+    if feature in ("causal_lower_right", "window_lower_right"):
+        options["causal"] = "lower_right"
+    if feature == "combined" and draw(st.booleans()):
+        options["causal"] = "lower_right"
+    if feature in ("window", "window_lower_right", "combined"):
+        options["window"] = (draw(st.integers(0, 4)), draw(st.integers(0, 4)))
+    if feature in ("kv_lengths", "no_visible_rows", "masked_nonfinite", "combined") and not rank2:
+        options["kv_lengths"] = rng.integers(0 if feature == "no_visible_rows" else min(1, m), m + 1, size=batch)
+    if feature in ("q_lengths", "combined") and not rank2:
+        options["q_lengths"] = rng.integers(0, n + 1, size=batch)
+    if feature == "masked_nonfinite":
+        if rank2 or m == 0:
+            options["mask"] = np.ones((n, m), bool)
+        else:
+            # poison keys beyond every batch element's length, and keys the causal rule hides
+            poison = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+            lengths = options["kv_lengths"]
+            j = np.arange(m)
+            hidden = j >= (lengths[..., None] if lengths.ndim else lengths)  # (*batch, m)
+            if k.ndim - 3 == hidden.ndim - 1:
+                hidden_kv = np.broadcast_to(hidden[..., None, :, None], k.shape[:-1] + (1,))
+                k = np.where(hidden_kv, poison, k)
+                v = np.where(np.broadcast_to(hidden[..., None, :, None], v.shape[:-1] + (1,)), poison, v)
+            if draw(st.booleans()):
+                options["causal"] = "upper_left"
+    npdt = NP_DTYPES[dtype]
+    q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
+    if "bias" in options:
+        options["bias"] = options["bias"].astype(npdt)
+    _tag_visibility(tags, q, k, v, options)
+    return SDPACase(feature, dtype, q, k, v, options, frozenset(tags), seed)
+
+
+def _tag_visibility(tags: set[str], q, k, v, options) -> None:
+    """Add the tags that depend on the final visibility: empty rows, poisoned absent keys."""
+    from attnspec.spec.sdpa import _validate
+
+    plan = _validate("sdpa", q, k, v, options.get("mask"), options.get("bias"), options.get("causal"),
+                     options.get("window"), options.get("scale"), options.get("q_lengths"),
+                     options.get("kv_lengths"))
+    vis = full_visibility(plan, options)
+    if plan.n and plan.hq and (plan.m == 0 or not vis.any(axis=-1).all()):
+        tags.add("no_visible_row")
+    nonfinite = ~np.isfinite(k.astype(np.float64)).all(axis=-1) | ~np.isfinite(v.astype(np.float64)).all(axis=-1)
+    if nonfinite.any():
+        tags.add("masked_nonfinite")
+    if options.get("causal"):
+        tags.add(f"causal_{options['causal']}")
+    for name in ("mask", "bias", "window", "kv_lengths", "q_lengths", "scale"):
+        if name in options:
+            tags.add(name)
+
+
+def full_visibility(plan, options) -> np.ndarray:
+    """The case's visibility broadcast to (*batch, Hq, n, m)."""
+    from attnspec.spec.masks import visibility
+
+    vis = visibility(plan.n, plan.m, causal=plan.causal, window=plan.window,
+                     q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths)
+    full = np.ones(plan.full_weights_shape, bool)
+    if vis is not None:
+        full &= vis
+    if options.get("mask") is not None:
+        full &= options["mask"]
+    if options.get("bias") is not None:
+        full &= options["bias"] != -np.inf
+    return full

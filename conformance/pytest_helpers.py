@@ -1,0 +1,161 @@
+"""Running one case on a backend, judging it against the golden, and explaining failures.
+
+A failure message names backend, function, feature, dtype and shapes, the largest error and
+where it is, the share of elements out of tolerance, the budget used, and a Python snippet that
+reproduces the call.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from attnspec.conformance.hypothesis_helpers import SDPACase, full_visibility
+from attnspec.spec._validate import FLOAT_DTYPES
+from attnspec.spec.sdpa import _validate, sdpa
+from attnspec.spec.tolerance import Comparison, compare, reference_sdpa, sdpa_allowed
+
+
+@dataclass
+class Verdict:
+    """The outcome of one case: what the results JSON records."""
+
+    status: str  # passed | failed | unsupported | deviation
+    comparisons: dict[str, Comparison] = field(default_factory=dict)
+    message: str = ""
+    reason: str = ""
+    deviation_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "failed"
+
+    @property
+    def worst(self) -> Comparison | None:
+        return max(self.comparisons.values(), key=lambda c: c.budget_used, default=None)
+
+
+def resolve_backend(name: str):
+    """A registered backend name, or ``module:attribute`` naming a Backend class or factory."""
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        return getattr(importlib.import_module(module), attr)()
+    import attnspec.backends
+
+    return attnspec.backends.get(name)
+
+
+def to_backend(backend, case: SDPACase, device: str | None, options: dict[str, Any] | None = None):
+    """q, k, v and options converted to the backend's arrays (lengths and masks included)."""
+    opts = dict(case.options if options is None else options)
+    conv = {}
+    for name, value in opts.items():
+        conv[name] = backend.asarray(value, device=device) if isinstance(value, np.ndarray) else value
+    return (backend.asarray(case.q, device=device), backend.asarray(case.k, device=device),
+            backend.asarray(case.v, device=device)), conv
+
+
+def call_sdpa(backend, case: SDPACase, device: str | None, **extra: Any):
+    (q, k, v), opts = to_backend(backend, case, device)
+    result = backend.sdpa(q, k, v, **opts, **extra)
+    return result
+
+
+@dataclass
+class Golden:
+    out: np.ndarray  # float64, unrounded
+    weights: np.ndarray
+    allowed_out: float
+    allowed_w: float
+
+
+def golden_for(case: SDPACase) -> Golden:
+    """The float64 golden (before the final rounding) and the tolerance for this case."""
+    f64 = {name: v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype.name in FLOAT_DTYPES else v
+           for name, v in case.options.items() if name != "return_weights"}
+    q64, k64, v64 = (x.astype(np.float64) for x in (case.q, case.k, case.v))
+    out, w = sdpa(q64, k64, v64, **f64, return_weights=True)
+    o = case.options
+    plan = _validate("sdpa", case.q, case.k, case.v, o.get("mask"), o.get("bias"), o.get("causal"),
+                     o.get("window"), o.get("scale"), o.get("q_lengths"), o.get("kv_lengths"))
+    ref, ref_w = reference_sdpa(plan, case.q, case.k, case.v, o.get("mask"), o.get("bias"), True)
+    err_out = compare(ref, out, np.inf).max_abs_err
+    err_w = compare(ref_w, w, np.inf).max_abs_err
+    vis = full_visibility(plan, o)
+    allowed_out = sdpa_allowed(plan, case.q, case.k, case.v, o.get("bias"), vis, err_out)
+    allowed_w = sdpa_allowed(plan, case.q, case.k, case.v, o.get("bias"), vis, err_w, value_scale=1.0)
+    return Golden(out, w, allowed_out, allowed_w)
+
+
+def check_metadata(backend, result, expected_shape, dtype: str, device: str | None) -> list[str]:
+    problems = []
+    got_shape = tuple(result.shape)
+    if got_shape != tuple(expected_shape):
+        problems.append(f"out.shape={got_shape}, but should be {tuple(expected_shape)}")
+    got_dtype = backend.dtype_name(result)
+    if got_dtype != dtype:
+        problems.append(f"out.dtype={got_dtype}, but should be {dtype}")
+    if device is not None and hasattr(backend, "device_of"):
+        got_device = backend.device_of(result)
+        if got_device != device:
+            problems.append(f"out.device={got_device}, but should be {device}")
+    return problems
+
+
+def repro(backend_name: str, case: SDPACase, device: str | None, **extra: Any) -> str:
+    """A self-contained snippet that rebuilds the case's inputs and calls backend and golden."""
+    lines = [
+        "import numpy as np, ml_dtypes",
+        "import attnspec.spec",
+        "from attnspec.conformance.pytest_helpers import resolve_backend",
+        f"b = resolve_backend({backend_name!r})",
+    ]
+    dt = "ml_dtypes.bfloat16" if case.dtype == "bfloat16" else f"np.{case.dtype}"
+
+    def arr(x: np.ndarray) -> str:
+        if x.dtype == bool:
+            return f"np.array({x.astype(int).tolist()}, dtype=bool)"
+        if x.dtype.kind in "iu":
+            return f"np.array({x.tolist()}, dtype=np.int64)"
+        vals = np.array2string(x.astype(np.float64), separator=", ", threshold=10**9, floatmode="unique",
+                               max_line_width=10**9).replace("nan", "np.nan").replace("inf", "np.inf")
+        return f"np.array({vals}, dtype={dt})"
+
+    for name in ("q", "k", "v"):
+        lines.append(f"{name} = {arr(getattr(case, name))}")
+    opts = []
+    for name, value in sorted({**case.options, **extra}.items()):
+        opts.append(f"{name}={arr(value) if isinstance(value, np.ndarray) else repr(value)}")
+    call = ", ".join(["q", "k", "v", *opts])
+    dev = f", device={device!r}" if device else ""
+    lines += [
+        f"golden = attnspec.spec.sdpa({call})",
+        f"to = lambda x: b.asarray(x{dev}) if isinstance(x, np.ndarray) else x",
+        "args = {" + ", ".join(f"{o.split('=')[0]!r}: to({o.split('=', 1)[1]})" for o in opts) + "}",
+        "out = b.sdpa(to(q), to(k), to(v), **args)",
+        "print(np.abs(b.to_numpy(out if not isinstance(out, tuple) else out[0]).astype(float) - "
+        "(golden if not isinstance(golden, tuple) else golden[0]).astype(float)).max())",
+    ]
+    return "\n".join(lines)
+
+
+def failure_message(backend_name: str, prop: str, case: SDPACase, device: str | None,
+                    comparisons: dict[str, Comparison], problems: list[str], **extra: Any) -> str:
+    head = f"[{backend_name}] sdpa {prop}: {case.describe()} device={device}"
+    lines = [head]
+    lines += [f"  {p}" for p in problems]
+    for name, c in comparisons.items():
+        if c.ok:
+            continue
+        where = f" at index {c.worst_index}" if c.worst_index is not None else ""
+        lines.append(
+            f"  {name}: max abs err {c.max_abs_err:.3e}{where} > allowed {c.allowed:.3e} "
+            f"(budget used {c.budget_used:.3g}); {100 * c.out_of_tolerance:.1f}% of elements out of "
+            f"tolerance; max rel err {c.max_rel_err:.3e}; {c.nonfinite_mismatch} NaN/inf mismatches"
+        )
+    lines.append("  reproduce with:")
+    lines += ["    " + line for line in repro(backend_name, case, device, **extra).splitlines()]
+    return "\n".join(lines)

@@ -1,0 +1,214 @@
+"""Per-case results: recorded as the suite runs, aggregated into the results JSON.
+
+Each case is journaled before the backend is called, so the crash-isolating runner
+(`attnspec.conformance.run`) can tell which case took the process down. While Hypothesis shrinks
+a failure it re-runs the test many times; only the first failure and the final (minimal) one are
+kept, so the counts reflect distinct generated cases.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from collections import defaultdict
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import attnspec
+
+STATUSES = ("passed", "failed", "unsupported", "deviation", "crashed", "timeout")
+FRAMEWORKS = ("numpy", "ml_dtypes", "torch", "jax", "jaxlib", "array-api-compat", "array-api-strict",
+              "cupy-cuda12x", "cupy-cuda13x", "hypothesis")
+MAX_FAILURES_KEPT = 20
+
+
+def case_key(nodeid: str, describe: str, seed: int) -> str:
+    return hashlib.sha1(f"{nodeid}|{describe}|{seed}".encode()).hexdigest()[:16]
+
+
+class Recorder:
+    def __init__(self, profile: str, journal: str | None = None, skip_file: str | None = None):
+        self.profile = profile
+        self.journal = open(journal, "a", buffering=1) if journal else None
+        self.skips: dict[str, str] = json.loads(Path(skip_file).read_text()) if skip_file else {}
+        self.pending: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.records: list[dict[str, Any]] = []
+        self.backend = None
+        self.backend_name = ""
+        self.device = None
+        self.started = time.time()
+        self.deviation_exercised: dict[str, int] = defaultdict(int)
+
+    def _log(self, event: dict[str, Any]) -> None:
+        if self.journal:
+            self.journal.write(json.dumps(event, sort_keys=True, default=str) + "\n")
+            self.journal.flush()
+            os.fsync(self.journal.fileno())
+
+    def start(self, nodeid: str, key: str) -> str | None:
+        """Journal that a case is about to run; return "crashed"/"timeout" if it must be skipped."""
+        if key in self.skips:
+            return self.skips[key]
+        self._log({"event": "start", "node": nodeid, "key": key})
+        return None
+
+    def record(self, nodeid: str, rec: dict[str, Any]) -> None:
+        self.pending[nodeid].append(rec)
+        self._log({"event": "case", "node": nodeid, **rec})
+
+    def exercised(self, deviation_id: str) -> None:
+        self.deviation_exercised[deviation_id] += 1
+
+    def test_finished(self, nodeid: str, outcome: str) -> None:
+        recs = self.pending.pop(nodeid, [])
+        failed = [i for i, r in enumerate(recs) if r["status"] == "failed"]
+        if failed:  # drop Hypothesis' shrinking replays: keep cases up to the first failure, and the last
+            recs = recs[: failed[0] + 1] + ([recs[failed[-1]]] if failed[-1] != failed[0] else [])
+        self.records.extend(recs)
+        self._log({"event": "test_done", "node": nodeid, "outcome": outcome})
+
+    # -- aggregation ------------------------------------------------------------------------
+    def results(self) -> dict[str, Any]:
+        for node in list(self.pending):
+            self.test_finished(node, "incomplete")
+        rows: dict[tuple, dict[str, Any]] = {}
+        failures = []
+        for r in self.records:
+            key = (r["function"], r["property"], r["feature"], r["dtype"])
+            row = rows.setdefault(key, {
+                "function": key[0], "property": key[1], "feature": key[2], "dtype": key[3],
+                "run": 0, **{s: 0 for s in STATUSES}, "max_abs_err": None, "max_rel_err": None,
+                "max_budget_used": None, "unsupported_reasons": [], "deviation_ids": [],
+            })
+            row["run"] += 1
+            row[r["status"]] += 1
+            for field, src in (("max_abs_err", "max_abs_err"), ("max_rel_err", "max_rel_err"),
+                               ("max_budget_used", "budget_used")):
+                val = r.get(src)
+                if val is not None and r["status"] in ("passed", "failed"):
+                    row[field] = val if row[field] is None else max(row[field], val)
+            if r["status"] == "unsupported" and r.get("reason") not in row["unsupported_reasons"]:
+                row["unsupported_reasons"].append(r.get("reason"))
+            if r.get("deviation_id") and r["deviation_id"] not in row["deviation_ids"]:
+                row["deviation_ids"].append(r["deviation_id"])
+            if r["status"] in ("failed", "crashed", "timeout") and len(failures) < MAX_FAILURES_KEPT:
+                failures.append({k: r.get(k) for k in ("function", "property", "feature", "dtype", "status")}
+                                | {"message": r.get("message", ""), "repro": r.get("repro", "")})
+        observed: dict[str, int] = defaultdict(int)
+        for r in self.records:
+            if r.get("deviation_id"):
+                observed[r["deviation_id"]] += 1
+        deviations = []
+        for dev in declared_deviations(self.backend_name):
+            did = dev_id(dev)
+            status = ("observed" if observed[did] else
+                      "stale" if self.deviation_exercised[did] else "not_exercised")
+            deviations.append({"id": did, "status": status, "observed": observed[did],
+                               "exercised": self.deviation_exercised[did]})
+        return {
+            "schema": "attnspec.conformance/1",
+            "backend": self.backend_name,
+            "device": self.device,
+            "device_name": device_name(self.backend, self.device),
+            "environment": self.environment(),
+            "rows": [_clean(rows[k]) for k in sorted(rows)],
+            "failures": failures,
+            "deviations": deviations,
+        }
+
+    def environment(self) -> dict[str, Any]:
+        policy = {}
+        if self.backend is not None and hasattr(self.backend, "numerics_policy"):
+            policy = self.backend.numerics_policy()
+        return {
+            "attnspec": attnspec.__version__,
+            **git_state(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "frameworks": framework_versions(),
+            "numerics_policy": policy,
+            "hypothesis_profile": self.profile,
+            "hypothesis_seed": "derandomized" if self.profile in ("dev", "ci") else "random",
+            "max_side": int(os.environ.get("ATTNSPEC_MAX_SIDE", "24")),
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "elapsed_s": round(time.time() - self.started, 1),
+        }
+
+    def write_results(self, path: str) -> None:
+        write_json_atomic(path, self.results())
+
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    for k in ("max_abs_err", "max_rel_err", "max_budget_used"):
+        if row[k] is not None and not math.isfinite(row[k]):
+            row[k] = str(row[k])  # JSON has no inf
+    return row
+
+
+def declared_deviations(backend_name: str) -> list:
+    try:
+        from attnspec.backends.deviations import DEVIATIONS
+    except ImportError:
+        return []
+    return [d for d in DEVIATIONS if d.backend == backend_name]
+
+
+def dev_id(dev) -> str:
+    return getattr(dev, "id", None) or getattr(dev, "deviation_id")
+
+
+def framework_versions() -> dict[str, str]:
+    out = {}
+    for name in FRAMEWORKS:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_state() -> dict[str, Any]:
+    commit = os.environ.get("ATTNSPEC_GIT_COMMIT")
+    dirty = os.environ.get("ATTNSPEC_GIT_DIRTY")
+    if commit is None:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True, timeout=10, check=True).stdout.strip()
+            dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                        capture_output=True, text=True, timeout=10).stdout.strip())
+        except (OSError, subprocess.SubprocessError):
+            commit, dirty = "unknown", None
+    return {"git_commit": commit, "git_dirty": dirty if not isinstance(dirty, str) else dirty == "1"}
+
+
+def device_name(backend, device) -> str:
+    if backend is not None and hasattr(backend, "device_name"):
+        try:
+            return backend.device_name(device)
+        except Exception as exc:  # a report must not die on a cosmetic lookup
+            return f"{device} ({type(exc).__name__})"
+    return f"{platform.machine()} CPU ({os.cpu_count()} cores)" if device in (None, "cpu") else str(device)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1, sort_keys=True, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

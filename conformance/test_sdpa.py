@@ -1,0 +1,197 @@
+"""Conformance properties of sdpa: every backend, every feature, every dtype it supports."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnspec import SpecError
+from attnspec.conformance.hypothesis_helpers import SDPACase, full_visibility, sdpa_cases
+from attnspec.conformance.pytest_helpers import (
+    Verdict,
+    call_sdpa,
+    check_metadata,
+    failure_message,
+    golden_for,
+    to_backend,
+)
+from attnspec.spec._validate import FLOAT_DTYPES
+from attnspec.spec.bad_inputs import SDPA_BAD_INPUTS
+from attnspec.spec.sdpa import _validate
+from attnspec.spec.tolerance import compare
+
+DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+
+
+def _plan(case: SDPACase):
+    o = case.options
+    return _validate("sdpa", case.q, case.k, case.v, o.get("mask"), o.get("bias"), o.get("causal"),
+                     o.get("window"), o.get("scale"), o.get("q_lengths"), o.get("kv_lengths"))
+
+
+def _judge_output(backend, device, prop, case, result, golden_case=None, **extra) -> Verdict:
+    g = golden_for(golden_case or case)
+    out, weights = result if isinstance(result, tuple) else (result, None)
+    problems = check_metadata(backend, out, g.out.shape, case.dtype, device)
+    comparisons = {"out": compare(backend.to_numpy(out).astype(np.float64), g.out, g.allowed_out)}
+    if weights is not None:
+        problems += [p.replace("out.", "weights.") for p in
+                     check_metadata(backend, weights, g.weights.shape, case.dtype, device)]
+        comparisons["weights"] = compare(backend.to_numpy(weights).astype(np.float64), g.weights, g.allowed_w)
+    if problems or not all(c.ok for c in comparisons.values()):
+        return Verdict("failed", comparisons,
+                       failure_message(backend.name, prop, case, device, comparisons, problems, **extra))
+    return Verdict("passed", comparisons)
+
+
+@DTYPES
+@given(data=st.data())
+def test_matches_golden(attn_backend, attn_device, judge, dtype, data):
+    """Output (and, when asked, weights) equal the golden within the tolerance rule."""
+    case = data.draw(sdpa_cases(dtype), label="case")
+    return_weights = data.draw(st.booleans(), label="return_weights")
+    if return_weights:
+        case = case.with_options(return_weights=True)
+
+    def body():
+        return _judge_output(attn_backend, attn_device, "matches_golden", case,
+                             call_sdpa(attn_backend, case, attn_device))
+
+    judge("sdpa", "matches_golden", case, body)
+
+
+@DTYPES
+@given(data=st.data())
+def test_weights_rows_sum_to_one_or_zero(attn_backend, attn_device, judge, dtype, data):
+    """Returned weights match the golden; each row sums to 1, or exactly 0 with no visible key."""
+    case = data.draw(sdpa_cases(dtype), label="case").with_options(return_weights=True)
+
+    def body():
+        out, weights = call_sdpa(attn_backend, case, attn_device)
+        verdict = _judge_output(attn_backend, attn_device, "weights_rows", case, (out, weights))
+        if verdict.status == "failed":
+            return verdict
+        vis = full_visibility(_plan(case), case.options)
+        w = attn_backend.to_numpy(weights).astype(np.float64).reshape(vis.shape)
+        sums = w.sum(axis=-1)
+        empty = ~vis.any(axis=-1)
+        g = golden_for(case)
+        # each of m weights may be off by allowed_w, so a row sum by m * allowed_w
+        bound = max(vis.shape[-1], 1) * g.allowed_w
+        bad_full = np.abs(sums[~empty] - 1) > bound
+        bad_empty = sums[empty] != 0
+        if bad_full.any() or bad_empty.any():
+            msg = (f"[{attn_backend.name}] sdpa weights_rows: {case.describe()}\n"
+                   f"  {int(bad_full.sum())} rows with visible keys do not sum to 1 within {bound:.3e}"
+                   f" (worst {np.abs(sums[~empty] - 1).max(initial=0):.3e}); {int(bad_empty.sum())} rows "
+                   "with no visible key do not sum to exactly 0")
+            return Verdict("failed", verdict.comparisons, msg)
+        return verdict
+
+    judge("sdpa", "weights_rows", case, body)
+
+
+def _explicit(case: SDPACase) -> SDPACase:
+    """The same case with every visibility rule folded into one explicit (..., Hq, n, m) mask."""
+    vis = full_visibility(_plan(case), case.options)
+    if case.q.ndim == 2:
+        vis = vis.reshape(vis.shape[-2:])
+    opts = {k: v for k, v in case.options.items() if k in ("bias", "scale", "return_weights")}
+    return SDPACase(case.feature, case.dtype, case.q, case.k, case.v, {**opts, "mask": vis}, case.tags, case.seed)
+
+
+@DTYPES
+@given(data=st.data())
+def test_masked_keys_are_absent(attn_backend, attn_device, judge, dtype, data):
+    """Changing keys/values that no row may see, even to NaN or inf, changes nothing."""
+    case = _explicit(data.draw(sdpa_cases(dtype), label="case"))
+    m = case.k.shape[-2]
+    hidden = np.asarray(data.draw(st.lists(st.booleans(), min_size=m, max_size=m), label="hidden"), bool)
+    poison = data.draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e4]), label="poison")
+    mask = case.options["mask"] & ~hidden
+    clean = SDPACase(case.feature, case.dtype, case.q, case.k, case.v, {**case.options, "mask": mask},
+                     case.tags | {"masked_nonfinite"} if hidden.any() and poison != 1e4 else case.tags,
+                     case.seed)
+    k, v = case.k.copy(), case.v.copy()
+    k[..., hidden, :] = poison
+    v[..., hidden, :] = poison
+    poisoned = SDPACase(clean.feature, clean.dtype, case.q, k, v, clean.options, clean.tags, clean.seed)
+
+    def body():
+        return _judge_output(attn_backend, attn_device, "masked_keys_are_absent", poisoned,
+                             call_sdpa(attn_backend, poisoned, attn_device), golden_case=clean)
+
+    judge("sdpa", "masked_keys_are_absent", poisoned, body)
+
+
+@DTYPES
+@given(data=st.data())
+def test_key_permutation(attn_backend, attn_device, judge, dtype, data):
+    """Permuting keys and values together with their mask and bias leaves the output unchanged."""
+    case = _explicit(data.draw(sdpa_cases(dtype), label="case"))
+    m = case.k.shape[-2]
+    perm = np.asarray(data.draw(st.permutations(range(m)), label="perm"), dtype=np.int64)
+    opts = dict(case.options)
+    opts["mask"] = opts["mask"][..., perm]
+    if "bias" in opts:
+        opts["bias"] = np.broadcast_to(opts["bias"], opts["bias"].shape[:-1] + (m,))[..., perm]
+    permuted = SDPACase(case.feature, case.dtype, case.q, case.k[..., perm, :], case.v[..., perm, :],
+                        opts, case.tags, case.seed)
+
+    def body():
+        return _judge_output(attn_backend, attn_device, "key_permutation", permuted,
+                             call_sdpa(attn_backend, permuted, attn_device), golden_case=case)
+
+    judge("sdpa", "key_permutation", permuted, body)
+
+
+@DTYPES
+@given(data=st.data())
+def test_deterministic(attn_backend, attn_device, judge, dtype, data):
+    """Two identical calls give bit-identical results (NaN where NaN)."""
+    case = data.draw(sdpa_cases(dtype), label="case")
+
+    def body():
+        a = attn_backend.to_numpy(call_sdpa(attn_backend, case, attn_device)).astype(np.float64)
+        b = attn_backend.to_numpy(call_sdpa(attn_backend, case, attn_device)).astype(np.float64)
+        if a.shape == b.shape and np.array_equal(a, b, equal_nan=True):
+            return Verdict("passed")
+        diff = np.abs(a - b)
+        return Verdict("failed", message=(
+            f"[{attn_backend.name}] sdpa deterministic: {case.describe()}\n"
+            f"  two identical calls differ: max |a - b| = {np.nanmax(diff, initial=0):.3e}, "
+            f"{int((~((a == b) | (np.isnan(a) & np.isnan(b)))).sum())} elements differ"))
+
+    judge("sdpa", "deterministic", case, body)
+
+
+@pytest.mark.parametrize("bad", SDPA_BAD_INPUTS, ids=lambda b: b.id)
+def test_bad_input_raises_spec_error(attn_backend, attn_device, judge, bad):
+    """Every entry of the spec's bad-input catalogue raises SpecError from the backend too."""
+    (q, k, v), options = bad.build()
+    dtype = bad.dtypes[0] if bad.dtypes[0] in FLOAT_DTYPES else "float32"
+    case = SDPACase(f"bad_input:{bad.id}", dtype, q, k, v, options, frozenset({"bad_input"}), 0)
+
+    def body():
+        (bq, bk, bv), opts = to_backend(attn_backend, case, attn_device)
+        try:
+            attn_backend.sdpa(bq, bk, bv, **opts)
+        except SpecError as exc:
+            import re
+
+            if re.search(bad.match, str(exc)):
+                return Verdict("passed")
+            return Verdict("failed", message=(
+                f"[{attn_backend.name}] sdpa bad_input {bad.id}: SpecError message {str(exc)!r} does "
+                f"not match {bad.match!r}"))
+        except Exception as exc:
+            return Verdict("failed", message=(
+                f"[{attn_backend.name}] sdpa bad_input {bad.id}: raised {type(exc).__name__}: {exc}, "
+                f"but should raise SpecError matching {bad.match!r}"))
+        return Verdict("failed", message=(
+            f"[{attn_backend.name}] sdpa bad_input {bad.id}: returned a result, but should raise "
+            f"SpecError matching {bad.match!r}"))
+
+    judge("sdpa", "bad_input", case, body, feature_case={"bad_input": True})

@@ -1,0 +1,296 @@
+"""Memory-efficient scaled dot-product attention: `sdpa`, computed tile by tile.
+
+Shape letters, as in `attnspec.spec.sdpa`, plus the two tile sizes:
+    ...  leading batch dims;  Hq, Hkv  query and key/value heads, G = Hq // Hkv
+    n    queries;  m  keys;  dk  query/key head dim;  dv  value head dim
+    r    query rows in a tile (<= block_q);  c  keys in a tile (<= block_k)
+
+The algorithm is the online softmax of FlashAttention. For one (batch index, query head) and one
+block of query rows, walk the key tiles left to right, keeping for every row
+
+    M  the running max of the visible logits seen so far (-inf before the first one)
+    A  sum_j exp(s_ij - M) v_j   and   L  sum_j exp(s_ij - M)   over the visible keys seen so far
+
+and, for each tile of logits s (r, c), with hidden keys set to -inf:
+
+    M' = max(M, max_j s_ij)     c = exp(M - M')     P = exp(s - M')
+    A <- c A + P v_tile         L <- c L + sum_j P_ij           M <- M'
+
+then out = A / L. When M' is still -inf (no visible key yet), 0 is subtracted instead, exactly as
+sdpa replaces an all -inf row max by 0, so exp(-inf) gives 0 and never exp(-inf + inf) = NaN.
+
+Why this is the same function as `sdpa`: max is exact and order-free, so after the last tile M is
+sdpa's row max. Because exp(a - b) = exp(a - M) exp(M - b), each rescaling turns the partial sums
+taken relative to an older max into sums relative to the newer one, so at the end A and L are
+sdpa's numerator sum_j e_ij v_j and denominator sum_j e_ij, and A / L = sum_j w_ij v_j. Only
+rounding differs (summation order, and a product of rescalings instead of one exp): a few ulp.
+A key hidden from every row of the block by structure (causal, window, kv_lengths) would add
+exp(-inf) = 0 to both sums, so those tiles are skipped; rows at or past q_lengths see nothing
+and stay 0. Everything else carries over from sdpa unchanged: hidden keys are overwritten with
+-inf after the matmul, so NaN or inf in their k never reaches a row; a visible NaN logit makes M
+NaN and a visible +inf logit makes P NaN (inf - inf), so the same rows become NaN as in sdpa.
+Non-finite entries of v are zeroed for P v and added back afterwards for the rows that see them,
+with the final weights exp(s - M) / L (see `_add_non_finite_values`).
+
+Memory, per (batch, head) step: one float64 tile of logits (r, c) and a bool tile for the hidden
+keys, O(r (dk + dv)) of row state, a float64 copy of one kv head's k and v, O(m (dk + dv)),
+plus the float64 output (..., Hq, n, dv) itself. Never (n, m), except that return_weights
+returns an (..., Hq, n, m) array by nature; it is filled by a second tiled pass with the final
+M and L, w = exp(s - M) / L, which is sdpa's formula.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnspec._errors import SpecError
+from attnspec.spec._validate import SDPAPlan, is_int, numpy_info, validate_sdpa
+
+__all__ = ["sdpa_blocked"]
+
+_FN = "sdpa_blocked"
+
+
+def sdpa_blocked(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    causal: str | None = None,
+    window: tuple[int, int] | None = None,
+    scale: float | None = None,
+    q_lengths: np.ndarray | int | None = None,
+    kv_lengths: np.ndarray | int | None = None,
+    return_weights: bool = False,
+    block_q: int = 256,
+    block_k: int = 512,
+):
+    """`sdpa` without the (n, m) logits: tiled online softmax (see the module docstring).
+
+    Arguments, validation, SpecError messages (with this function's name) and results are those
+    of `attnspec.spec.sdpa`; results agree with it to rounding (~1e-13 relative in float64).
+
+    Args:
+        block_q: query rows per tile, an int >= 1.
+        block_k: keys per tile, an int >= 1. Extra memory per (batch, head) step is about
+            8 * block_q * block_k bytes plus O((n + m) * (dk + dv)), instead of O(n * m).
+        return_weights: also return the weights (..., Hq, n, m). That result is O(n * m) by
+            nature; it is filled tile by tile in a second pass with the final row max and sum.
+
+    Raises:
+        SpecError: for any input `sdpa` refuses, and for a block size that is not an int >= 1.
+    """
+    p = validate_sdpa(
+        _FN,
+        numpy_info(_FN, "q", q),
+        numpy_info(_FN, "k", k),
+        numpy_info(_FN, "v", v),
+        mask=None if mask is None else numpy_info(_FN, "mask", mask),
+        bias=None if bias is None else numpy_info(_FN, "bias", bias),
+        causal=causal,
+        window=window,
+        scale=scale,
+        q_lengths=q_lengths,
+        kv_lengths=kv_lengths,
+    )
+    bq, bk = _check_block("block_q", block_q), _check_block("block_k", block_k)
+    out = np.zeros((*p.batch, p.hq, p.n, p.dv))  # (..., Hq, n, dv)
+    weights = np.zeros(p.full_weights_shape) if return_weights else None  # (..., Hq, n, m)
+    if p.n and p.m and p.hq:
+        q4 = np.broadcast_to(_with_head(q), (*p.batch, p.hq, p.n, p.dk))  # (..., Hq, n, dk)
+        k4 = np.broadcast_to(_with_head(k), (*p.batch, p.hkv, p.m, p.dk))  # (..., Hkv, m, dk)
+        v4 = np.broadcast_to(_with_head(v), (*p.batch, p.hkv, p.m, p.dv))  # (..., Hkv, m, dv)
+        mask4 = None if mask is None else np.broadcast_to(mask, p.full_weights_shape)
+        bias4 = None if bias is None else np.broadcast_to(bias, p.full_weights_shape)
+        scratch = np.empty(min(bq, p.n) * min(bk, p.m))  # the one (r, c) logits tile, reused
+        for b in np.ndindex(*p.batch):
+            q_len = p.n if p.q_lengths is None else int(p.q_lengths[b])
+            kv_len = p.m if p.kv_lengths is None else int(p.kv_lengths[b])
+            for g in range(p.hkv):
+                kv = _KV(k4[b][g], v4[b][g])
+                for h in range(g * p.group, (g + 1) * p.group):
+                    head = _Head(
+                        p, q4[b][h], kv,
+                        None if mask4 is None else mask4[b][h],
+                        None if bias4 is None else bias4[b][h],
+                        q_len, kv_len,
+                    )
+                    w_h = None if weights is None else weights[b][h]
+                    _attend(head, out[b][h], w_h, bq, bk, scratch)
+    out = out.astype(q.dtype, copy=False).reshape(p.out_shape)
+    if not return_weights:
+        return out
+    return out, weights.astype(q.dtype, copy=False).reshape(p.weights_shape)
+
+
+def _check_block(name: str, value: object) -> int:
+    if not is_int(value) or value < 1:
+        raise SpecError(f"{_FN}: {name}={value!r} must be an int >= 1")
+    return int(value)
+
+
+def _with_head(x: np.ndarray) -> np.ndarray:
+    return x[None] if x.ndim == 2 else x  # (L, d) -> (1, L, d): a missing head axis is one head
+
+
+class _KV:
+    """One kv head in float64: k (m, dk), and v with a column of ones appended (m, dv + 1).
+
+    The ones make P @ v_aug return the row sums of P in its last column, so L needs no separate
+    pass over the tile. Non-finite entries of v are zeroed here (a hidden key's weight is exactly
+    0, and 0 * inf = NaN would otherwise reach every row); `bad` lists the keys that had them,
+    with indicator matrices of +inf, -inf and NaN entries for `_add_non_finite_values`.
+    """
+
+    def __init__(self, k: np.ndarray, v: np.ndarray):
+        self.k = np.ascontiguousarray(k, dtype=np.float64)  # (m, dk)
+        m, dv = v.shape
+        self.v_aug = np.empty((m, dv + 1))  # (m, dv + 1)
+        values = self.v_aug[:, :dv]
+        values[...] = v
+        self.v_aug[:, dv] = 1.0
+        finite = np.isfinite(values)
+        self.bad = np.flatnonzero(~finite.all(axis=1))
+        if self.bad.size:
+            bad_v = values[self.bad]  # (s, dv), s keys with a non-finite entry
+            self.pos_inf = (bad_v == np.inf).astype(np.float64)
+            self.neg_inf = (bad_v == -np.inf).astype(np.float64)
+            self.nan = np.isnan(bad_v).astype(np.float64)
+            values[~finite] = 0.0
+
+
+class _Head:
+    """One (batch index, query head): its operands as views, and which keys each row may see."""
+
+    def __init__(self, p: SDPAPlan, q, kv: _KV, mask, bias, q_len: int, kv_len: int):
+        self.q, self.kv, self.mask, self.bias = q, kv, mask, bias  # q (n, dk); mask, bias (n, m)
+        self.scale, self.dv = p.scale, p.dv
+        self.q_len, self.kv_len = q_len, kv_len
+        self.causal = p.causal is not None
+        self.shift = p.m - p.n if p.causal == "lower_right" else 0  # i' = i + shift
+        self.window = p.window
+
+    def key_range(self, i0: int, i1: int) -> tuple[int, int]:
+        """[lo, hi): the keys that rows i0..i1-1 may see by structure (causal, window, kv_len)."""
+        lo, hi = 0, self.kv_len
+        if self.causal:
+            hi = min(hi, i1 + self.shift)
+        if self.window is not None:
+            left, right = self.window
+            lo = max(lo, i0 + self.shift - left)
+            hi = min(hi, i1 + self.shift + right)
+        return lo, max(lo, hi)
+
+    def hidden(self, i0: int, i1: int, cols: slice | np.ndarray) -> np.ndarray | None:
+        """Bool (r, c), True where key j is not visible from row i; None if all are visible.
+
+        A slice of keys lies inside `key_range`; an index array may lie anywhere.
+        """
+        j = np.arange(cols.start, cols.stop) if isinstance(cols, slice) else cols
+        j_first, j_last = (cols.start, cols.stop - 1) if isinstance(cols, slice) else (None, None)
+        i = np.arange(i0, i1)[:, None] + self.shift  # (r, 1): i'
+        hid = None
+
+        def add(rule):
+            nonlocal hid
+            hid = rule if hid is None else hid | rule
+
+        if self.causal and (j_last is None or j_last > i0 + self.shift):
+            add(j > i)
+        if self.window is not None:
+            left, right = self.window
+            if j_first is None or j_first < i1 - 1 + self.shift - left:
+                add(j < i - left)
+            if j_last is None or j_last > i0 + self.shift + right:
+                add(j > i + right)
+        if j_first is None and self.kv_len < len(self.kv.k):
+            add(j >= self.kv_len)
+        if self.mask is not None:
+            add(~self.mask[i0:i1, cols])
+        if self.bias is not None:
+            add(self.bias[i0:i1, cols] == -np.inf)
+        return None if hid is None else np.broadcast_to(hid, (i1 - i0, len(j)))
+
+    def logits(self, qs, i0: int, i1: int, cols, scratch) -> tuple[np.ndarray, np.ndarray | None]:
+        """s (r, c) = (scale q) k^T + bias, with hidden keys set to -inf; and the hidden mask."""
+        r, c = qs.shape[0], (cols.stop - cols.start if isinstance(cols, slice) else len(cols))
+        s = scratch[: r * c].reshape(r, c)  # (r, c)
+        np.matmul(qs, self.kv.k[cols].T, out=s)  # (r, dk) @ (dk, c)
+        if self.bias is not None:
+            tile = self.bias[i0:i1, cols]
+            s += tile if tile.dtype == np.float64 else tile.astype(np.float64)
+        hidden = self.hidden(i0, i1, cols)
+        if hidden is not None:
+            np.copyto(s, -np.inf, where=hidden)  # overwrite, never add: NaN + -inf is NaN
+        return s, hidden
+
+
+def _attend(head: _Head, out_h: np.ndarray, w_h: np.ndarray | None, bq: int, bk: int, scratch):
+    """Fill out_h (n, dv), and w_h (n, m) if given, for one (batch index, query head)."""
+    dv = head.dv
+    for i0 in range(0, head.q_len, bq):  # rows at or past q_len see nothing: they stay 0
+        i1 = min(i0 + bq, head.q_len)
+        lo, hi = head.key_range(i0, i1)
+        if lo == hi:
+            continue  # no row of this block sees any key: output and weights stay 0
+        # scale folded into q: (scale q) k^T is scale (q k^T) up to one rounding of each q entry
+        qs = head.q[i0:i1].astype(np.float64)  # (r, dk)
+        qs *= head.scale
+        row_max = np.full(i1 - i0, -np.inf)  # M
+        acc = np.zeros((i1 - i0, dv + 1))  # (r, dv + 1): A, and L in the last column
+        for j0 in range(lo, hi, bk):
+            cols = slice(j0, min(j0 + bk, hi))
+            s, _ = head.logits(qs, i0, i1, cols, scratch)  # (r, c)
+            new_max = np.maximum(row_max, s.max(axis=1))  # NaN propagates, as in sdpa
+            offset = np.where(new_max == -np.inf, 0.0, new_max)  # no visible key yet: subtract 0
+            s -= offset[:, None]
+            np.exp(s, out=s)  # P; hidden keys: exp(-inf) = 0
+            acc *= np.exp(row_max - offset)[:, None]  # rescale to the new max; 0 when M was -inf
+            acc += s @ head.kv.v_aug[cols]  # (r, c) @ (c, dv + 1)
+            row_max = new_max
+        offset = np.where(row_max == -np.inf, 0.0, row_max)  # sdpa's row max
+        denom = acc[:, dv]
+        denom = np.where(denom == 0, 1.0, denom)  # no visible key: 0 / 1 = 0
+        out_h[i0:i1] = acc[:, :dv] / denom[:, None]
+        if head.kv.bad.size:
+            _add_non_finite_values(head, qs, i0, i1, lo, hi, offset, denom, out_h[i0:i1], bk, scratch)
+        if w_h is not None:
+            for j0 in range(lo, hi, bk):
+                cols = slice(j0, min(j0 + bk, hi))
+                s, _ = head.logits(qs, i0, i1, cols, scratch)  # (r, c)
+                s -= offset[:, None]
+                np.exp(s, out=s)
+                np.divide(s, denom[:, None], out=w_h[i0:i1, cols])
+            # A NaN or +inf visible logit makes sdpa's whole row NaN (exp(s - NaN), or e / NaN),
+            # hidden keys included; L is NaN for exactly those rows.
+            w_h[i0:i1][np.isnan(denom)] = np.nan
+
+
+def _add_non_finite_values(head: _Head, qs, i0, i1, lo, hi, offset, denom, out_rows, bk, scratch):
+    """Add sum over visible j of w_ij * v_j for the non-finite entries of v (zeroed in _KV).
+
+    With w_ij = exp(s_ij - M) / L (sdpa's weights), each such term is, by IEEE rules: NaN for a
+    NaN entry, or for an inf entry whose weight is 0; +inf or -inf for an inf entry with weight
+    > 0. So the sum over visible keys only needs counts, which are matmuls of 0/1 matrices:
+    NaN if any NaN term or both signs of inf, else the inf, else 0. Adding it to the finite part
+    is exactly sdpa's `out + contrib` (rows whose weights are NaN are NaN already).
+    """
+    kv = head.kv
+    picked = np.flatnonzero((kv.bad >= lo) & (kv.bad < hi))  # other keys are hidden from the block
+    for c0 in range(0, picked.size, bk):
+        sel = picked[c0 : c0 + bk]  # positions in kv.bad
+        s, hidden = head.logits(qs, i0, i1, kv.bad[sel], scratch)  # (r, c)
+        w = np.exp(s - offset[:, None]) / denom[:, None]  # (r, c)
+        visible = np.ones(w.shape, bool) if hidden is None else ~hidden
+        live = (visible & (w > 0)).astype(np.float64)  # (r, c)
+        dead = (visible & (w == 0)).astype(np.float64)
+        pos = live @ kv.pos_inf[sel]  # (r, c) @ (c, dv): how many +inf terms
+        neg = live @ kv.neg_inf[sel]
+        nan = visible.astype(np.float64) @ kv.nan[sel] + dead @ (kv.pos_inf[sel] + kv.neg_inf[sel])
+        contrib = np.zeros_like(out_rows)  # (r, dv)
+        contrib[pos > 0] = np.inf
+        contrib[neg > 0] = -np.inf
+        contrib[(nan > 0) | ((pos > 0) & (neg > 0))] = np.nan
+        out_rows += contrib

@@ -1,0 +1,168 @@
+"""Gradients of the golden attention: the backward pass, derived analytically.
+
+Shape letters as in `attnspec.spec.sdpa`:
+    ...  leading batch dims (broadcast like NumPy)
+    Hq   query heads;  Hkv  key/value heads;  G = Hq // Hkv
+    n    queries;      m    keys
+    dk   query/key head dim;  dv  value head dim
+
+For one query head with weights P (0 for keys that are not visible), output O and upstream
+gradient dO, softmax's Jacobian gives, over visible pairs (i, j) only:
+
+    dP[i, j] = dO[i] . v[j]
+    dS[i, j] = P[i, j] * (dP[i, j] - D[i]),   D[i] = dO[i] . O[i]  (= sum_j P[i, j] dP[i, j])
+    dq[i]    = scale * sum_j dS[i, j] k[j]
+    dk[j]    = scale * sum_i dS[i, j] q[i]
+    dv[j]    = sum_i P[i, j] dO[i]
+    dbias    = dS
+
+A pair that is not visible contributes exactly nothing: its k, v, q and dO values (NaN and inf
+included) never enter a sum, as in the forward pass. The core works on one query axis per kv head:
+folding the G query heads of a group into it, (Hq, n) -> (Hkv, G*n), makes the GQA sums over a
+group part of the ordinary sums over i.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnspec._errors import SpecError
+from attnspec.spec._validate import SDPAPlan, numpy_info
+from attnspec.spec.masks import visibility
+from attnspec.spec.sdpa import _identity, _validate, _with_head, attention_core
+
+__all__ = ["sdpa_vjp"]
+
+
+def sdpa_vjp(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    d_out: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    causal: str | None = None,
+    window: tuple[int, int] | None = None,
+    scale: float | None = None,
+    q_lengths: np.ndarray | int | None = None,
+    kv_lengths: np.ndarray | int | None = None,
+) -> tuple[np.ndarray, ...]:
+    """The vector-Jacobian product of `sdpa`: gradients of ``sum(sdpa(...) * d_out)``.
+
+    Args:
+        q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths: as for `sdpa`.
+        d_out: the upstream gradient, with sdpa's output shape (..., Hq, n, dv) and q's dtype.
+
+    Returns:
+        ``(dq, dk, dv)``, or ``(dq, dk, dv, dbias)`` when ``bias`` is given; each has the shape and
+        dtype of its input. Where an input was broadcast (batch dims, a kv head read by a group of
+        G query heads, a broadcast bias), its gradient is summed over the broadcast axes.
+
+    With P the weights, O the output and dO = d_out, per query head and over visible pairs only:
+    ``dP = dO V^T``, ``dS = P * (dP - rowsum(dO * O))``, ``dq = scale * dS K``,
+    ``dk = scale * dS^T Q``, ``dv = P^T dO``, ``dbias = dS``. A pair (i, j) that is not visible
+    contributes nothing at all, so a key hidden from every row gets dk = dv = 0 exactly (whatever
+    its k and v hold), and a row with no visible key (a padded query, i >= q_length) gets dq = 0
+    and adds nothing to dk, dv or dbias (whatever its q and d_out hold). The gradient of a -inf
+    bias entry is 0. Computed in float64; results are cast to the inputs' dtype.
+
+    Raises:
+        SpecError: for any input `sdpa` refuses, and for a d_out of the wrong type, shape or dtype.
+    """
+    fn = "sdpa_vjp"
+    plan = _validate(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths)
+    _check_d_out(fn, plan, d_out)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf are handled, not accidents
+        grads = _sdpa_grads(plan, q, k, v, d_out, mask, bias)
+    shapes = [x.shape for x in (q, k, v)] + ([] if bias is None else [bias.shape])
+    return tuple(g.astype(q.dtype).reshape(shape) for g, shape in zip(grads, shapes))
+
+
+def _check_d_out(fn: str, plan: SDPAPlan, d_out: object) -> None:
+    info = numpy_info(fn, "d_out", d_out)
+    if info.shape != plan.out_shape:
+        raise SpecError(f"{fn}: d_out.shape={info.shape} must equal the output shape {plan.out_shape}")
+    if info.dtype != plan.dtype:
+        raise SpecError(f"{fn}: d_out.dtype={info.dtype} must equal q.dtype={plan.dtype}")
+
+
+def _sdpa_grads(plan: SDPAPlan, q, k, v, d_out, mask, bias) -> list[np.ndarray]:
+    """float64 gradients, each in its input's shape (a rank-2 input as (1, L, d))."""
+    p = plan
+    q_h, k_h, v_h = _with_head(q), _with_head(k), _with_head(v)
+    shapes = [q_h.shape, k_h.shape, v_h.shape] + ([] if bias is None else [bias.shape])
+    if p.n == 0 or p.m == 0 or p.hq == 0:
+        return [np.zeros(shape) for shape in shapes]  # no visible pair: every gradient is 0
+    # out (..., Hq, n, dv) and weights w (..., Hq, n, m), exactly as sdpa computes them
+    out, w = attention_core(p, q, k, v, mask, bias, np.float64, _identity)
+    vis = _sdpa_visibility(p, mask, bias)  # (..., Hq, n, m)
+    dO = d_out.astype(np.float64).reshape(out.shape)  # (..., Hq, n, dv): a rank-2 d_out gains its head
+    q64 = np.broadcast_to(q_h.astype(np.float64), (*p.batch, p.hq, p.n, p.dk))
+    k64 = np.broadcast_to(k_h.astype(np.float64), (*p.batch, p.hkv, p.m, p.dk))
+    v64 = np.broadcast_to(v_h.astype(np.float64), (*p.batch, p.hkv, p.m, p.dv))
+
+    def fold(x: np.ndarray) -> np.ndarray:
+        return x.reshape(*p.batch, p.hkv, p.group * p.n, x.shape[-1])  # (..., Hq, n, c) -> (..., Hkv, G*n, c)
+
+    dq, dk, dv, ds = _attention_vjp(fold(q64), k64, v64, fold(w), fold(vis), fold(out), fold(dO), p.scale)
+    dq = dq.reshape(*p.batch, p.hq, p.n, p.dk)  # (..., Hkv, G*n, dk) -> (..., Hq, n, dk)
+    grads = [dq, dk, dv]
+    if bias is not None:
+        grads.append(ds.reshape(p.full_weights_shape))  # (..., Hkv, G*n, m) -> (..., Hq, n, m)
+    return [_sum_to(g, shape) for g, shape in zip(grads, shapes)]
+
+
+def _sdpa_visibility(p: SDPAPlan, mask, bias) -> np.ndarray:
+    """The visibility `attention_core` applies, as a (..., Hq, n, m) bool view."""
+    vis = visibility(p.n, p.m, causal=p.causal, window=p.window,
+                     q_lengths=p.q_lengths, kv_lengths=p.kv_lengths)
+    for extra in (mask, None if bias is None else bias.astype(np.float64) != -np.inf):
+        if extra is not None:
+            vis = extra if vis is None else vis & extra
+    return np.broadcast_to(np.ones((1, 1), bool) if vis is None else vis, p.full_weights_shape)
+
+
+def _attention_vjp(q, k, v, w, vis, out, d_out, scale: float):
+    """The backward pass of weighted-sum attention, given its forward weights and visibility.
+
+    Inputs, all float64 with the same batch dims: q (..., R, dk), k (..., m, dk), v (..., m, dv),
+    w and vis (..., R, m), out and d_out (..., R, dv), where R is every query row that reads this
+    k and v (G*n for a GQA group). Returns dq (..., R, dk), dk (..., m, dk), dv (..., m, dv) and
+    dS (..., R, m), each summed over visible pairs only.
+    """
+    w = np.where(vis, w, 0)  # a row whose visible logit is NaN has NaN weights everywhere
+    dp = d_out @ np.swapaxes(v, -1, -2)  # (..., R, dv) @ (..., dv, m) -> (..., R, m)
+    row = np.sum(d_out * out, axis=-1, keepdims=True)  # (..., R, 1)
+    ds = np.where(vis, w * (dp - row), 0)  # (..., R, m); drops the NaN that absent v or dO bring
+    vis_t = np.swapaxes(vis, -1, -2)  # (..., m, R)
+    dq = scale * _visible_matmul(ds, k, vis)  # (..., R, m) @ (..., m, dk) -> (..., R, dk)
+    ds_t = np.swapaxes(ds, -1, -2)  # (..., m, R)
+    dk = scale * _visible_matmul(ds_t, q, vis_t)  # (..., m, R) @ (..., R, dk) -> (..., m, dk)
+    dv = _visible_matmul(np.swapaxes(w, -1, -2), d_out, vis_t)  # (..., m, R) @ (..., R, dv) -> (..., m, dv)
+    return dq, dk, dv, ds
+
+
+def _visible_matmul(a: np.ndarray, b: np.ndarray, vis: np.ndarray) -> np.ndarray:
+    """sum over c with vis[r, c] of a[r, c] * b[c]: (..., r, c) @ (..., c, d) -> (..., r, d).
+
+    ``a`` must be 0 wherever ``vis`` is False. A plain matmul would still let a non-finite row of
+    ``b`` through (0 * inf = NaN), so the matmul runs on b with non-finite entries zeroed and those
+    entries are added back only for the visible pairs, as `sdpa` does for its values.
+    """
+    finite = np.isfinite(b)
+    out = a @ np.where(finite, b, 0)  # (..., r, d)
+    if finite.all():
+        return out
+    bad = np.flatnonzero((~finite).any(axis=-1).reshape(-1, b.shape[-2]).any(axis=0))
+    b_bad = np.where(finite, 0, b)[..., bad, :]  # (..., s, d): only the non-finite parts
+    contrib = a[..., :, bad, None] * b_bad[..., None, :, :]  # (..., r, s, 1) * (..., 1, s, d)
+    contrib = np.where(vis[..., bad][..., None], contrib, 0)  # (..., r, s, 1) selects visible pairs
+    return out + contrib.sum(axis=-2)  # (..., r, d)
+
+
+def _sum_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Sum a broadcast result back to an input's own shape (the adjoint of np.broadcast_to)."""
+    x = x.sum(axis=tuple(range(x.ndim - len(shape))))  # drop leading dims the input lacked
+    axes = tuple(i for i, (s, t) in enumerate(zip(shape, x.shape)) if s == 1 and t != 1)
+    return x.sum(axis=axes, keepdims=True)

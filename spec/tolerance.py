@@ -1,0 +1,135 @@
+"""The tolerance rule: how far a backend may be from the float64 golden.
+
+For a case with inputs of dtype D:
+
+    golden   = the spec's result (float64 arithmetic, one final rounding to D)
+    ref      = the same algorithm with every stored intermediate rounded to D (for float16 and
+               bfloat16 each operation runs in float32 first, as fused kernels accumulate)
+    err_ref  = max |ref - golden|
+    allowed  = K * err_ref + floor
+    floor    = eps(D) * V * (1 + sqrt(m) + 2 * sqrt(dk) * L)
+
+    K = 4: an implementation that rounds as often as the reference, in another order, can be off
+        by the reference's error once more (2x); fused kernels rescale their running sums once per
+        key block, which can double that again.
+    V = the largest finite |v| (the scale of the output); L = the largest scale * sum_d |q_d k_d|
+        plus |bias| over visible pairs (the scale of the logits).
+    floor: the first-order error of an implementation that is as exact as its dtype allows but
+        sums in another order: the final rounding (1), the weighted sum of up to m values (sqrt(m),
+        random-walk growth), and a logit error of sqrt(dk) * eps * L, which moves each weight by up
+        to twice that relative amount. It matters where err_ref is 0, always so in float64, where
+        the reference *is* the golden. It is the floor that the FlashAttention and PyTorch SDPA
+        test rule lacks.
+
+A backend's result passes when every finite element is within ``allowed`` of the golden and
+every non-finite element equals the golden's (same positions, same signs, NaN for NaN). The
+report shows ``budget used = max error / allowed``: 1.0 is the edge.
+
+Weights use the same rule with V = 1 (they are probabilities).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from attnspec.spec._validate import SDPAPlan
+from attnspec.spec.sdpa import attention_core, finish
+
+K = 4.0
+_NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float64": np.float64}
+
+
+def eps(dtype: str) -> float:
+    """Machine epsilon (distance from 1 to the next float) of a dtype name."""
+    return float(ml_dtypes.finfo(_NP[dtype]).eps)
+
+
+def reference_sdpa(plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool = False):
+    """The golden algorithm run in the inputs' precision (the tolerance rule's ``ref``)."""
+    dt = _NP[plan.dtype]
+    compute = np.float32 if plan.dtype in ("float16", "bfloat16") else dt
+
+    def rnd(x: np.ndarray) -> np.ndarray:
+        return x.astype(dt).astype(compute)
+
+    out, w = attention_core(plan, q, k, v, mask, bias, compute, rnd)
+    return finish(plan, out, w, dt, return_weights)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The outcome of comparing one result with the golden."""
+
+    ok: bool
+    max_abs_err: float
+    max_rel_err: float
+    allowed: float
+    budget_used: float
+    worst_index: tuple[int, ...] | None
+    out_of_tolerance: float  # share of elements over `allowed` (or with mismatched non-finites)
+    nonfinite_mismatch: int
+    shape_ok: bool = True
+
+
+def compare(result: np.ndarray, golden: np.ndarray, allowed: float) -> Comparison:
+    """Compare ``result`` with ``golden`` elementwise under the allowed absolute error."""
+    if result.shape != golden.shape:
+        return Comparison(False, math.inf, math.inf, allowed, math.inf, None, 1.0, 0, shape_ok=False)
+    r = result.astype(np.float64)
+    g = golden.astype(np.float64)
+    g_fin = np.isfinite(g)
+    both_fin = g_fin & np.isfinite(r)
+    same_nonfinite = ~g_fin & ((np.isnan(g) & np.isnan(r)) | (g == r))
+    mismatch = ~both_fin & ~same_nonfinite  # a NaN/inf on one side only, or of another kind
+    err = np.where(both_fin, np.abs(r - g), 0.0)
+    err = np.where(mismatch, np.inf, err)
+    bad = err > allowed
+    max_err = float(err.max(initial=0.0))
+    rel = np.where(both_fin, err / np.maximum(np.abs(g), np.finfo(np.float64).tiny), 0.0)
+    worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), err.shape)) if err.size else None
+    return Comparison(
+        ok=not bad.any(),
+        max_abs_err=max_err,
+        max_rel_err=float(np.where(mismatch, np.inf, rel).max(initial=0.0)),
+        allowed=allowed,
+        budget_used=max_err / allowed if allowed > 0 else (0.0 if max_err == 0 else math.inf),
+        worst_index=worst if err.size and max_err > 0 else None,
+        out_of_tolerance=float(bad.mean()) if bad.size else 0.0,
+        nonfinite_mismatch=int(mismatch.sum()),
+    )
+
+
+def sdpa_allowed(plan: SDPAPlan, q, k, v, bias, vis: np.ndarray | None, err_ref: float,
+                 value_scale: float | None = None) -> float:
+    """``allowed`` for one sdpa case (outputs; pass value_scale=1 for weights)."""
+    v64 = np.asarray(v, dtype=np.float64)
+    V = value_scale if value_scale is not None else float(np.abs(v64[np.isfinite(v64)]).max(initial=0.0))
+    L = _logit_scale(plan, q, k, bias, vis)
+    floor = eps(plan.dtype) * V * (1.0 + math.sqrt(plan.m) + 2.0 * math.sqrt(plan.dk) * L)
+    return K * err_ref + floor
+
+
+def _logit_scale(plan: SDPAPlan, q, k, bias, vis) -> float:
+    """max over visible (i, j) of scale * sum_d |q_id k_jd| + |bias_ij| (0 when nothing is visible)."""
+    if plan.n == 0 or plan.m == 0 or plan.hq == 0:
+        return 0.0
+    qa = np.abs(np.asarray(q, dtype=np.float64))
+    ka = np.abs(np.asarray(k, dtype=np.float64))
+    qa = qa[None] if qa.ndim == 2 else qa
+    ka = ka[None] if ka.ndim == 2 else ka
+    qa = np.where(np.isfinite(qa), qa, 0.0)
+    ka = np.where(np.isfinite(ka), ka, 0.0)
+    G = plan.group
+    q5 = qa.reshape(*qa.shape[:-3], plan.hkv, G, plan.n, plan.dk)  # (..., Hkv, G, n, dk)
+    s = q5 @ np.swapaxes(ka, -1, -2)[..., :, None, :, :]  # (..., Hkv, G, n, m)
+    s = plan.scale * s.reshape(*s.shape[:-4], plan.hq, plan.n, plan.m)  # (..., Hq, n, m)
+    if bias is not None:
+        b = np.abs(np.asarray(bias, dtype=np.float64))
+        s = s + np.where(np.isfinite(b), b, 0.0)
+    if vis is not None:
+        s = np.where(vis, s, 0.0)
+    return float(s.max(initial=0.0))

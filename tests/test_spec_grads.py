@@ -1,0 +1,405 @@
+"""The golden backward pass: finite differences, absent data, torch and jax autograd, bad input."""
+
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnspec import SpecError
+from attnspec.spec import causal_mask, sdpa, window_mask
+from attnspec.spec.bad_inputs import SDPA_BAD_INPUTS
+from attnspec.spec.grads import sdpa_vjp
+
+rng = np.random.default_rng(4321)
+EPS = np.finfo(np.float64).eps
+
+# Central differences with step H: error <= H**2 / 6 * |L'''| + delta / H, where delta bounds the
+# rounding error of one evaluation of L = sum(sdpa(...) * d_out).
+# - Rounding: each output entry is a weighted mean of m values whose weights carry the error of
+#   dk-term dot products and an m-term softmax sum; for these shapes (dk, m <= 6, logits <= ~10)
+#   that is under 64 ulp of max|v|, so delta <= 64 * EPS * max|v| * sum|d_out|.
+# - Truncation: along one input coordinate the logits move by a vector u (|u| <= scale * max|q|
+#   or max|k|, or 1 for a bias entry), and d^3 out / dt^3 is a fourth joint cumulant of (u, v)
+#   under the weights, at most 16 * max|u|**3 * max|v| per row.
+# With H = 1e-6 the rounding term dominates (~1e-8 per unit of max|v| * sum|d_out|); observed
+# errors are ~1e-9 relative to the gradients, and any formula error is O(0.1) or more.
+H = 1e-6
+FD_ULPS = 64
+
+
+def fd_tolerance(q, k, v, d_out, scale, has_bias):
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    u = max(1.0 if has_bias else 0.0, scale * np.abs(q).max(initial=0), scale * np.abs(k).max(initial=0))
+    weight = max(1.0, np.abs(v).max(initial=0)) * np.abs(d_out).sum()
+    return (FD_ULPS * EPS / H + H**2 / 6 * 16 * max(1.0, u) ** 3) * weight
+
+
+def central_differences(f, args: list[np.ndarray], which: int) -> np.ndarray:
+    x = args[which]
+    grad = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        if not np.isfinite(x[idx]):
+            continue  # a -inf bias entry: the key is absent and L does not depend on it
+        plus, minus = [a.copy() for a in args], [a.copy() for a in args]
+        plus[which][idx] += H
+        minus[which][idx] -= H
+        grad[idx] = (f(*plus) - f(*minus)) / (2 * H)
+    return grad
+
+
+def assert_matches_fd(q, k, v, **options):
+    out_shape = sdpa(q, k, v, **options).shape
+    d_out = rng.standard_normal(out_shape)
+    bias = options.pop("bias", None)
+    args = [q, k, v] + ([] if bias is None else [bias])
+
+    def loss(q, k, v, bias=None):
+        return float(np.sum(sdpa(q, k, v, bias=bias, **options) * d_out))
+
+    grads = sdpa_vjp(q, k, v, d_out, bias=bias, **options)
+    assert len(grads) == len(args)
+    tol = fd_tolerance(q, k, v, d_out, options.get("scale"), bias is not None)
+    assert tol < 1e-5  # keeps the check sharp: every gradient below is O(0.1) or larger
+    worst = 0.0
+    for i, (name, g) in enumerate(zip(["dq", "dk", "dv", "dbias"], grads)):
+        assert g.shape == args[i].shape and g.dtype == args[i].dtype, name
+        fd = central_differences(loss, args, i)
+        err = float(np.abs(g - fd).max(initial=0))
+        assert err <= tol, f"{name}: max |vjp - fd| = {err:.3g} > tol {tol:.3g}"
+        worst = max(worst, err)
+    return grads, worst
+
+
+def qkv(batch=(2,), hq=2, hkv=2, n=3, m=4, dk=3, dv=2, dtype=np.float64):
+    q = rng.standard_normal((*batch, hq, n, dk)).astype(dtype)
+    k = rng.standard_normal((*batch, hkv, m, dk)).astype(dtype)
+    v = rng.standard_normal((*batch, hkv, m, dv)).astype(dtype)
+    return q, k, v
+
+
+def _row_without_keys(shape):
+    mask = rng.random(shape) < 0.6
+    mask[..., 1, :] = False  # a row that sees nothing: its gradients are 0
+    return mask
+
+
+FD_CASES = {
+    "plain": (qkv(), {}),
+    "mask": (qkv(), {"mask": _row_without_keys((2, 2, 3, 4))}),
+    "mask_broadcast": (qkv(), {"mask": rng.random((3, 4)) < 0.6}),
+    "bias": (qkv(), {"bias": rng.standard_normal((2, 2, 3, 4))}),
+    "bias_broadcast_neg_inf": (
+        qkv(), {"bias": np.where(rng.random((2, 1, 4)) < 0.3, -np.inf, rng.standard_normal((2, 1, 4)))},
+    ),
+    "causal_upper_left": (qkv(n=3, m=5), {"causal": "upper_left"}),
+    "causal_lower_right": (qkv(n=3, m=5), {"causal": "lower_right"}),
+    "causal_lower_right_n_gt_m": (qkv(n=4, m=2), {"causal": "lower_right"}),
+    "window": (qkv(n=4, m=5), {"window": (1, 1)}),
+    "window_lower_right": (qkv(n=3, m=5), {"window": (1, 0), "causal": "lower_right"}),
+    "kv_lengths": (qkv(), {"kv_lengths": np.array([2, 0])}),
+    "q_lengths": (qkv(), {"q_lengths": np.array([1, 3])}),
+    "gqa": (qkv(hq=4, hkv=2), {}),
+    "mqa_causal": (qkv(hq=3, hkv=1, n=3, m=3), {"causal": "upper_left"}),
+    "batch_broadcast": (
+        (rng.standard_normal((2, 1, 2, 3, 3)), rng.standard_normal((3, 1, 4, 3)),
+         rng.standard_normal((1, 3, 1, 4, 2))),
+        {"bias": rng.standard_normal((3, 1, 3, 4))},
+    ),
+    "rank_2": ((rng.standard_normal((3, 3)), rng.standard_normal((4, 3)), rng.standard_normal((4, 2))),
+               {"bias": rng.standard_normal((3, 4))}),
+    "rank_2_kv_gqa": (
+        (rng.standard_normal((2, 3, 3)), rng.standard_normal((4, 3)), rng.standard_normal((4, 2))), {},
+    ),
+    "scale": (qkv(), {"scale": 0.5}),
+    "everything": (
+        qkv(hq=4, hkv=2, n=3, m=5),
+        {
+            "mask": rng.random((2, 1, 3, 5)) < 0.8,
+            "bias": rng.standard_normal((3, 5)),
+            "causal": "lower_right",
+            "window": (2, 1),
+            "kv_lengths": np.array([5, 4]),
+            "q_lengths": np.array([2, 3]),
+            "scale": 0.7,
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("case", FD_CASES)
+def test_vjp_matches_finite_differences(case):
+    (q, k, v), options = FD_CASES[case]
+    assert_matches_fd(q, k, v, **dict(options))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    batch=st.lists(st.integers(1, 2), max_size=1).map(tuple),
+    hkv=st.integers(1, 2),
+    group=st.integers(1, 2),
+    n=st.integers(1, 3),
+    m=st.integers(1, 4),
+    dk=st.integers(1, 3),
+    dv=st.integers(1, 2),
+    causal=st.sampled_from([None, "upper_left", "lower_right"]),
+    window=st.none() | st.tuples(st.integers(0, 2), st.integers(0, 2)),
+    with_bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_vjp_matches_finite_differences_hypothesis(
+    batch, hkv, group, n, m, dk, dv, causal, window, with_bias, seed
+):
+    r = np.random.default_rng(seed)
+    q = r.standard_normal((*batch, hkv * group, n, dk))
+    k = r.standard_normal((*batch, hkv, m, dk))
+    v = r.standard_normal((*batch, hkv, m, dv))
+    options = {"mask": r.random((n, m)) < 0.7, "causal": causal, "window": window}
+    if with_bias:
+        options["bias"] = r.standard_normal((hkv * group, 1, m))
+    assert_matches_fd(q, k, v, **options)
+
+
+def test_dbias_rows_sum_to_zero():
+    # softmax is shift invariant: adding c to a row's visible logits changes nothing, so the
+    # gradient along that direction, sum_j dS[i, j], is 0 (up to rounding of O(1) terms).
+    q, k, v = qkv(hq=4, hkv=2, n=5, m=6)
+    bias = rng.standard_normal((2, 4, 5, 6))
+    d_out = rng.standard_normal((2, 4, 5, 2))
+    *_, dbias = sdpa_vjp(q, k, v, d_out, bias=bias, causal="upper_left")
+    np.testing.assert_allclose(dbias.sum(axis=-1), 0.0, atol=1e-14 * np.abs(dbias).sum(axis=-1).max())
+    assert np.all(dbias[..., ~causal_mask(5, 6, "upper_left")] == 0)  # hidden keys: exactly 0
+
+
+# Structural identities: two float64 computations of the same sums in a different order; each
+# entry sums <= 24 terms of size <= ~10, so they agree to well within 1e-12.
+STRUCT_ATOL = 1e-12
+
+
+def test_gqa_equals_repeated_kv_summed_over_group():
+    q, k, v = qkv(hq=6, hkv=2, n=3, m=4)
+    d_out = rng.standard_normal((2, 6, 3, 2))
+    dq, dk, dv = sdpa_vjp(q, k, v, d_out, causal="lower_right")
+    rq, rk, rv = sdpa_vjp(q, np.repeat(k, 3, axis=-3), np.repeat(v, 3, axis=-3), d_out, causal="lower_right")
+    np.testing.assert_allclose(dq, rq, rtol=0, atol=STRUCT_ATOL)
+    rk = rk.reshape(2, 2, 3, 4, 3)  # (B, Hq, m, dk) -> (B, Hkv, G, m, dk)
+    rv = rv.reshape(2, 2, 3, 4, 2)  # (B, Hq, m, dv) -> (B, Hkv, G, m, dv)
+    np.testing.assert_allclose(dk, rk.sum(axis=2), rtol=0, atol=STRUCT_ATOL)
+    np.testing.assert_allclose(dv, rv.sum(axis=2), rtol=0, atol=STRUCT_ATOL)
+
+
+def test_broadcast_batch_equals_explicit_broadcast_summed():
+    q = rng.standard_normal((3, 1, 2, 3, 4))
+    k = rng.standard_normal((2, 2, 5, 4))
+    v = rng.standard_normal((1, 2, 2, 5, 2))
+    bias = rng.standard_normal((1, 2, 3, 5))
+    d_out = rng.standard_normal((3, 2, 2, 3, 2))
+    dq, dk, dv, db = sdpa_vjp(q, k, v, d_out, bias=bias)
+    full = (3, 2, 2)
+    q_f, k_f, v_f = (np.broadcast_to(x, (*full, *x.shape[-2:])).copy() for x in (q, k, v))
+    ref = sdpa_vjp(q_f, k_f, v_f, d_out, bias=np.broadcast_to(bias, (*full, 3, 5)).copy())
+    rq, rk, rv, rb = ref  # each (3, 2, 2, L, d): summed back over the axes each input broadcast
+    np.testing.assert_allclose(dq, rq.sum(axis=1, keepdims=True), rtol=0, atol=STRUCT_ATOL)  # (3, 1, 2, 3, 4)
+    np.testing.assert_allclose(dk, rk.sum(axis=0), rtol=0, atol=STRUCT_ATOL)  # (2, 2, 5, 4)
+    np.testing.assert_allclose(dv, rv.sum(axis=0, keepdims=True), rtol=0, atol=STRUCT_ATOL)  # (1, 2, 2, 5, 2)
+    np.testing.assert_allclose(db, rb.sum(axis=(0, 1))[None], rtol=0, atol=STRUCT_ATOL)  # (1, 2, 3, 5)
+
+
+ABSENT = {
+    "mask": {"mask": np.arange(6) < 4},
+    "kv_lengths": {"kv_lengths": np.array([4, 4])},
+    "bias_neg_inf": {"bias": np.where(np.arange(6) < 4, 0.0, -np.inf)},
+}
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("feature", ABSENT)
+def test_absent_keys_get_exactly_zero_and_change_nothing(poison, feature):
+    q, k, v = qkv(hq=4, hkv=2, n=4, m=6)
+    d_out = rng.standard_normal((2, 4, 4, 2))
+    clean = sdpa_vjp(q, k, v, d_out, **ABSENT[feature])
+    k2, v2 = k.copy(), v.copy()
+    k2[..., 4:, :] = v2[..., 4:, :] = poison  # keys 4 and 5 are hidden from every row
+    grads = sdpa_vjp(q, k2, v2, d_out, **ABSENT[feature])
+    dq, dk, dv = grads[:3]
+    assert np.all(dk[..., 4:, :] == 0) and np.all(dv[..., 4:, :] == 0)
+    for got, want in zip(grads, clean):  # the poison changes no bit of any gradient
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf])
+def test_causal_poison_reaches_only_rows_that_see_it(poison):
+    q, k, v = qkv(n=4, m=6)
+    d_out = rng.standard_normal((2, 2, 4, 2))
+    clean = sdpa_vjp(q, k, v, d_out, causal="upper_left")
+    k2, v2 = k.copy(), v.copy()
+    k2[..., 4:, :] = v2[..., 4:, :] = poison  # upper-left, n = 4: keys 4, 5 hidden from every row
+    k2[..., 3, :] = v2[..., 3, :] = poison  # key 3 is seen by row 3 only
+    dq, dk, dv = sdpa_vjp(q, k2, v2, d_out, causal="upper_left")
+    assert np.all(dk[..., 4:, :] == 0) and np.all(dv[..., 4:, :] == 0)
+    np.testing.assert_array_equal(dq[..., :3, :], clean[0][..., :3, :])
+    assert not np.isfinite(dq[..., 3, :]).any()  # row 3 sees the poison (decision 3)
+
+
+def test_nan_in_visible_value_poisons_only_rows_that_see_it():
+    q, k, v = qkv(n=4, m=4)
+    v[..., 2, 0] = np.nan
+    d_out = rng.standard_normal((2, 2, 4, 2))
+    dq, dk, dv = sdpa_vjp(q, k, v, d_out, causal="upper_left")
+    assert np.isfinite(dq[..., :2, :]).all() and np.isnan(dq[..., 2:, :]).all()
+    assert np.isfinite(dv).all()  # dv = P^T dO never reads v
+
+
+@pytest.mark.parametrize("how", ["q_lengths", "mask_row", "bias_row", "causal_lower_right"])
+def test_rows_without_keys_get_zero_dq_and_contribute_nothing(how):
+    q, k, v = qkv(n=4, m=3)
+    d_out = rng.standard_normal((2, 2, 4, 2))
+    bias = rng.standard_normal((4, 3))
+    if how == "q_lengths":
+        options, dead = {"q_lengths": np.array([2, 2])}, [2, 3]
+    elif how == "mask_row":
+        options, dead = {"mask": np.array([True, False, True, False])[:, None]}, [1, 3]
+    elif how == "bias_row":
+        bias[[0, 2]] = -np.inf
+        options, dead = {}, [0, 2]
+    else:  # n=4 > m=3 under lower-right: row 0 sees nothing
+        options, dead = {"causal": "lower_right"}, [0]
+    clean = sdpa_vjp(q, k, v, d_out, bias=bias, **options)
+    q2, d_out2 = q.copy(), d_out.copy()
+    q2[..., dead, 0] = np.nan  # padded rows are often uninitialized memory
+    d_out2[..., dead, 1] = np.inf
+    grads = sdpa_vjp(q2, k, v, d_out2, bias=bias, **options)
+    assert np.all(grads[0][..., dead, :] == 0)  # dq of a dead row
+    assert np.all(grads[3][..., dead, :] == 0)  # its dbias
+    for got, want in zip(grads, clean):  # its q and d_out reach no gradient
+        np.testing.assert_array_equal(got, want)
+
+
+def test_zero_sizes():
+    for n, m in [(0, 3), (3, 0), (0, 0)]:
+        q, k, v = qkv(n=n, m=m, dtype=np.float32)
+        d_out = np.ones((2, 2, n, 2), np.float32)
+        bias = np.zeros((n, m), np.float32)
+        grads = sdpa_vjp(q, k, v, d_out, bias=bias)
+        for g, x in zip(grads, (q, k, v, bias)):
+            assert g.shape == x.shape and g.dtype == np.float32 and not g.any()
+    q, k, v = qkv(dv=0)  # dv = 0: out is empty, so every gradient is 0
+    dq, dk, dv = sdpa_vjp(q, k, v, np.zeros((2, 2, 3, 0)))
+    assert dv.shape == (2, 2, 4, 0) and not dq.any() and not dk.any()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
+def test_dtype_is_preserved_and_result_is_rounded_golden(dtype):
+    q, k, v = qkv(dtype=dtype)
+    d_out = rng.standard_normal((2, 2, 3, 2)).astype(dtype)
+    bias = rng.standard_normal((3, 4)).astype(dtype)
+    grads = sdpa_vjp(q, k, v, d_out, bias=bias)
+    ref = sdpa_vjp(*(x.astype(np.float64) for x in (q, k, v, d_out)), bias=bias.astype(np.float64))
+    for g, r in zip(grads, ref):
+        assert g.dtype == dtype
+        np.testing.assert_array_equal(g, r.astype(dtype))
+
+
+# Autograd cross-checks. torch and jax differentiate the same float64 formulas in another order;
+# every gradient entry is a sum of at most ~20 products of O(1-10) factors, so the two differ by
+# a few hundred ulp of the result at most: 1e-12 relative to the largest gradient leaves ~2 decades.
+AUTOGRAD_RTOL = 1e-12
+AUTOGRAD_CASES = {
+    "plain": {},
+    "mask": {"mask": True},
+    "bias": {"bias": True},
+    "gqa_mask_bias": {"hq": 4, "mask": True, "bias": True},
+}
+
+
+def autograd_case(name):
+    spec = AUTOGRAD_CASES[name]
+    q, k, v = qkv(batch=(2,), hq=spec.get("hq", 2), hkv=2, n=4, m=5, dk=3, dv=2)
+    mask = rng.random((2, 1, 4, 5)) < 0.6 if spec.get("mask") else None
+    if mask is not None:
+        mask[..., 0] = True  # every row sees a key: the plain formulas have NaN rows otherwise
+    bias = rng.standard_normal((q.shape[-3], 4, 5)) if spec.get("bias") else None
+    d_out = rng.standard_normal((2, q.shape[-3], 4, 2))
+    return q, k, v, d_out, mask, bias
+
+
+def assert_autograd_close(ours, theirs, who):
+    for name, a, b in zip(["dq", "dk", "dv", "dbias"], ours, theirs):
+        assert a.shape == b.shape, f"{name}.shape={a.shape}, but {who} gives {b.shape}"
+        atol = AUTOGRAD_RTOL * max(1.0, float(np.abs(b).max()))
+        np.testing.assert_allclose(a, b, rtol=0, atol=atol, err_msg=f"{name} vs {who}")
+
+
+@pytest.mark.parametrize("case", AUTOGRAD_CASES)
+def test_matches_torch_autograd(case):
+    torch = pytest.importorskip("torch")
+    q, k, v, d_out, mask, bias = autograd_case(case)
+    tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+    tb = None if bias is None else torch.tensor(bias, requires_grad=True)
+    g = q.shape[-3] // k.shape[-3]
+    s = (tq @ tk.repeat_interleave(g, dim=-3).transpose(-1, -2)) / q.shape[-1] ** 0.5  # (B, Hq, n, m)
+    if tb is not None:
+        s = s + tb
+    if mask is not None:
+        s = s.masked_fill(~torch.tensor(mask), float("-inf"))
+    out = torch.softmax(s, dim=-1) @ tv.repeat_interleave(g, dim=-3)  # (B, Hq, n, dv)
+    out.backward(torch.tensor(d_out))
+    theirs = [t.grad.numpy() for t in (tq, tk, tv) + (() if tb is None else (tb,))]
+    assert_autograd_close(sdpa_vjp(q, k, v, d_out, mask=mask, bias=bias), theirs, "torch")
+
+
+@pytest.mark.parametrize("case", [*AUTOGRAD_CASES, "causal_lower_right_window"])
+def test_matches_jax_vjp(case):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    options = {}
+    if case == "causal_lower_right_window":
+        q, k, v, d_out, _, bias = autograd_case("gqa_mask_bias")
+        options = {"causal": "lower_right", "window": (2, 1)}
+        mask = causal_mask(4, 5, "lower_right") & window_mask(4, 5, 2, 1, "lower_right")
+    else:
+        q, k, v, d_out, mask, bias = autograd_case(case)
+    g = q.shape[-3] // k.shape[-3]
+
+    def attention(q, k, v, bias):
+        s = q @ jnp.swapaxes(jnp.repeat(k, g, axis=-3), -1, -2) / np.sqrt(q.shape[-1])  # (B, Hq, n, m)
+        s = s + bias
+        if mask is not None:
+            s = jnp.where(mask, s, -jnp.inf)
+        return jax.nn.softmax(s, axis=-1) @ jnp.repeat(v, g, axis=-3)  # (B, Hq, n, dv)
+
+    with jax.enable_x64(True):
+        primals = [jnp.asarray(x) for x in (q, k, v, np.zeros(1) if bias is None else bias)]
+        _, pullback = jax.vjp(attention, *primals)
+        theirs = [np.asarray(t) for t in pullback(jnp.asarray(d_out))]
+    theirs = theirs[:3] if bias is None else theirs
+    ours = sdpa_vjp(q, k, v, d_out, mask=None if options else mask, bias=bias, **options)
+    assert_autograd_close(ours, theirs, "jax")
+
+
+def test_d_out_is_checked():
+    q, k, v = qkv()
+    good = np.zeros((2, 2, 3, 2))
+    msg = "sdpa_vjp: d_out.shape=(2, 2, 3, 3) must equal the output shape (2, 2, 3, 2)"
+    with pytest.raises(SpecError, match=re.escape(msg)):
+        sdpa_vjp(q, k, v, np.zeros((2, 2, 3, 3)))
+    msg = "sdpa_vjp: d_out.shape=(1, 3, 2) must equal the output shape (3, 2)"
+    with pytest.raises(SpecError, match=re.escape(msg)):
+        sdpa_vjp(q[0, 0], k[0, 0], v[0, 0], good[0, :1])  # rank-2 inputs: the output has no head axis
+    msg = "sdpa_vjp: d_out.dtype=float32 must equal q.dtype=float64"
+    with pytest.raises(SpecError, match=re.escape(msg)):
+        sdpa_vjp(q, k, v, good.astype(np.float32))
+    with pytest.raises(SpecError, match=re.escape("sdpa_vjp: d_out must be a numpy.ndarray, got list")):
+        sdpa_vjp(q, k, v, good.tolist())
+
+
+@pytest.mark.parametrize("case", SDPA_BAD_INPUTS, ids=lambda c: c.id)
+def test_bad_input_catalogue(case):
+    (q, k, v), options = case.build()
+    with pytest.raises(SpecError, match=case.match) as info:
+        sdpa_vjp(q, k, v, np.zeros(1, q.dtype), **options)  # inputs are checked before d_out
+    assert str(info.value).startswith("sdpa_vjp: ")

@@ -5,6 +5,7 @@ Every decision where frameworks disagree is listed in ``spec/README.md`` with it
 
 from attnspec._errors import SpecError
 from attnspec.spec.grads import sdpa_vjp
+from attnspec.spec.lsh import lsh_attention, lsh_bucket_margins, lsh_buckets, lsh_rotations
 from attnspec.spec.masks import causal_mask, padding_mask, query_padding_mask, window_mask
 from attnspec.spec.mha import MHAParams, merge_heads, mha, split_heads
 from attnspec.spec.positions import sinusoidal_positions
@@ -14,6 +15,10 @@ __all__ = [
     "MHAParams",
     "SpecError",
     "causal_mask",
+    "lsh_attention",
+    "lsh_bucket_margins",
+    "lsh_buckets",
+    "lsh_rotations",
     "merge_heads",
     "mha",
     "padding_mask",

@@ -1,0 +1,59 @@
+"""The conformance suite catches every mutant, names the feature, and passes the control.
+
+Each mutant runs through the real suite (``pytest --pyargs attnspec.conformance``) in a
+subprocess with the quick ``dev`` profile, exactly as a backend author would run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from mutants import MUTANTS
+
+HERE = Path(__file__).parent
+
+
+def run_suite(target: str, results: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
+           "--attn-profile", "dev", "--attn-results", str(results), "-q", "-p", "no:cacheprovider",
+           "-W", "ignore::RuntimeWarning"]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=results.parent)
+
+
+@pytest.fixture(scope="module")
+def suite_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mutants")
+    targets = {"control": "mutants:control", **{m: f"mutants:mutant_{m}" for m in MUTANTS}}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(run_suite, t, tmp / f"{name}.json") for name, t in targets.items()}
+        return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
+
+
+def test_control_passes(suite_runs):
+    proc, path = suite_runs["control"]
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rows = json.loads(path.read_text())["rows"]
+    assert sum(r["passed"] for r in rows) > 200  # the suite really ran cases
+    assert not any(r["failed"] for r in rows)
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_mutant_is_caught_and_feature_named(suite_runs, mutant):
+    proc, path = suite_runs[mutant]
+    assert proc.returncode == 1, f"mutant {mutant} survived the suite:\n{proc.stdout[-2000:]}"
+    results = json.loads(path.read_text())
+    failed_features = {r["feature"] for r in results["rows"] if r["failed"]}
+    expected = MUTANTS[mutant][1]
+    assert expected in failed_features, f"{mutant}: failures {sorted(failed_features)} miss {expected}"
+    # the message a user sees names the feature and carries a reproducer
+    assert any(f"feature={expected}" in f["message"] for f in results["failures"]) or \
+        f"feature={expected}" in proc.stdout
+    assert "reproduce with:" in proc.stdout

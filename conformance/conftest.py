@@ -52,8 +52,6 @@ def judge(attn_backend, attn_device, pytestconfig, request):
             rec.record(nodeid, {**base, "status": "unsupported", "reason": "; ".join(reasons)})
             return
         applicable = [d for d in deviations if _applies(d, case.tags)]
-        for d in applicable:
-            rec.exercised(dev_id(d))
         try:
             verdict = body()
         except SpecError as exc:
@@ -70,6 +68,7 @@ def judge(attn_backend, attn_device, pytestconfig, request):
             "max_rel_err": worst.max_rel_err if worst else None,
             "budget_used": worst.budget_used if worst else None,
             "message": verdict.message if verdict.status == "failed" else "",
+            "exercised": [dev_id(d) for d in applicable],
         })
         if verdict.status == "failed":
             raise AssertionError(verdict.message)

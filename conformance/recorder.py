@@ -64,16 +64,26 @@ class Recorder:
         self.pending[nodeid].append(rec)
         self._log({"event": "case", "node": nodeid, **rec})
 
-    def exercised(self, deviation_id: str) -> None:
-        self.deviation_exercised[deviation_id] += 1
+    def replay(self, events: list[dict[str, Any]]) -> None:
+        """Rebuild the records from journal events (the runner's view across restarts)."""
+        for ev in events:
+            if ev["event"] == "case":
+                rec = {k: v for k, v in ev.items() if k not in ("event", "node")}
+                self.pending[ev["node"]].append(rec)
+            elif ev["event"] == "test_done":
+                self.test_finished(ev["node"], ev["outcome"], log=False)
 
-    def test_finished(self, nodeid: str, outcome: str) -> None:
+    def test_finished(self, nodeid: str, outcome: str, log: bool = True) -> None:
         recs = self.pending.pop(nodeid, [])
         failed = [i for i, r in enumerate(recs) if r["status"] == "failed"]
         if failed:  # drop Hypothesis' shrinking replays: keep cases up to the first failure, and the last
             recs = recs[: failed[0] + 1] + ([recs[failed[-1]]] if failed[-1] != failed[0] else [])
         self.records.extend(recs)
-        self._log({"event": "test_done", "node": nodeid, "outcome": outcome})
+        for r in recs:
+            for did in r.get("exercised", ()):
+                self.deviation_exercised[did] += 1
+        if log:
+            self._log({"event": "test_done", "node": nodeid, "outcome": outcome})
 
     # -- aggregation ------------------------------------------------------------------------
     def results(self) -> dict[str, Any]:

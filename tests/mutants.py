@@ -122,3 +122,29 @@ def control():
 
 for _name, (_bug, _) in MUTANTS.items():
     globals()[f"mutant_{_name}"] = (lambda b: (lambda: make(b)()))(_bug)
+
+
+class Crasher(Naive):
+    """Aborts the process (as a segfaulting kernel would) for float32 with n > m; correct elsewhere."""
+
+    name = "crasher"
+
+    def sdpa(self, q, k, v, **kw):
+        if q.dtype == np.float32 and q.shape[-2] > k.shape[-2]:
+            import os
+
+            os.abort()
+        return super().sdpa(q, k, v, **kw)
+
+
+class Hanger(Naive):
+    """Never returns (a deadlocked kernel) for float32 with n > m; correct elsewhere."""
+
+    name = "hanger"
+
+    def sdpa(self, q, k, v, **kw):
+        if q.dtype == np.float32 and q.shape[-2] > k.shape[-2]:
+            import time
+
+            time.sleep(3600)
+        return super().sdpa(q, k, v, **kw)

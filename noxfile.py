@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -13,6 +14,20 @@ ROOT = Path(__file__).parent
 CONSTRAINTS = os.environ.get("ATTNSPEC_CONSTRAINTS", str(ROOT / "constraints.txt"))
 PLUGIN = ROOT / "examples" / "attnspec-example-plugin"
 
+# backend -> the extras its environment needs. One environment per backend, so a framework's
+# install can never mask another backend's missing dependency.
+BACKENDS = {
+    "numpy": [],
+    "torch": ["torch"],
+    "torch-native": ["torch"],
+    "jax": ["jax"],
+    "jax-native": ["jax"],
+    "array_api-numpy": ["array-api"],
+    "array_api-strict": ["array-api"],
+    "array_api-torch": ["array-api", "torch"],
+    "example": [],  # the example third-party plugin, installed from examples/ like any plugin
+}
+
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
@@ -21,10 +36,74 @@ def install(session: nox.Session, *args: str) -> None:
     session.install("-c", CONSTRAINTS, *args)
 
 
+def package(extras: list[str]) -> str:
+    return f".[{','.join(extras)}]" if extras else "."
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the kit's own tests (spec, backends, mutants, plugin) with every framework installed."""
+    """Run the kit's own tests (spec, backends, mutants, runner, plugin) with every framework."""
     install(session, ".[all]")
-    if PLUGIN.exists():
-        install(session, str(PLUGIN))
+    install(session, str(PLUGIN))
     session.run("pytest", *session.posargs)
+
+
+def _conformance_args(posargs: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="nox -s conformance --")
+    ap.add_argument("--backend", action="append", default=None,
+                    help="run only these backends (repeatable); a name not built in is run in an "
+                         "environment with --install packages added")
+    ap.add_argument("--install", action="append", default=[], help="extra pip requirement for the env")
+    ap.add_argument("--profile", default=os.environ.get("ATTNSPEC_PROFILE", "ci"),
+                    choices=("dev", "ci", "thorough"))
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--case-timeout", default="300")
+    return ap.parse_args(posargs)
+
+
+@nox.session
+@nox.parametrize("backend", [*BACKENDS, "other"])
+def conformance(session: nox.Session, backend: str) -> None:
+    """Run the conformance suite for each backend in its own env, then render the reports."""
+    args = _conformance_args(session.posargs)
+    if backend == "other":
+        names = [b for b in args.backend or [] if b not in BACKENDS]
+        if not names:
+            session.skip("no --backend outside the built-in list")
+        extras = ["all"]
+    else:
+        if args.backend and backend not in args.backend:
+            session.skip(f"--backend selects {args.backend}")
+        names, extras = [backend], BACKENDS[backend]
+    install(session, package(["test", *extras]), *args.install)
+    if backend == "example":
+        install(session, str(PLUGIN))
+    failed = []
+    for name in names:
+        cmd = ["python", "-m", "attnspec.conformance.run", "--backend", name, "--profile", args.profile,
+               "--case-timeout", args.case_timeout]
+        if args.device:
+            cmd += ["--device", args.device]
+        # exit 1 = the backend does not conform: still render the report, then fail the session
+        code = session.run(*cmd, env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)}, success_codes=[0, 1])
+        if code:
+            failed.append(name)
+    session.notify("report")
+    if failed:
+        session.error(f"{', '.join(failed)} failed conformance: see reports/accuracy.md")
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    """Render reports/*.md and plots from every results JSON under reports/results/."""
+    install(session, ".[report]")
+    session.run("python", "-m", "attnspec.reports.render", *session.posargs)
+
+
+def _git_commit(session: nox.Session) -> str:
+    try:
+        commit = session.run("git", "rev-parse", "--short", "HEAD", silent=True, external=True).strip()
+        dirty = session.run("git", "status", "--porcelain", "--untracked-files=no", silent=True, external=True)
+        return commit + ("-dirty" if dirty.strip() else "")
+    except Exception:  # not a git checkout (an sdist): the report says unknown
+        return "unknown"

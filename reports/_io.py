@@ -1,0 +1,300 @@
+"""Reading results JSON (validated), writing it atomically, and staging a render.
+
+Results are written by other processes, possibly on other machines and by older or newer kits, so
+every file is checked against its schema (`reports/SCHEMA.md`) before anything is rendered; a
+problem is reported as ``<file>: <where>: <what is wrong>`` through `ResultsError`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Results", "ResultsError", "StagedOutput", "load_results", "write_json_atomic"]
+
+CONFORMANCE = "attnspec.conformance/1"
+BENCH = "attnspec.bench/1"
+LSH_QUALITY = "attnspec.lsh_quality/1"
+MAX_PROBLEMS_PER_FILE = 5
+
+
+class ResultsError(ValueError):
+    """A results file that cannot be rendered: the message names the file and the problem."""
+
+
+# -- writing --------------------------------------------------------------------------------------
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)  # JSON has no inf or NaN; the reader accepts "inf", "-inf" and "nan"
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # not possible on every platform; the rename itself is still atomic
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` so that readers see the old file or the new one, never half.
+
+    The data goes to a temporary file in the same directory, is fsynced, and replaces ``path``
+    with `os.replace`. Non-finite floats are written as the strings "inf", "-inf", "nan".
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(_json_safe(obj), f, indent=1, sort_keys=True, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+# -- staging a render ---------------------------------------------------------------------------
+class StagedOutput:
+    """Render into a temporary directory inside ``out``; move the files into place only on success.
+
+    Each file is moved with `os.replace` (same filesystem, so atomic per file): an interrupted
+    render leaves every previous file byte-identical, and a reader never sees a truncated page.
+    Plots under ``plots/`` from an earlier render that this one did not produce are removed
+    after the move, so the directory holds exactly what the pages reference.
+    """
+
+    def __init__(self, out: str | os.PathLike):
+        self.out = Path(out)
+        self.tmp: Path | None = None
+        self.written: list[str] = []
+
+    def __enter__(self) -> StagedOutput:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix="_tmp-render-", dir=self.out))
+        return self
+
+    def path(self, rel: str) -> Path:
+        """Where to write the output file ``rel`` (a POSIX path relative to ``out``) for now."""
+        assert self.tmp is not None, "StagedOutput used outside its with-block"
+        p = self.tmp / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if rel not in self.written:
+            self.written.append(rel)
+        return p
+
+    def write_text(self, rel: str, text: str) -> None:
+        self.path(rel).write_text(text, encoding="utf-8", newline="\n")  # same bytes everywhere
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self._commit()
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _commit(self) -> None:
+        # plots first and index.md last: a page never links to a plot that is not there yet
+        order = sorted(self.written, key=lambda r: (not r.startswith("plots/"), r == "index.md", r))
+        for rel in order:
+            with open(self.tmp / rel, "r+b") as f:  # writable: Windows refuses fsync otherwise
+                os.fsync(f.fileno())
+        for rel in order:
+            dest = self.out / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.tmp / rel, dest)
+        plots = self.out / "plots"
+        if plots.is_dir():
+            for old in sorted(plots.glob("*.png")):
+                if f"plots/{old.name}" not in self.written:
+                    old.unlink()
+        _fsync_dir(self.out)
+
+
+# -- reading --------------------------------------------------------------------------------------
+@dataclass
+class Results:
+    """Every results document found in one directory, validated, in file-name order.
+
+    Each document is the parsed JSON plus ``"_file"``: its file name.
+    """
+
+    directory: Path
+    conformance: list[dict[str, Any]] = field(default_factory=list)
+    bench: list[dict[str, Any]] = field(default_factory=list)
+    lsh_quality: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def files(self) -> list[str]:
+        return sorted(d["_file"] for d in (*self.conformance, *self.bench, *self.lsh_quality))
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    if isinstance(x, str):
+        return x.strip().lower() in ("inf", "+inf", "-inf", "nan", "infinity", "-infinity")
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+_CHECKS = {
+    "str": (lambda x: isinstance(x, str), "a string"),
+    "int": (_is_int, "an integer"),
+    "num": (_is_number, "a number"),
+    "num?": (lambda x: x is None or _is_number(x), "a number or null"),
+    "int?": (lambda x: x is None or _is_int(x), "an integer or null"),
+    "str?": (lambda x: x is None or isinstance(x, str), "a string or null"),
+    "bool": (lambda x: isinstance(x, bool), "true or false"),
+    "bool?": (lambda x: x is None or isinstance(x, bool), "true, false or null"),
+    "list": (lambda x: isinstance(x, list), "a list"),
+    "dict": (lambda x: isinstance(x, dict), "an object"),
+}
+
+# field -> (kind, required)
+_TOP = {"schema": ("str", True), "backend": ("str", True), "device": ("str", True),
+        "device_name": ("str?", False), "environment": ("dict", False), "rows": ("list", True)}
+_CONF_TOP = {**_TOP, "failures": ("list", False), "deviations": ("list", False)}
+_BENCH_TOP = {**_TOP, "matmul_tflops": ("dict", False), "targets": ("list", False)}
+_CONF_ROW = {
+    "function": ("str", True), "property": ("str", False), "feature": ("str", True),
+    "dtype": ("str", True), **{k: ("int", True) for k in ("run", "passed", "failed", "unsupported")},
+    **{k: ("int", False) for k in ("deviation", "crashed", "timeout")},
+    **{k: ("num?", False) for k in ("max_abs_err", "max_rel_err", "max_budget_used")},
+    "unsupported_reasons": ("list", False), "deviation_ids": ("list", False),
+}
+_FAILURE = {k: ("str?", False) for k in ("function", "property", "feature", "dtype", "status",
+                                          "message", "repro")}
+_DEVIATION = {"id": ("str", True), "status": ("str", True), "observed": ("int?", False),
+              "exercised": ("int?", False)}
+_BENCH_ROW = {
+    "implementation": ("str", True), "pass": ("str", True), "dtype": ("str", True),
+    **{k: ("int", True) for k in ("B", "H", "n", "m", "d")}, "causal": ("bool", True),
+    "median_s": ("num", True), "min_s": ("num?", False), "max_s": ("num?", False),
+    "repeats": ("int?", False), "tflops": ("num?", False), "share_of_matmul": ("num?", False),
+    "peak_mem_bytes": ("int?", False), "mem_method": ("str?", False),
+}
+_TARGET = {"name": ("str", True), "value": ("num?", False), "target": ("num?", False),
+           "met": ("bool?", True), "detail": ("str?", False)}
+_LSH_TOP = {"schema": ("str", True), "rows": ("list", True)}
+_LSH_ROW = {"input": ("str", True), "n_hashes": ("int", True), "seed": ("int", True),
+            "rel_err": ("num", True)}
+
+
+def _check(obj: Any, spec: dict[str, tuple[str, bool]], where: str, problems: list[str]) -> bool:
+    if not isinstance(obj, dict):
+        problems.append(f"{where}: must be an object, got {type(obj).__name__}")
+        return False
+    for name, (kind, required) in spec.items():
+        if name not in obj:
+            if required:
+                problems.append(f"{where}: missing field {name!r}")
+            continue
+        ok, expected = _CHECKS[kind]
+        if not ok(obj[name]):
+            problems.append(f"{where}: field {name!r} must be {expected}, got {json.dumps(obj[name])[:60]}")
+    return True
+
+
+def _check_list(doc: dict, key: str, spec: dict, problems: list[str]) -> None:
+    items = doc.get(key)
+    if isinstance(items, list):
+        for i, item in enumerate(items):
+            _check(item, spec, f"{key}[{i}]", problems)
+
+
+def _validate(doc: Any, kind: str) -> list[str]:
+    problems: list[str] = []
+    expected = {"conformance": CONFORMANCE, "bench": BENCH, "lsh_quality": LSH_QUALITY}[kind]
+    if not isinstance(doc, dict):
+        return [f"top level must be an object, got {type(doc).__name__}"]
+    if doc.get("schema") != expected:
+        return [f"schema is {json.dumps(doc.get('schema'))}, expected {expected!r} "
+                f"(a {kind} results file, see reports/SCHEMA.md)"]
+    if kind == "conformance":
+        _check(doc, _CONF_TOP, "top level", problems)
+        _check_list(doc, "rows", _CONF_ROW, problems)
+        _check_list(doc, "failures", _FAILURE, problems)
+        _check_list(doc, "deviations", _DEVIATION, problems)
+    elif kind == "bench":
+        _check(doc, _BENCH_TOP, "top level", problems)
+        _check_list(doc, "rows", _BENCH_ROW, problems)
+        _check_list(doc, "targets", _TARGET, problems)
+        rates = doc.get("matmul_tflops")
+        for dtype, rate in (rates.items() if isinstance(rates, dict) else ()):
+            if not (rate is None or _is_number(rate)):
+                problems.append(f"matmul_tflops[{dtype!r}]: must be a number, got {json.dumps(rate)[:60]}")
+    else:
+        _check(doc, _LSH_TOP, "top level", problems)
+        _check_list(doc, "rows", _LSH_ROW, problems)
+    return problems
+
+
+def _read(path: Path, kind: str) -> tuple[dict | None, list[str]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [f"cannot be read: {exc}"]
+    if not text.strip():
+        return None, ["is empty (was its writer interrupted?)"]
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, [f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"]
+    return doc, _validate(doc, kind)
+
+
+def load_results(directory: str | os.PathLike) -> Results:
+    """Read and validate every ``conformance-*.json``, ``bench-*.json`` and ``lsh-quality*.json``.
+
+    A missing directory gives empty results. Raises `ResultsError` listing every malformed file.
+    """
+    directory = Path(directory)
+    results = Results(directory)
+    if not directory.is_dir():
+        return results
+    errors = []
+    for kind, pattern in (("conformance", "conformance-*.json"), ("bench", "bench-*.json"),
+                          ("lsh_quality", "lsh-quality*.json")):
+        for path in sorted(directory.glob(pattern)):
+            doc, problems = _read(path, kind)
+            if problems:
+                shown = problems[:MAX_PROBLEMS_PER_FILE]
+                more = len(problems) - len(shown)
+                errors.extend(f"{path}: {p}" for p in shown)
+                if more:
+                    errors.append(f"{path}: ... and {more} more problems")
+                continue
+            doc["_file"] = path.name
+            getattr(results, kind).append(doc)
+    if errors:
+        raise ResultsError("\n".join(errors))
+    return results
+
+
+def as_float(x: Any) -> float | None:
+    """A schema number (int, float, or "inf"/"nan" string) as a float; None stays None."""
+    if x is None:
+        return None
+    return float(x)

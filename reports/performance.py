@@ -1,0 +1,183 @@
+"""The benchmark page, ``performance.md``: timings, throughput and memory per backend, device and
+dtype, the device's matmul rate they are measured against, the targets, and the LSH error table."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+from attnspec.reports._io import Results, as_float
+from attnspec.reports._md import DASH, nbytes, num, pct, run_label, seconds, table
+
+__all__ = ["IMPLEMENTATION_ORDER", "impl_key", "lsh_quality_stats", "performance_page", "share"]
+
+IMPLEMENTATION_ORDER = ("adapter", "native", "golden", "blocked", "lsh")
+NO_RESULTS = "No benchmark results in `{dir}`; run `nox -s bench`."
+Plots = dict[tuple[str, str, str], list[tuple[str, str]]]
+
+
+def impl_key(name: str) -> tuple[int, str]:
+    order = IMPLEMENTATION_ORDER
+    return (order.index(name), "") if name in order else (len(order), name)
+
+
+def bench_key(doc: dict[str, Any]) -> tuple[str, str, str]:
+    return (doc["backend"], doc["device"], doc["_file"])
+
+
+def row_key(r: dict[str, Any]) -> tuple:
+    return (impl_key(r["implementation"]), r["pass"], r["causal"], r["B"], r["H"], r["d"], r["n"], r["m"])
+
+
+def share(doc: dict[str, Any], r: dict[str, Any]) -> float | None:
+    """The row's share of the matmul rate measured in the same run (computed if not recorded)."""
+    if r.get("share_of_matmul") is not None:
+        return as_float(r["share_of_matmul"])
+    rate = as_float((doc.get("matmul_tflops") or {}).get(r["dtype"]))
+    tflops = as_float(r.get("tflops"))
+    if rate and tflops is not None and math.isfinite(rate):
+        return tflops / rate
+    return None
+
+
+def _rates(doc: dict[str, Any]) -> str:
+    rates = doc.get("matmul_tflops") or {}
+    return ", ".join(f"{dt} {num(rates[dt])} TFLOP/s" for dt in sorted(rates)) or "not measured"
+
+
+def _met(t: dict[str, Any]) -> str:
+    if t.get("met") is None:
+        return "?"
+    if t["met"]:
+        return "✓"
+    value, target = as_float(t.get("value")), as_float(t.get("target"))
+    if value is None or target is None or not (math.isfinite(value) and math.isfinite(target)):
+        return "✗"
+    gap = value - target
+    ratio = f"{value / target:.2f}× the target, " if target else ""
+    return f"✗ ({ratio}{num(abs(gap))} {'below' if gap < 0 else 'above'})"
+
+
+def _targets(results: Results) -> str:
+    rows = []
+    for doc in sorted(results.bench, key=bench_key):
+        for t in sorted(doc.get("targets") or [], key=lambda t: t["name"]):
+            rows.append([doc["backend"], doc["device"], t["name"], num(t.get("value")),
+                         num(t.get("target")), _met(t), t.get("detail")])
+    if not rows:
+        return "No targets were recorded."
+    return table(["backend", "device", "name", "value", "target", "met", "detail"], rows, "lllrrll")
+
+
+def _machines(results: Results) -> str:
+    rows = [[doc["backend"], doc["device"], doc.get("device_name"), _rates(doc), f"`{doc['_file']}`"]
+            for doc in sorted(results.bench, key=bench_key)]
+    return table(["backend", "device", "device name", "matmul rate (same run)", "results file"], rows)
+
+
+def _time(r: dict[str, Any]) -> str:
+    text = seconds(r["median_s"])
+    if r.get("min_s") is not None and r.get("max_s") is not None:
+        text += f" ({seconds(r['min_s'])} – {seconds(r['max_s'])})"
+    return text
+
+
+def _params(r: dict[str, Any]) -> str:
+    params = r.get("params")
+    if not isinstance(params, dict):
+        return ""
+    return ", ".join(f"{k}={params[k]}" for k in sorted(params))
+
+
+def _dtype_table(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    body = []
+    with_params = any(_params(r) for r in rows)
+    for r in sorted(rows, key=row_key):
+        mem = DASH if r.get("peak_mem_bytes") is None else nbytes(r["peak_mem_bytes"])
+        body.append([r["implementation"], r["pass"], r["B"], r["H"], r["n"], r["m"], r["d"],
+                     "yes" if r["causal"] else "no", _time(r), num(r.get("tflops")),
+                     pct(share(doc, r)), mem, r.get("mem_method")] + ([_params(r)] if with_params else []))
+    headers = ["implementation", "pass", "B", "H", "n", "m", "d", "causal", "median (min – max)",
+               "TFLOP/s", "share of matmul", "peak memory", "memory method"]
+    return table(headers + (["params"] if with_params else []), body,
+                 "llrrrrrlrrrrl" + ("l" if with_params else ""))
+
+
+def _skipped(doc: dict[str, Any]) -> list[str]:
+    """The cases the run skipped (an optional list of {implementation, dtype, reason, cases})."""
+    groups = [g for g in doc.get("skipped") or [] if isinstance(g, dict)]
+    if not groups:
+        return []
+    rows = sorted([str(g.get("implementation")), str(g.get("dtype")), len(g.get("cases") or []),
+                   str(g.get("reason"))] for g in groups)
+    return ["", "Skipped cases:", "", table(["implementation", "dtype", "cases", "reason"], rows, "llrl")]
+
+
+def _definitions(doc: dict[str, Any]) -> list[str]:
+    defs = doc.get("definitions")
+    if not isinstance(defs, dict) or not defs:
+        return []
+    return ["", "Definitions recorded by the run:", ""] + [f"- *{k}*: {defs[k]}" for k in sorted(defs)]
+
+
+def lsh_quality_stats(results: Results) -> list[tuple[str, int, int, float, float, float]]:
+    """(input, n_hashes, seeds, mean, min, max) of rel_err over seeds, from every lsh-quality file."""
+    groups: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for doc in results.lsh_quality:
+        for r in doc["rows"]:
+            groups[(r["input"], r["n_hashes"])].append(float(r["rel_err"]))
+    return [(inp, nh, len(v), sum(v) / len(v), min(v), max(v))
+            for (inp, nh), v in sorted(groups.items())]
+
+
+def _lsh_quality(results: Results, plot: tuple[str, str] | None) -> list[str]:
+    stats = lsh_quality_stats(results)
+    if not stats:
+        return []
+    files = ", ".join(f"`{d['_file']}`" for d in results.lsh_quality)
+    lines = ["", "## LSH approximation error", "",
+             f"Relative error of LSH attention against full attention, over seeds ({files}).", "",
+             table(["input", "n_hashes", "seeds", "mean rel err", "min", "max"],
+                   [[i, nh, s, num(mean), num(lo), num(hi)] for i, nh, s, mean, lo, hi in stats],
+                   "lrrrrr")]
+    if plot:
+        lines += ["", f"![{plot[0]}]({plot[1]})"]
+    return lines
+
+
+def performance_page(results: Results, plots: Plots | None = None,
+                     lsh_plot: tuple[str, str] | None = None) -> str:
+    """The Markdown of ``performance.md``; ``plots`` maps a bench run's key to its figures."""
+    plots = plots or {}
+    lines = ["# Performance", ""]
+    if not results.bench:
+        lines += [NO_RESULTS.format(dir=results.directory)]
+        return "\n".join([*lines, *_lsh_quality(results, lsh_plot), ""])
+    lines += [
+        f"From {len(results.bench)} benchmark run(s). *median* is over the timed repeats after",
+        "warm-up (min – max beside it). *share of matmul* divides the row's TFLOP/s by the dense",
+        "matmul rate of the same device and dtype, measured in the same run, so rows from different",
+        "machines compare by efficiency rather than by raw speed.",
+        "", "## Machines", "", _machines(results),
+        "", "## Targets", "", _targets(results),
+    ]
+    for doc in sorted(results.bench, key=bench_key):
+        title = run_label(doc) + (f" — {doc['device_name']}" if doc.get("device_name") else "")
+        grid = f" Grid: `{doc['grid']}`." if isinstance(doc.get("grid"), str) else ""
+        lines += ["", f"## {title}", "", f"Matmul rate measured in this run: {_rates(doc)}.{grid}"]
+        lines += _definitions(doc)
+        by_dtype: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in doc["rows"]:
+            by_dtype[r["dtype"]].append(r)
+        for dtype in sorted(by_dtype):
+            lines += ["", f"### {doc['backend']} / {doc['device']} / {dtype}", "",
+                      _dtype_table(doc, by_dtype[dtype])]
+        figures = plots.get(bench_key(doc), [])
+        if figures:
+            lines += ["", "\n\n".join(f"![{t}]({p})" for t, p in figures)]
+        if not doc["rows"]:
+            lines += ["", "No rows."]
+        lines += _skipped(doc)
+    lines += _lsh_quality(results, lsh_plot)
+    return "\n".join(lines) + "\n"

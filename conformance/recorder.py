@@ -11,11 +11,9 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import math
 import os
 import platform
 import subprocess
-import tempfile
 import time
 from collections import defaultdict
 from importlib import metadata
@@ -23,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import attnspec
+from attnspec.reports._io import write_json_atomic
 
 STATUSES = ("passed", "failed", "unsupported", "deviation", "crashed", "timeout")
 FRAMEWORKS = ("numpy", "ml_dtypes", "torch", "jax", "jaxlib", "array-api-compat", "array-api-strict",
@@ -129,7 +128,7 @@ class Recorder:
             "device": self.device,
             "device_name": device_name(self.backend, self.device),
             "environment": self.environment(),
-            "rows": [_clean(rows[k]) for k in sorted(rows)],
+            "rows": [rows[k] for k in sorted(rows)],
             "failures": failures,
             "deviations": deviations,
         }
@@ -154,13 +153,6 @@ class Recorder:
 
     def write_results(self, path: str) -> None:
         write_json_atomic(path, self.results())
-
-
-def _clean(row: dict[str, Any]) -> dict[str, Any]:
-    for k in ("max_abs_err", "max_rel_err", "max_budget_used"):
-        if row[k] is not None and not math.isfinite(row[k]):
-            row[k] = str(row[k])  # JSON has no inf
-    return row
 
 
 def declared_deviations(backend_name: str) -> list:
@@ -206,19 +198,3 @@ def device_name(backend, device) -> str:
         except Exception as exc:  # a report must not die on a cosmetic lookup
             return f"{device} ({type(exc).__name__})"
     return f"{platform.machine()} CPU ({os.cpu_count()} cores)" if device in (None, "cpu") else str(device)
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1, sort_keys=True, default=str)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

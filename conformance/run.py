@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from attnspec.conformance.pytest_helpers import resolve_backend
-from attnspec.conformance.recorder import Recorder, write_json_atomic
+from attnspec.conformance.recorder import Recorder
+from attnspec.reports._io import write_json_atomic
 
 MAX_RESTARTS = 20
 

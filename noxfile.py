@@ -94,6 +94,19 @@ def conformance(session: nox.Session, backend: str) -> None:
 
 
 @nox.session
+@nox.parametrize("backend", list(BACKENDS))
+def bench(session: nox.Session, backend: str) -> None:
+    """Benchmark each backend in its own env (quick grid; -- --grid full for all), then render."""
+    install(session, package(BACKENDS[backend]))
+    if backend == "example":
+        install(session, str(PLUGIN))
+    # posargs go to the harness: --grid full, --targets-only, --device cuda:0, --no-memory, ...
+    session.run("python", "-m", "attnspec.reports.bench", "--backend", backend, *session.posargs,
+                env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
+    session.notify("report")
+
+
+@nox.session
 def report(session: nox.Session) -> None:
     """Render reports/*.md and plots from every results JSON under reports/results/."""
     install(session, ".[report]")

@@ -13,19 +13,15 @@ import hashlib
 import json
 import os
 import platform
-import subprocess
 import time
 from collections import defaultdict
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import attnspec
-from attnspec.reports._io import write_json_atomic
+from attnspec.reports._io import framework_versions, git_state, write_json_atomic
 
 STATUSES = ("passed", "failed", "unsupported", "deviation", "crashed", "timeout")
-FRAMEWORKS = ("numpy", "ml_dtypes", "torch", "jax", "jaxlib", "array-api-compat", "array-api-strict",
-              "cupy-cuda12x", "cupy-cuda13x", "hypothesis")
 MAX_FAILURES_KEPT = 20
 
 
@@ -165,30 +161,6 @@ def declared_deviations(backend_name: str) -> list:
 
 def dev_id(dev) -> str:
     return getattr(dev, "id", None) or getattr(dev, "deviation_id")
-
-
-def framework_versions() -> dict[str, str]:
-    out = {}
-    for name in FRAMEWORKS:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
-
-
-def git_state() -> dict[str, Any]:
-    commit = os.environ.get("ATTNSPEC_GIT_COMMIT")
-    dirty = os.environ.get("ATTNSPEC_GIT_DIRTY")
-    if commit is None:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True, timeout=10, check=True).stdout.strip()
-            dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                        capture_output=True, text=True, timeout=10).stdout.strip())
-        except (OSError, subprocess.SubprocessError):
-            commit, dirty = "unknown", None
-    return {"git_commit": commit, "git_dirty": dirty if not isinstance(dirty, str) else dirty == "1"}
 
 
 def device_name(backend, device) -> str:

@@ -298,3 +298,41 @@ def as_float(x: Any) -> float | None:
     if x is None:
         return None
     return float(x)
+
+
+# -- environment shared by every results JSON ---------------------------------------------------
+FRAMEWORKS = ("numpy", "ml_dtypes", "torch", "jax", "jaxlib", "array-api-compat", "array-api-strict",
+              "cupy-cuda12x", "cupy-cuda13x", "hypothesis")
+
+
+def framework_versions() -> dict[str, str]:
+    """Installed versions of the frameworks a results file depends on."""
+    from importlib import metadata
+
+    out = {}
+    for name in FRAMEWORKS:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_state() -> dict[str, Any]:
+    """{"git_commit", "git_dirty"}: from ATTNSPEC_GIT_COMMIT (set by nox, "abc1234[-dirty]"), else git."""
+    import subprocess
+
+    commit, dirty = os.environ.get("ATTNSPEC_GIT_COMMIT"), os.environ.get("ATTNSPEC_GIT_DIRTY")
+    if commit is None:
+        try:
+            git = ["git", "-C", str(Path(__file__).resolve().parent)]
+            commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True, timeout=10, check=True).stdout.strip()
+            dirty = bool(subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
+                                        capture_output=True, text=True, timeout=10).stdout.strip())
+        except (OSError, subprocess.SubprocessError):
+            commit, dirty = "unknown", None
+    else:
+        dirty = commit.endswith("-dirty") if dirty is None else dirty == "1"
+        commit = commit.removesuffix("-dirty")
+    return {"git_commit": commit, "git_dirty": dirty}

@@ -1,0 +1,192 @@
+"""Backends by name: the built-in adapters, registered factories and third-party plugins.
+
+    get(name, **options) -> Backend       build one (options go to its factory)
+    available() -> {name: Availability}   what can be built here, and why not
+    names() -> [name, ...]                every known name
+    register(name, factory)               add one at runtime
+
+Importing this package, `names()` and `available()` import no framework: built-ins are
+``"module:attr"`` strings imported on first `get`, and whether their framework is installed is
+answered by `importlib.util.find_spec`, which finds a module without running it.
+
+Third-party backends are entry points in the group ``attnspec.backends`` (name = backend name,
+value = ``"module:attr"`` of a Backend subclass or a factory returning a Backend); see
+``examples/attnspec-example-plugin``. `available()` loads each plugin's entry point to report it,
+and a plugin that fails to load (ImportError or anything else) is listed as not installed with
+its error; the other backends are unaffected. Built-in names take precedence over plugins.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Callable, Union
+
+from attnspec._errors import SpecError
+from attnspec.backends._base import Backend, Unsupported
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Availability",
+    "Backend",
+    "Unsupported",
+    "available",
+    "get",
+    "names",
+    "register",
+]
+
+ENTRY_POINT_GROUP = "attnspec.backends"
+
+#: a Backend subclass, a callable returning a Backend, or "module:attr" naming either
+Factory = Union[str, Callable[..., Backend]]
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can be built here; ``reason`` says why not (empty when it can)."""
+
+    installed: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class _Builtin:
+    target: str  # "module:attr"
+    requires: tuple[str, ...]  # top-level modules that must be importable
+
+
+# A new built-in costs one module and one line here.
+_BUILTINS: dict[str, _Builtin] = {
+    "numpy": _Builtin("attnspec.backends.numpy:NumpyBackend", ()),
+    "torch": _Builtin("attnspec.backends.torch:TorchBackend", ("torch",)),
+    "jax": _Builtin("attnspec.backends.jax:JaxBackend", ("jax",)),
+    "array_api-numpy": _Builtin("attnspec.backends.array_api:ArrayAPINumpy", ("array_api_compat",)),
+    "array_api-strict": _Builtin("attnspec.backends.array_api:ArrayAPIStrict",
+                                 ("array_api_compat", "array_api_strict")),
+    "array_api-torch": _Builtin("attnspec.backends.array_api:ArrayAPITorch", ("array_api_compat", "torch")),
+    "array_api-cupy": _Builtin("attnspec.backends.array_api:ArrayAPICupy", ("array_api_compat", "cupy")),
+    "torch-native": _Builtin("attnspec.backends.torch_native:TorchNativeBackend", ("torch",)),
+    "jax-native": _Builtin("attnspec.backends.jax_native:JaxNativeBackend", ("jax",)),
+}
+
+_registered: dict[str, Factory] = {}
+
+
+def register(name: str, factory: Factory, *, replace: bool = False) -> None:
+    """Make ``get(name)`` call ``factory(**options)``; ``factory`` may be a "module:attr" string.
+
+    Refuses a name that is already known unless ``replace=True``.
+    """
+    if not isinstance(name, str) or not name:
+        raise SpecError(f"backends.register: name={name!r} must be a non-empty str")
+    if not (isinstance(factory, str) or callable(factory)):
+        raise SpecError(f"backends.register: factory for {name!r} must be callable or 'module:attr', "
+                        f"got {type(factory).__name__}")
+    if not replace and (name in _BUILTINS or name in _registered):
+        raise SpecError(f"backends.register: backend {name!r} is already registered (pass replace=True)")
+    _registered[name] = factory
+
+
+def names() -> list[str]:
+    """Every known backend name: built-ins, then registered ones, then plugins (not loaded)."""
+    found = list(_BUILTINS) + [n for n in _registered if n not in _BUILTINS]
+    return found + sorted(n for n in _plugins() if n not in found)
+
+
+def available() -> dict[str, Availability]:
+    """{name: Availability} for every known backend, importing no framework."""
+    result = {name: _builtin_availability(b) for name, b in _BUILTINS.items()}
+    result.update({name: Availability(True) for name in _registered if name not in _BUILTINS})
+    for name, ep in sorted(_plugins().items()):
+        if name not in result:
+            result[name] = _plugin_availability(ep)
+    return result
+
+
+def get(name: str, **options) -> Backend:
+    """Build the backend called ``name``; ``options`` go to its factory.
+
+    Raises:
+        SpecError: ``name`` is unknown, or its framework or plugin cannot be loaded here; the
+            message names the backend, the reason and the known names.
+    """
+    known = names()
+    if name not in known:
+        raise SpecError(f"backends.get: unknown backend {name!r}; known backends: {', '.join(known)}")
+    try:
+        factory = _factory(name)
+        if isinstance(factory, Availability):
+            raise _unavailable(name, factory.reason, known)
+        backend = factory(**options)
+    except ImportError as e:  # installed, but its import fails (a broken framework build)
+        raise _unavailable(name, f"{type(e).__name__}: {e}", known) from e
+    if not isinstance(backend, Backend):
+        raise SpecError(f"backends.get: the factory of {name!r} returned {type(backend).__name__}, "
+                        "not an attnspec.backends.Backend")
+    return backend
+
+
+# -- internals ------------------------------------------------------------------------------
+
+def _unavailable(name: str, reason: str, known: list[str]) -> SpecError:
+    return SpecError(f"backends.get: backend {name!r} is not available: {reason}; "
+                     f"known backends: {', '.join(known)}")
+
+
+def _plugins() -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _installed(module: str) -> bool:
+    if module in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken or half-initialized package
+        return False
+
+
+def _builtin_availability(b: _Builtin) -> Availability:
+    missing = [m for m in b.requires if not _installed(m)]
+    if missing:
+        return Availability(False, f"not installed: {', '.join(missing)}")
+    return Availability(True)
+
+
+def _plugin_availability(ep: metadata.EntryPoint) -> Availability:
+    try:
+        ep.load()
+    except Exception as e:  # a broken plugin must not break the registry
+        return _load_failed(ep, e)
+    return Availability(True)
+
+
+def _load_failed(ep: metadata.EntryPoint, e: Exception) -> Availability:
+    return Availability(False, f"plugin entry point {ep.value!r} failed to load: {type(e).__name__}: {e}")
+
+
+def _load(target: str):
+    module, _, attr = target.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _factory(name: str) -> Callable[..., Backend] | Availability:
+    """The callable that builds ``name``, or the Availability saying why it cannot be built."""
+    if name in _BUILTINS:
+        status = _builtin_availability(_BUILTINS[name])
+        return _load(_BUILTINS[name].target) if status.installed else status
+    if name in _registered:
+        factory = _registered[name]
+        return _load(factory) if isinstance(factory, str) else factory
+    ep = _plugins()[name]
+    try:
+        return ep.load()
+    except Exception as e:
+        return _load_failed(ep, e)

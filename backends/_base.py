@@ -56,6 +56,16 @@ class Backend:
         """The canonical dtype name of one of this backend's arrays (``float32``, ``bool``...)."""
         return np.dtype(x.dtype).name
 
+    def numerics_policy(self) -> dict[str, Any]:
+        """Turn off reduced-precision shortcuts (TF32, bf16 matmul passes) and report the settings.
+
+        The conformance suite calls this before it runs, so float32 is judged as float32. The
+        settings are process-wide, which is why constructing a backend does not change them
+        (JAX's x64 switch excepted: without it JAX has no float64 at all).
+        Returns ``{setting: value}`` as set; empty when the framework has no such switch.
+        """
+        return {}
+
     # -- capability -------------------------------------------------------------------------
     def supports(self, feature: str, **case: Any) -> list[str]:
         """Reasons this backend cannot run ``feature`` for ``case``; empty means supported."""

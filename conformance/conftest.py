@@ -60,7 +60,8 @@ def judge(attn_backend, attn_device, pytestconfig, request):
             verdict = _raised(name, function, prop, case, attn_device,
                               f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}")
         if verdict.status == "failed" and applicable:
-            verdict.status, verdict.deviation_id = "deviation", dev_id(applicable[0])
+            # every declared deviation whose conditions the case meets is credited with it
+            verdict.status, verdict.deviation_id = "deviation", ",".join(dev_id(d) for d in applicable)
         worst = verdict.worst
         rec.record(nodeid, {
             **base, "status": verdict.status, "reason": verdict.reason, "deviation_id": verdict.deviation_id,

@@ -66,7 +66,7 @@ def sdpa_cases(draw, dtype: str, features: tuple[str, ...] = SDPA_FEATURES) -> S
     feature = draw(st.sampled_from(features))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
-    tags = {feature}
+    tags = {feature, dtype}
 
     batch = draw(st.sampled_from([(), (2,), (1, 3)]))
     hkv = draw(st.sampled_from([1, 2]))

@@ -102,15 +102,17 @@ class Recorder:
                     row[field] = val if row[field] is None else max(row[field], val)
             if r["status"] == "unsupported" and r.get("reason") not in row["unsupported_reasons"]:
                 row["unsupported_reasons"].append(r.get("reason"))
-            if r.get("deviation_id") and r["deviation_id"] not in row["deviation_ids"]:
-                row["deviation_ids"].append(r["deviation_id"])
+            for did in (r.get("deviation_id") or "").split(","):
+                if did and did not in row["deviation_ids"]:
+                    row["deviation_ids"].append(did)
             if r["status"] in ("failed", "crashed", "timeout") and len(failures) < MAX_FAILURES_KEPT:
                 failures.append({k: r.get(k) for k in ("function", "property", "feature", "dtype", "status")}
                                 | {"message": r.get("message", ""), "repro": r.get("repro", "")})
         observed: dict[str, int] = defaultdict(int)
         for r in self.records:
-            if r.get("deviation_id"):
-                observed[r["deviation_id"]] += 1
+            for did in (r.get("deviation_id") or "").split(","):
+                if did:
+                    observed[did] += 1
         deviations = []
         for dev in declared_deviations(self.backend_name):
             did = dev_id(dev)

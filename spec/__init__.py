@@ -4,6 +4,7 @@ Every decision where frameworks disagree is listed in ``spec/README.md`` with it
 """
 
 from attnspec._errors import SpecError
+from attnspec.spec.blocked import sdpa_blocked
 from attnspec.spec.grads import sdpa_vjp
 from attnspec.spec.lsh import lsh_attention, lsh_bucket_margins, lsh_buckets, lsh_rotations
 from attnspec.spec.masks import causal_mask, padding_mask, query_padding_mask, window_mask
@@ -24,6 +25,7 @@ __all__ = [
     "padding_mask",
     "query_padding_mask",
     "sdpa",
+    "sdpa_blocked",
     "sdpa_loops",
     "sdpa_vjp",
     "sinusoidal_positions",

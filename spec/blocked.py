@@ -3,40 +3,44 @@
 Shape letters, as in `attnspec.spec.sdpa`, plus the two tile sizes:
     ...  leading batch dims;  Hq, Hkv  query and key/value heads, G = Hq // Hkv
     n    queries;  m  keys;  dk  query/key head dim;  dv  value head dim
-    r    query rows in a tile (<= block_q);  c  keys in a tile (<= block_k)
+    r    query rows in a tile (<= block_q);  t  keys in a tile (<= block_k)
 
 The algorithm is the online softmax of FlashAttention. For one (batch index, query head) and one
 block of query rows, walk the key tiles left to right, keeping for every row
 
     M  the running max of the visible logits seen so far (-inf before the first one)
-    A  sum_j exp(s_ij - M) v_j   and   L  sum_j exp(s_ij - M)   over the visible keys seen so far
+    c  an offset (below)
+    A  sum_j exp(s_ij - c) v_j   and   L  sum_j exp(s_ij - c)   over the visible keys seen so far
 
-and, for each tile of logits s (r, c), with hidden keys set to -inf:
+and, for each tile of logits s (r, t), with hidden keys set to -inf:
 
-    M' = max(M, max_j s_ij)     c = exp(M - M')     P = exp(s - M')
-    A <- c A + P v_tile         L <- c L + sum_j P_ij           M <- M'
+    M' = max(M, max_j s_ij)     c' = offset(M')     alpha = exp(c - c')     P = exp(s - c')
+    A <- alpha A + P v_tile     L <- alpha L + sum_j P_ij      M, c <- M', c'
 
-then out = A / L. When M' is still -inf (no visible key yet), 0 is subtracted instead, exactly as
-sdpa replaces an all -inf row max by 0, so exp(-inf) gives 0 and never exp(-inf + inf) = NaN.
+then out = A / L. The textbook choice is c = M (so P <= 1); here c = 0 while |M| <= 32, and M
+beyond. With c = 0 exp(s) can neither overflow nor lose a term that matters, and both the
+subtraction pass over the tile and the rescaling are skipped for the usual logits. A row with no
+visible key yet has c = 0, as sdpa replaces an all -inf row max by 0: exp(-inf) = 0, never NaN.
 
-Why this is the same function as `sdpa`: max is exact and order-free, so after the last tile M is
-sdpa's row max. Because exp(a - b) = exp(a - M) exp(M - b), each rescaling turns the partial sums
-taken relative to an older max into sums relative to the newer one, so at the end A and L are
-sdpa's numerator sum_j e_ij v_j and denominator sum_j e_ij, and A / L = sum_j w_ij v_j. Only
-rounding differs (summation order, and a product of rescalings instead of one exp): a few ulp.
-A key hidden from every row of the block by structure (causal, window, kv_lengths) would add
-exp(-inf) = 0 to both sums, so those tiles are skipped; rows at or past q_lengths see nothing
-and stay 0. Everything else carries over from sdpa unchanged: hidden keys are overwritten with
--inf after the matmul, so NaN or inf in their k never reaches a row; a visible NaN logit makes M
-NaN and a visible +inf logit makes P NaN (inf - inf), so the same rows become NaN as in sdpa.
-Non-finite entries of v are zeroed for P v and added back afterwards for the rows that see them,
-with the final weights exp(s - M) / L (see `_add_non_finite_values`).
+Why this is the same function as `sdpa`: for any c, exp(s - c) = exp(s - M) exp(M - c), so A and
+L are sdpa's numerator sum_j e_ij v_j and denominator sum_j e_ij (e = exp(s - M)) times the same
+factor exp(M - c), which cancels in A / L = sum_j w_ij v_j; each rescaling by alpha just moves
+the partial sums from the old offset to the new one. Only rounding differs (summation order, a
+product of rescalings instead of one exp): a few ulp. Max is exact and order-free, so the final
+M is sdpa's row max, and the weights are computed with sdpa's formula exp(s - M) / L_M, where
+L_M = L exp(c - M). A key hidden from every row of the block by structure (causal, window,
+kv_lengths) would add exp(-inf) = 0 to both sums, so those tiles are skipped; rows at or past
+q_lengths see nothing and stay 0. Everything else carries over from sdpa unchanged: hidden keys
+are overwritten with -inf after the matmul, so NaN or inf in their k never reaches a row; a
+visible NaN logit makes M NaN and a visible +inf logit makes P NaN (inf - inf), so the same rows
+become NaN as in sdpa. Non-finite entries of v are zeroed for P v and added back afterwards for
+the rows that see them, with the final weights (see `_add_non_finite_values`).
 
-Memory, per (batch, head) step: one float64 tile of logits (r, c) and a bool tile for the hidden
-keys, O(r (dk + dv)) of row state, a float64 copy of one kv head's k and v, O(m (dk + dv)),
-plus the float64 output (..., Hq, n, dv) itself. Never (n, m), except that return_weights
-returns an (..., Hq, n, m) array by nature; it is filled by a second tiled pass with the final
-M and L, w = exp(s - M) / L, which is sdpa's formula.
+Memory, per (batch, head) step: one float64 tile of logits (r, t) and a bool tile for the hidden
+keys, O(r (dk + dv)) of row state, a float64 copy of one kv head's k and v, O(m (dk + dv)) (k
+is used in place when it is float64 and contiguous), plus the float64 output (..., Hq, n, dv)
+itself. Never (n, m), except that return_weights returns an (..., Hq, n, m) array by nature; it
+is filled by a second tiled pass with the final M and L.
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ from attnspec.spec._validate import SDPAPlan, is_int, numpy_info, validate_sdpa
 __all__ = ["sdpa_blocked"]
 
 _FN = "sdpa_blocked"
+# While a row's running max M stays in [-_NEAR, _NEAR], the offset c is 0: exp(s) can neither
+# overflow (L <= m e^32) nor lose a term that matters (one below e^-745 is e^-713 of the largest),
+# and the subtraction s - c, a full pass over the tile, is skipped. Beyond that, c = M.
+_NEAR = 32.0
 
 
 def sdpa_blocked(
@@ -99,30 +107,33 @@ def sdpa_blocked(
     out = np.zeros((*p.batch, p.hq, p.n, p.dv))  # (..., Hq, n, dv)
     weights = np.zeros(p.full_weights_shape) if return_weights else None  # (..., Hq, n, m)
     if p.n and p.m and p.hq:
-        q4 = np.broadcast_to(_with_head(q), (*p.batch, p.hq, p.n, p.dk))  # (..., Hq, n, dk)
-        k4 = np.broadcast_to(_with_head(k), (*p.batch, p.hkv, p.m, p.dk))  # (..., Hkv, m, dk)
-        v4 = np.broadcast_to(_with_head(v), (*p.batch, p.hkv, p.m, p.dv))  # (..., Hkv, m, dv)
-        mask4 = None if mask is None else np.broadcast_to(mask, p.full_weights_shape)
-        bias4 = None if bias is None else np.broadcast_to(bias, p.full_weights_shape)
-        scratch = np.empty(min(bq, p.n) * min(bk, p.m))  # the one (r, c) logits tile, reused
-        for b in np.ndindex(*p.batch):
-            q_len = p.n if p.q_lengths is None else int(p.q_lengths[b])
-            kv_len = p.m if p.kv_lengths is None else int(p.kv_lengths[b])
-            for g in range(p.hkv):
-                kv = _KV(k4[b][g], v4[b][g])
-                for h in range(g * p.group, (g + 1) * p.group):
-                    head = _Head(
-                        p, q4[b][h], kv,
-                        None if mask4 is None else mask4[b][h],
-                        None if bias4 is None else bias4[b][h],
-                        q_len, kv_len,
-                    )
-                    w_h = None if weights is None else weights[b][h]
-                    _attend(head, out[b][h], w_h, bq, bk, scratch)
+        # NaN and inf are data here, and the definition says where they go: invalid operations
+        # on hidden keys are overwritten, those on visible ones give sdpa's NaN. No warnings.
+        with np.errstate(invalid="ignore"):
+            _attend_all(p, q, k, v, mask, bias, out, weights, bq, bk)
     out = out.astype(q.dtype, copy=False).reshape(p.out_shape)
     if not return_weights:
         return out
     return out, weights.astype(q.dtype, copy=False).reshape(p.weights_shape)
+
+
+def _attend_all(p: SDPAPlan, q, k, v, mask, bias, out, weights, bq: int, bk: int) -> None:
+    q4 = np.broadcast_to(_with_head(q), (*p.batch, p.hq, p.n, p.dk))  # (..., Hq, n, dk)
+    k4 = np.broadcast_to(_with_head(k), (*p.batch, p.hkv, p.m, p.dk))  # (..., Hkv, m, dk)
+    v4 = np.broadcast_to(_with_head(v), (*p.batch, p.hkv, p.m, p.dv))  # (..., Hkv, m, dv)
+    mask4 = None if mask is None else np.broadcast_to(mask, p.full_weights_shape)  # (..., Hq, n, m)
+    bias4 = None if bias is None else np.broadcast_to(bias, p.full_weights_shape)
+    scratch = np.empty(min(bq, p.n) * min(bk, p.m))  # the one (r, t) logits tile, reused
+    for b in np.ndindex(*p.batch):
+        q_len = p.n if p.q_lengths is None else int(p.q_lengths[b])
+        kv_len = p.m if p.kv_lengths is None else int(p.kv_lengths[b])
+        for g in range(p.hkv):
+            kv = _KV(k4[b][g], v4[b][g])
+            for h in range(g * p.group, (g + 1) * p.group):  # query heads reading kv head g
+                head_mask = None if mask4 is None else mask4[b][h]  # (n, m), a view
+                head_bias = None if bias4 is None else bias4[b][h]
+                head = _Head(p, q4[b][h], kv, head_mask, head_bias, q_len, kv_len)
+                _attend(head, out[b][h], None if weights is None else weights[b][h], bq, bk, scratch)
 
 
 def _check_block(name: str, value: object) -> int:
@@ -184,7 +195,7 @@ class _Head:
         return lo, max(lo, hi)
 
     def hidden(self, i0: int, i1: int, cols: slice | np.ndarray) -> np.ndarray | None:
-        """Bool (r, c), True where key j is not visible from row i; None if all are visible.
+        """Bool (r, t), True where key j is not visible from row i; None if all are visible.
 
         A slice of keys lies inside `key_range`; an index array may lie anywhere.
         """
@@ -214,10 +225,10 @@ class _Head:
         return None if hid is None else np.broadcast_to(hid, (i1 - i0, len(j)))
 
     def logits(self, qs, i0: int, i1: int, cols, scratch) -> tuple[np.ndarray, np.ndarray | None]:
-        """s (r, c) = (scale q) k^T + bias, with hidden keys set to -inf; and the hidden mask."""
-        r, c = qs.shape[0], (cols.stop - cols.start if isinstance(cols, slice) else len(cols))
-        s = scratch[: r * c].reshape(r, c)  # (r, c)
-        np.matmul(qs, self.kv.k[cols].T, out=s)  # (r, dk) @ (dk, c)
+        """s (r, t) = (scale q) k^T + bias, with hidden keys set to -inf; and the hidden mask."""
+        r, t = qs.shape[0], (cols.stop - cols.start if isinstance(cols, slice) else len(cols))
+        s = scratch[: r * t].reshape(r, t)  # (r, t)
+        np.matmul(qs, self.kv.k[cols].T, out=s)  # (r, dk) @ (dk, t)
         if self.bias is not None:
             tile = self.bias[i0:i1, cols]
             s += tile if tile.dtype == np.float64 else tile.astype(np.float64)
@@ -239,28 +250,36 @@ def _attend(head: _Head, out_h: np.ndarray, w_h: np.ndarray | None, bq: int, bk:
         qs = head.q[i0:i1].astype(np.float64)  # (r, dk)
         qs *= head.scale
         row_max = np.full(i1 - i0, -np.inf)  # M
+        offset = np.zeros(i1 - i0)  # c: A and L hold sums of exp(s - c)
         acc = np.zeros((i1 - i0, dv + 1))  # (r, dv + 1): A, and L in the last column
         for j0 in range(lo, hi, bk):
             cols = slice(j0, min(j0 + bk, hi))
-            s, _ = head.logits(qs, i0, i1, cols, scratch)  # (r, c)
-            new_max = np.maximum(row_max, s.max(axis=1))  # NaN propagates, as in sdpa
-            offset = np.where(new_max == -np.inf, 0.0, new_max)  # no visible key yet: subtract 0
-            s -= offset[:, None]
+            s, _ = head.logits(qs, i0, i1, cols, scratch)  # (r, t)
+            row_max = np.maximum(row_max, s.max(axis=1))  # NaN propagates, as in sdpa
+            far = ~(np.abs(row_max) <= _NEAR) & (row_max != -np.inf)  # NaN and +inf included
+            new_offset = np.where(far, row_max, 0.0)
+            if far.any():
+                s -= new_offset[:, None]
             np.exp(s, out=s)  # P; hidden keys: exp(-inf) = 0
-            acc *= np.exp(row_max - offset)[:, None]  # rescale to the new max; 0 when M was -inf
-            acc += s @ head.kv.v_aug[cols]  # (r, c) @ (c, dv + 1)
-            row_max = new_max
-        offset = np.where(row_max == -np.inf, 0.0, row_max)  # sdpa's row max
+            if (new_offset != offset).any():  # rescale what was summed relative to the old c
+                # c only decreases when a row's first visible logit is below -_NEAR; its sums are
+                # still 0 then, and the clamp keeps exp(c - c') from overflowing to 0 * inf = NaN
+                acc *= np.exp(np.minimum(offset - new_offset, 0.0))[:, None]
+                offset = new_offset
+            acc += s @ head.kv.v_aug[cols]  # (r, t) @ (t, dv + 1)
         denom = acc[:, dv]
-        denom = np.where(denom == 0, 1.0, denom)  # no visible key: 0 / 1 = 0
-        out_h[i0:i1] = acc[:, :dv] / denom[:, None]
+        out_h[i0:i1] = acc[:, :dv] / np.where(denom == 0, 1.0, denom)[:, None]  # nothing visible: 0
+        # sdpa's row max and denominator, for its weights w = exp(s - max) / denom
+        row_max = np.where(row_max == -np.inf, 0.0, row_max)
+        denom = denom * np.exp(offset - row_max)
+        denom[denom == 0] = 1.0
         if head.kv.bad.size:
-            _add_non_finite_values(head, qs, i0, i1, lo, hi, offset, denom, out_h[i0:i1], bk, scratch)
+            _add_non_finite_values(head, qs, i0, i1, lo, hi, row_max, denom, out_h[i0:i1], bk, scratch)
         if w_h is not None:
             for j0 in range(lo, hi, bk):
                 cols = slice(j0, min(j0 + bk, hi))
-                s, _ = head.logits(qs, i0, i1, cols, scratch)  # (r, c)
-                s -= offset[:, None]
+                s, _ = head.logits(qs, i0, i1, cols, scratch)  # (r, t)
+                s -= row_max[:, None]
                 np.exp(s, out=s)
                 np.divide(s, denom[:, None], out=w_h[i0:i1, cols])
             # A NaN or +inf visible logit makes sdpa's whole row NaN (exp(s - NaN), or e / NaN),
@@ -268,7 +287,7 @@ def _attend(head: _Head, out_h: np.ndarray, w_h: np.ndarray | None, bq: int, bk:
             w_h[i0:i1][np.isnan(denom)] = np.nan
 
 
-def _add_non_finite_values(head: _Head, qs, i0, i1, lo, hi, offset, denom, out_rows, bk, scratch):
+def _add_non_finite_values(head: _Head, qs, i0, i1, lo, hi, row_max, denom, out_rows, bk, scratch):
     """Add sum over visible j of w_ij * v_j for the non-finite entries of v (zeroed in _KV).
 
     With w_ij = exp(s_ij - M) / L (sdpa's weights), each such term is, by IEEE rules: NaN for a
@@ -281,12 +300,12 @@ def _add_non_finite_values(head: _Head, qs, i0, i1, lo, hi, offset, denom, out_r
     picked = np.flatnonzero((kv.bad >= lo) & (kv.bad < hi))  # other keys are hidden from the block
     for c0 in range(0, picked.size, bk):
         sel = picked[c0 : c0 + bk]  # positions in kv.bad
-        s, hidden = head.logits(qs, i0, i1, kv.bad[sel], scratch)  # (r, c)
-        w = np.exp(s - offset[:, None]) / denom[:, None]  # (r, c)
+        s, hidden = head.logits(qs, i0, i1, kv.bad[sel], scratch)  # (r, t)
+        w = np.exp(s - row_max[:, None]) / denom[:, None]  # (r, t)
         visible = np.ones(w.shape, bool) if hidden is None else ~hidden
-        live = (visible & (w > 0)).astype(np.float64)  # (r, c)
+        live = (visible & (w > 0)).astype(np.float64)  # (r, t)
         dead = (visible & (w == 0)).astype(np.float64)
-        pos = live @ kv.pos_inf[sel]  # (r, c) @ (c, dv): how many +inf terms
+        pos = live @ kv.pos_inf[sel]  # (r, t) @ (t, dv): how many +inf terms
         neg = live @ kv.neg_inf[sel]
         nan = visible.astype(np.float64) @ kv.nan[sel] + dead @ (kv.pos_inf[sel] + kv.neg_inf[sel])
         contrib = np.zeros_like(out_rows)  # (r, dv)

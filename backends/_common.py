@@ -1,0 +1,145 @@
+"""Pieces every adapter needs: validating framework arrays, structural visibility, dtype names.
+
+Shape letters as in `attnspec.spec.sdpa`: ``batch`` the broadcast leading dims, Hq / Hkv heads,
+n queries, m keys, dk / dv head dims.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import ml_dtypes
+import numpy as np
+
+from attnspec._errors import SpecError
+from attnspec.spec._validate import ArrayInfo, SDPAPlan, validate_sdpa
+
+InfoFn = Callable[[str, str, Any], ArrayInfo]
+
+
+def validate(
+    fn: str,
+    info: InfoFn,
+    lengths_to_numpy: Callable[[Any], Any],
+    q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+) -> SDPAPlan:
+    """`validate_sdpa` on framework arrays: the spec's checks, so the spec's messages.
+
+    ``info(fn, name, x)`` returns the ArrayInfo of one framework array, or raises SpecError when
+    ``x`` is not one (nothing is converted silently). Lengths are small and checked by value, so
+    ``lengths_to_numpy`` turns framework integer arrays into NumPy and passes anything else on
+    for the validator to judge.
+    """
+    return validate_sdpa(
+        fn,
+        info(fn, "q", q),
+        info(fn, "k", k),
+        info(fn, "v", v),
+        mask=None if mask is None else info(fn, "mask", mask),
+        bias=None if bias is None else info(fn, "bias", bias),
+        causal=causal,
+        window=window,
+        scale=scale,
+        q_lengths=lengths_to_numpy(q_lengths),
+        kv_lengths=lengths_to_numpy(kv_lengths),
+    )
+
+
+def refuse(fn: str, name: str, x: object, expected: str) -> SpecError:
+    return SpecError(f"{fn}: {name} must be a {expected}, got {type(x).__module__}.{type(x).__name__}")
+
+
+def is_empty(p: SDPAPlan) -> bool:
+    """No query, no key or no head: the result is all zeros, nothing to compute."""
+    return p.n == 0 or p.m == 0 or p.hq == 0
+
+
+def lengths_column(p: SDPAPlan) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """q_lengths and kv_lengths reshaped to (*batch, 1, 1, 1), ready to compare with positions."""
+    def col(x):
+        return None if x is None else np.ascontiguousarray(x).reshape(*p.batch, 1, 1, 1)
+    return col(p.q_lengths), col(p.kv_lengths)
+
+
+def visibility(n: int, m: int, causal: str | None, window: tuple[int, int] | None,
+               q_len, kv_len, arange: Callable[[int], Any]):
+    """Structural visibility (causal, window, lengths) as a bool array, or None if all visible.
+
+    Built from `arange`, indexing with None and comparison operators only, so torch, JAX and any
+    array API namespace run the same code; the rules are those of `attnspec.spec.masks`.
+    ``q_len``/``kv_len`` are framework int arrays shaped (*batch, 1, 1, 1) (see `lengths_column`).
+    The result broadcasts against (*batch, Hq, n, m): (n, m), or (*batch, 1, n, m) with lengths.
+    """
+    i = arange(n)[:, None]  # (n, 1)
+    j = arange(m)[None, :]  # (1, m)
+    anchor = i + (m - n) if causal == "lower_right" else i  # (n, 1): i', the diagonal
+    vis = None
+
+    def both(a, b):
+        return b if a is None else a & b
+
+    if causal is not None:
+        vis = both(vis, j <= anchor)
+    if window is not None:
+        vis = both(vis, (j >= anchor - window[0]) & (j <= anchor + window[1]))
+    if kv_len is not None:
+        vis = both(vis, j < kv_len)  # (*batch, 1, 1, m)
+    if q_len is not None:
+        vis = both(vis, i < q_len)  # (*batch, 1, n, 1)
+    return vis
+
+
+def with_mask_and_bias(vis, mask, bias, neg_inf):
+    """AND the data rules into `vis`: an explicit mask, and bias != -inf (an absent key)."""
+    if mask is not None:
+        vis = mask if vis is None else vis & mask
+    if bias is not None:
+        finite = bias != neg_inf
+        vis = finite if vis is None else vis & finite
+    return vis
+
+
+def static_plan(p: SDPAPlan) -> SDPAPlan:
+    """The plan without its length arrays: hashable, so it can be a static argument of a jit.
+
+    The lengths travel as traced arrays instead, so new length values do not recompile.
+    """
+    return dataclasses.replace(p, q_lengths=None, kv_lengths=None)
+
+
+NUMPY_DTYPES = {
+    "bool": np.dtype(bool),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    try:
+        return NUMPY_DTYPES[name]
+    except KeyError:
+        raise SpecError(f"asarray: dtype={name!r} is not one of {', '.join(NUMPY_DTYPES)}") from None
+
+
+def to_reference(x: np.ndarray, dtype: str | None) -> np.ndarray:
+    """``x`` as NumPy in the requested dtype, rounded once, in NumPy (ml_dtypes for bfloat16).
+
+    Every backend rounds here and then moves the already-rounded values, so the golden and the
+    backend see the same bits.
+    """
+    x = np.asarray(x)
+    return x if dtype is None else x.astype(numpy_dtype(dtype))
+
+
+def compute_dtype_name(dtype: str) -> str:
+    """Precision of the exact paths: float64 for float64, float32 for every narrower float.
+
+    float16/bfloat16 inputs are exactly representable in float32, and float32 accumulation keeps
+    the error at the level of the final rounding to the input dtype.
+    """
+    return "float64" if dtype == "float64" else "float32"

@@ -1,0 +1,105 @@
+"""The exact sdpa algorithm written once against the Python array API standard (2024.12).
+
+``xp`` is any namespace that implements the standard: what `array_api_compat.array_namespace`
+returns (NumPy, CuPy, torch through array-api-compat, array_api_strict), or ``jax.numpy``, which
+implements the standard itself. Only standard functions and operators are used, so running under
+array_api_strict proves it. Shape letters as in `attnspec.spec.sdpa`.
+
+It follows the golden step for step (max-subtracted softmax over visible keys, rows with no
+visible key give 0, masked keys are absent), in float32 for float16/bfloat16/float32 inputs and
+float64 for float64, then rounds once to the input dtype. It has no data-dependent branch and no
+data-dependent shape, so JAX can trace it under `jax.jit`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from attnspec.backends._common import compute_dtype_name
+from attnspec.spec._validate import SDPAPlan
+
+
+def attention(xp, p: SDPAPlan, q, k, v, vis, bias, *, nonfinite_v: bool, want_weights: bool):
+    """out (*batch, Hq, n, dv) and, if asked, weights (*batch, Hq, n, m), in q's dtype.
+
+    q, k, v carry a head axis (rank >= 3); ``vis`` is bool and broadcasts to (*batch, Hq, n, m),
+    or None. ``nonfinite_v`` asks for the exact treatment of NaN/inf in v (decided by the caller,
+    outside any trace); without it, v must be finite. Callers handle n = 0, m = 0 and Hq = 0.
+    """
+    dtype = q.dtype
+    ct = getattr(xp, compute_dtype_name(p.dtype))
+    q, k, v = xp.astype(q, ct), xp.astype(k, ct), xp.astype(v, ct)
+    full_w = (*p.batch, p.hq, p.n, p.m)
+
+    q5 = xp.reshape(q, (*q.shape[:-3], p.hkv, p.group, p.n, p.dk))  # (..., Hkv, G, n, dk)
+    kt5 = xp.matrix_transpose(xp.expand_dims(k, axis=-3))  # (..., Hkv, 1, dk, m)
+    s = xp.matmul(q5, kt5)  # (..., Hkv, G, n, m)
+    s = xp.reshape(s, (*s.shape[:-4], p.hq, p.n, p.m)) * p.scale  # (..., Hq, n, m)
+    if bias is not None:
+        s = s + xp.astype(bias, ct)
+    if vis is not None:
+        s = xp.where(vis, s, -math.inf)  # absent keys: their k (even NaN) is dropped here
+
+    row_max = xp.max(s, axis=-1, keepdims=True)  # (..., Hq, n, 1); NaN propagates
+    row_max = xp.where(row_max == -math.inf, 0.0, row_max)  # rows with no visible key
+    e = xp.exp(s - row_max)
+    denom = xp.sum(e, axis=-1, keepdims=True)
+    w = e / xp.where(denom == 0, 1.0, denom)  # no visible key: 0 / 1 = 0
+
+    finite = xp.isfinite(v)
+    out = _grouped_matmul(xp, p, w, xp.where(finite, v, 0.0))  # (..., Hq, n, dv)
+    if nonfinite_v:
+        out = _nonfinite_values(xp, p, w, v, vis, out, full_w, ct)
+
+    out = _finish(xp, xp.astype(out, dtype), (*p.batch, p.hq, p.n, p.dv), p.out_shape)
+    if not want_weights:
+        return out, None
+    return out, _finish(xp, xp.astype(w, dtype), full_w, p.weights_shape)
+
+
+def _finish(xp, x, full: tuple[int, ...], final: tuple[int, ...]):
+    # broadcast only when needed: NumPy's broadcast views are read-only
+    x = x if tuple(x.shape) == full else xp.broadcast_to(x, full)
+    return xp.reshape(x, final)  # drops the head axis of rank-2 inputs
+
+
+def _grouped_matmul(xp, p: SDPAPlan, a, b):
+    """a (..., Hq, n, m) @ b (..., Hkv, m, c), query head h reading kv head h // G."""
+    a5 = xp.reshape(a, (*a.shape[:-3], p.hkv, p.group, p.n, p.m))  # (..., Hkv, G, n, m)
+    r = xp.matmul(a5, xp.expand_dims(b, axis=-3))  # (..., Hkv, G, n, c)
+    return xp.reshape(r, (*r.shape[:-4], p.hq, p.n, r.shape[-1]))  # (..., Hq, n, c)
+
+
+def _nonfinite_values(xp, p: SDPAPlan, w, v, vis, out, full_w, ct):
+    """Put back the NaN/inf entries of v, only in rows that see their key.
+
+    ``out`` was computed with those entries zeroed, because a plain w @ v turns a masked inf
+    (weight exactly 0) into NaN for every row (0 * inf = NaN). What a visible non-finite v[j, c]
+    does to out[i, c] is IEEE arithmetic on w[i, j] * v[j, c]: NaN stays NaN, w > 0 times +-inf
+    is +-inf, w = 0 times inf is NaN, and +inf plus -inf is NaN. Counting, per row and column,
+    the visible keys of each kind is a matmul of 0/1 matrices, exact in floating point, so no
+    data-dependent gather is needed.
+    """
+    w = xp.broadcast_to(w, full_w)
+    seen = xp.ones_like(w, dtype=xp.bool) if vis is None else xp.broadcast_to(vis, full_w)
+
+    def hits(rows, keys):  # (..., Hq, n, dv): does any visible key of this kind reach the row?
+        return _grouped_matmul(xp, p, xp.astype(rows, ct), xp.astype(keys, ct)) > 0
+
+    pos_inf, neg_inf = v == math.inf, v == -math.inf
+    any_nan = hits(seen, xp.isnan(v))
+    any_pos = hits(seen & (w > 0), pos_inf)
+    any_neg = hits(seen & (w > 0), neg_inf)
+    zero_times_inf = hits(seen & (w == 0), pos_inf | neg_inf)
+    nan = any_nan | (any_pos & any_neg) | zero_times_inf | xp.isnan(out)
+    out = xp.where(any_pos, math.inf, out)
+    out = xp.where(any_neg, -math.inf, out)
+    return xp.where(nan, math.nan, out)
+
+
+def empty(xp, p: SDPAPlan, dtype, device, want_weights: bool):
+    """The result when n, m or Hq is 0: every row has no visible key, so zeros."""
+    out = xp.zeros(p.out_shape, dtype=dtype, device=device)
+    if not want_weights:
+        return out
+    return out, xp.zeros(p.weights_shape, dtype=dtype, device=device)

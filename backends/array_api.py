@@ -1,0 +1,201 @@
+"""One sdpa for every namespace that implements the Python array API standard.
+
+The algorithm is `attnspec.backends._xp_core`, run on ``array_api_compat.array_namespace`` of the
+inputs: it has no framework-specific branch and no native fast path (the point of this backend
+is to show the standard alone is enough; array_api_strict proves it uses nothing else). The
+registry entries differ only in the namespace `asarray` creates arrays in, and in the host
+transfer of `to_numpy`:
+
+    array_api-numpy   NumPy (via array-api-compat)        float16, float32, float64
+    array_api-strict  array_api_strict (the standard only) float32, float64
+    array_api-torch   torch (via array-api-compat)        float16, bfloat16, float32, float64
+    array_api-cupy    CuPy (via array-api-compat), GPU    float16, float32, float64
+
+bfloat16 is not an array API dtype; torch's namespace has it, so it is offered there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import ml_dtypes
+import numpy as np
+
+from attnspec.backends import _xp_core
+from attnspec.backends._base import Backend, Unsupported
+from attnspec._errors import SpecError
+from attnspec.backends._common import (
+    is_empty,
+    lengths_column,
+    refuse,
+    to_reference,
+    validate,
+    visibility,
+    with_mask_and_bias,
+)
+from attnspec.spec._validate import ArrayInfo, SDPAPlan
+
+__all__ = ["ArrayAPIBackend", "ArrayAPICupy", "ArrayAPINumpy", "ArrayAPIStrict", "ArrayAPITorch"]
+
+_DTYPE_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
+# Narrow floats travel as float32 (which holds them exactly): not every namespace can take
+# float16/bfloat16 from NumPy or hand it back (DLPack has no bfloat16 in NumPy).
+_NARROW = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+class ArrayAPIBackend(Backend):
+    """The generic implementation; subclasses name the namespace module that `asarray` uses."""
+
+    name = "array_api"
+    #: the module whose namespace creates this backend's arrays
+    _module: str = ""
+
+    def __init__(self) -> None:
+        import array_api_compat
+
+        self._compat = array_api_compat
+        self._xp = importlib.import_module(self._module)
+
+    # -- arrays -----------------------------------------------------------------------------
+    def _devices(self) -> list:
+        return [self._xp.__array_namespace_info__().default_device()]
+
+    def devices(self) -> list[str]:
+        return [str(d) for d in self._devices()]
+
+    def _device(self, name: str | None):
+        if name is None:
+            return self._devices()[0]
+        for d in self._devices():
+            if str(d) == name:
+                return d
+        raise ValueError(f"{self.name}: no device {name!r}; devices are {self.devices()}")
+
+    def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None):
+        x = to_reference(x, dtype)
+        name = x.dtype.name
+        if name in _NARROW and not hasattr(self._xp, name):
+            raise Unsupported(f"{self.name}: the namespace has no {name}")
+        src = x.astype(np.float32) if name in _NARROW else np.array(x)  # np.array copies
+        a = self._xp.asarray(src, device=self._device(device))
+        return self._xp.astype(a, getattr(self._xp, name)) if name in _NARROW else a
+
+    def to_numpy(self, x) -> np.ndarray:
+        xp = self._compat.array_namespace(x)
+        name = self.dtype_name(x)
+        if name in _NARROW:
+            return self._host(xp.astype(x, xp.float32)).astype(_NARROW[name])
+        return self._host(x)
+
+    def _host(self, x) -> np.ndarray:
+        return np.from_dlpack(self._compat.to_device(x, "cpu") if self._on_gpu(x) else x)
+
+    def _on_gpu(self, x) -> bool:
+        return False
+
+    def dtype_name(self, x) -> str:
+        xp = self._compat.array_namespace(x)
+        for name in _DTYPE_NAMES:
+            candidate = getattr(xp, name, None)
+            # skip absent names: NumPy compares None equal to float64 (its default dtype)
+            if candidate is not None and candidate == x.dtype:
+                return name
+        return str(x.dtype)
+
+    # -- sdpa -------------------------------------------------------------------------------
+    def _info(self, fn: str, name: str, x: object) -> ArrayInfo:
+        if not self._compat.is_array_api_obj(x):
+            raise refuse(fn, name, x, "array API array")
+        return ArrayInfo(tuple(x.shape), self.dtype_name(x))
+
+    def _lengths_to_numpy(self, x):
+        if self._compat.is_array_api_obj(x) and not isinstance(x, np.ndarray):
+            return self.to_numpy(x)
+        return x
+
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+             q_lengths=None, kv_lengths=None, return_weights=False):
+        fn = f"{self.name}.sdpa"
+        p = validate(fn, self._info, self._lengths_to_numpy, q, k, v, mask, bias, causal, window,
+                     scale, q_lengths, kv_lengths)
+        try:
+            xp = self._compat.array_namespace(*(x for x in (q, k, v, mask, bias) if x is not None))
+        except TypeError as e:
+            raise SpecError(f"{fn}: q, k, v, mask and bias must come from one array namespace ({e})") from None
+        device = self._compat.device(q)
+        if is_empty(p):
+            return _xp_core.empty(xp, p, q.dtype, device, return_weights)
+        vis = _visibility(xp, p, device, mask, bias)
+        nonfinite_v = not bool(xp.all(xp.isfinite(v)))
+        out, weights = _xp_core.attention(xp, p, _with_head(xp, q), _with_head(xp, k),
+                                          _with_head(xp, v), vis, bias, nonfinite_v=nonfinite_v,
+                                          want_weights=return_weights)
+        return (out, weights) if return_weights else out
+
+
+def _with_head(xp, x):
+    return xp.expand_dims(x, axis=0) if x.ndim == 2 else x  # (L, d) -> (1, L, d): one head
+
+
+def _visibility(xp, p: SDPAPlan, device, mask, bias):
+    q_len, kv_len = (None if a is None else xp.asarray(a, device=device) for a in lengths_column(p))
+    vis = visibility(p.n, p.m, p.causal, p.window, q_len, kv_len,
+                     lambda size: xp.arange(size, device=device))
+    return with_mask_and_bias(vis, mask, bias, -math.inf)
+
+
+class ArrayAPINumpy(ArrayAPIBackend):
+    name = "array_api-numpy"
+    _module = "array_api_compat.numpy"
+    dtypes = ("float16", "float32", "float64")
+
+
+class ArrayAPIStrict(ArrayAPIBackend):
+    name = "array_api-strict"
+    _module = "array_api_strict"
+    dtypes = ("float32", "float64")  # the standard has no float16 or bfloat16
+
+
+class ArrayAPITorch(ArrayAPIBackend):
+    name = "array_api-torch"
+    _module = "array_api_compat.torch"
+
+    def _devices(self) -> list:
+        import torch
+
+        return [torch.device("cpu")] + [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+
+    def _on_gpu(self, x) -> bool:
+        return x.device.type != "cpu"
+
+    def synchronize(self) -> None:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    def numerics_policy(self) -> dict[str, object]:
+        from attnspec.backends.torch import torch_numerics_policy
+
+        return torch_numerics_policy()
+
+
+class ArrayAPICupy(ArrayAPIBackend):
+    name = "array_api-cupy"
+    _module = "array_api_compat.cupy"
+    dtypes = ("float16", "float32", "float64")
+
+    def _devices(self) -> list:
+        import cupy
+
+        return [cupy.cuda.Device(i) for i in range(cupy.cuda.runtime.getDeviceCount())]
+
+    def _host(self, x) -> np.ndarray:
+        return x.get()  # CuPy refuses implicit device-to-host copies (np.from_dlpack included)
+
+    def synchronize(self) -> None:
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()

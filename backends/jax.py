@@ -1,0 +1,258 @@
+"""JAX, made conformant: `jax.nn.dot_product_attention` under `jax.jit`, plus fix-ups.
+
+Shape letters as in `attnspec.spec.sdpa`; JAX's own layout is (B, T, N, H) = (batch, length,
+heads, head dim), so leading batch dims are broadcast and flattened into B, and heads and length
+swap places, at the boundary. Constructing a JAX backend turns on ``jax_enable_x64``
+(process-wide): without it JAX silently stores float64 inputs as float32.
+
+Native options are used where they mean what the spec means: ``is_causal`` (upper-left),
+``local_window_size`` (upper-left anchored, probed: query i sees [i - left, i + right]),
+``query_seq_lengths`` and ``key_value_seq_lengths``. Lower-right causal and its window, an
+explicit mask and the -inf entries of a bias go in as one boolean ``mask``. Fix-ups, each naming
+the deviation of ``jax-native`` it repairs:
+
+* rows with no visible key are set to 0 (``jax.empty-row-mean-v``, ``jax.neg-inf-bias-row-nan``);
+* dv != dk: the narrower of (q, k) and v is zero-padded to the wider head dim and the output
+  sliced back (``jax.dv-ne-dk-refused``). Zero columns add exact zeros to q . k and produce
+  output columns that are dropped, so the result is unchanged;
+* -inf bias entries go into ``mask`` too, since JAX replaces masked logits with ``where`` but
+  only adds the bias (``jax.masked-nonfinite-k-bias``);
+* NaN/inf in k or v: keys no row can see are zeroed; if non-finite values remain, the call
+  takes the exact path (``jax.masked-nonfinite-v``). So does a non-finite q: inf in q or k can
+  make every visible logit -inf, and JAX's finite fill for masked keys then wins the softmax
+  (``jax.neg-inf-logits-attend-masked-keys``). Checking reads three flags back (a sync);
+* float64 inputs take the exact path, because JAX computes the softmax in float32
+  (``jax.float64-softmax-in-float32``);
+* float16 inputs on CPU take the exact path, because XLA:CPU cannot compile the float16 matmul
+  precision that `jax.nn.dot_product_attention` asks for under jit (``jax.float16-jit-cpu-refused``).
+
+The exact path is `attnspec.backends._xp_core` with ``jax.numpy`` as its namespace (JAX implements
+the array API standard), also under `jax.jit`; ``return_weights=True`` uses it too.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnspec.backends import _xp_core
+from attnspec.backends._base import Backend
+from attnspec.backends._common import (
+    is_empty,
+    lengths_column,
+    refuse,
+    static_plan,
+    to_reference,
+    validate,
+    visibility,
+    with_mask_and_bias,
+)
+from attnspec.spec._validate import ArrayInfo, SDPAPlan
+
+__all__ = ["JaxBackend"]
+
+
+class JaxArrays(Backend):
+    """Array hooks shared by the ``jax`` and ``jax-native`` backends."""
+
+    def __init__(self) -> None:
+        jax.config.update("jax_enable_x64", True)
+        self._last = None  # the latest result, for synchronize()
+
+    def devices(self) -> list[str]:
+        return ["cpu"] + [f"{d.platform}:{d.id}" for d in jax.devices() if d.platform != "cpu"]
+
+    def _device(self, name: str | None):
+        if name is None or name == "cpu":
+            return jax.devices("cpu")[0]
+        for d in jax.devices():
+            if f"{d.platform}:{d.id}" == name:
+                return d
+        raise ValueError(f"{self.name}: no device {name!r}; devices are {self.devices()}")
+
+    def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> jax.Array:
+        return jax.device_put(np.array(to_reference(x, dtype)), self._device(device))
+
+    def to_numpy(self, x: jax.Array) -> np.ndarray:
+        return np.asarray(x)
+
+    def synchronize(self) -> None:
+        # JAX dispatches asynchronously and has no global barrier for computations: wait on the
+        # latest result instead.
+        if self._last is not None:
+            jax.block_until_ready(self._last)
+
+    def numerics_policy(self) -> dict[str, object]:
+        jax.config.update("jax_default_matmul_precision", "highest")
+        return {
+            "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+            "jax_enable_x64": jax.config.jax_enable_x64,
+        }
+
+    def _info(self, fn: str, name: str, x: object) -> ArrayInfo:
+        if not isinstance(x, jax.Array):
+            raise refuse(fn, name, x, "jax.Array")
+        return ArrayInfo(tuple(x.shape), self.dtype_name(x))
+
+    def _plan(self, fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths) -> SDPAPlan:
+        return validate(fn, self._info, _lengths_to_numpy, q, k, v, mask, bias, causal, window,
+                        scale, q_lengths, kv_lengths)
+
+
+def _lengths_to_numpy(x):
+    return np.asarray(x) if isinstance(x, jax.Array) else x
+
+
+def lengths_arrays(p: SDPAPlan):
+    """q_lengths, kv_lengths as JAX arrays (*batch, 1, 1, 1), or None; traced, never static."""
+    return tuple(None if a is None else jnp.asarray(a) for a in lengths_column(p))
+
+
+def with_head(x):
+    return x[None] if x.ndim == 2 else x  # (L, d) -> (1, L, d): one head
+
+
+def full_visibility(p: SDPAPlan, mask, bias, q_len, kv_len):
+    """Every rule of the call as one bool array broadcasting to (*batch, Hq, n, m), or None."""
+    vis = visibility(p.n, p.m, p.causal, p.window, q_len, kv_len, jnp.arange)
+    return with_mask_and_bias(vis, mask, bias, -math.inf)
+
+
+# -- the boundary: spec layout (*batch, H, L, d) <-> JAX layout (B, L, H, d) -------------------
+
+def batch_size(p: SDPAPlan) -> int:
+    return math.prod(p.batch)
+
+
+def to_btnh(p: SDPAPlan, x, heads: int, length: int):
+    x = jnp.broadcast_to(with_head(x), (*p.batch, heads, length, x.shape[-1]))  # (*batch, H, L, d)
+    x = jnp.reshape(x, (batch_size(p), heads, length, x.shape[-1]))  # (B, H, L, d)
+    return jnp.transpose(x, (0, 2, 1, 3))  # (B, L, H, d)
+
+
+def from_btnh(p: SDPAPlan, out):
+    out = jnp.transpose(out, (0, 2, 1, 3))  # (B, Hq, n, dv)
+    return jnp.reshape(out, (*p.batch, p.hq, p.n, p.dv))  # (*batch, Hq, n, dv)
+
+
+def to_bnts(p: SDPAPlan, x):
+    """A mask or bias broadcasting to (*batch, Hq, n, m) -> (B, Hq or 1, n, m), as JAX wants."""
+    heads = x.shape[-3] if x.ndim >= 3 else 1
+    x = jnp.broadcast_to(x, (*p.batch, heads, p.n, p.m))  # (*batch, Hq or 1, n, m)
+    return jnp.reshape(x, (batch_size(p), heads, p.n, p.m))  # (B, Hq or 1, n, m)
+
+
+def seq_lengths(p: SDPAPlan, lengths):
+    return None if lengths is None else jnp.reshape(lengths, (batch_size(p),)).astype(jnp.int32)  # (B,)
+
+
+def native_call(p: SDPAPlan, q, k, v, mask, bias, q_len, kv_len):
+    """`jax.nn.dot_product_attention` with each spec option as its closest native option.
+
+    Returns (B, n, Hq, dv_or_dk). ``mask`` and ``bias`` are in the spec's layout; lower-right
+    causal (and a window anchored on it) has no native option, so it joins ``mask``.
+    """
+    upper = p.causal != "lower_right"
+    explicit = None if upper else visibility(p.n, p.m, p.causal, p.window, None, None, jnp.arange)
+    explicit = with_mask_and_bias(explicit, mask, None, None)
+    return jax.nn.dot_product_attention(
+        to_btnh(p, q, p.hq, p.n),
+        to_btnh(p, k, p.hkv, p.m),
+        to_btnh(p, v, p.hkv, p.m),
+        bias=None if bias is None else to_bnts(p, bias),
+        mask=None if explicit is None else to_bnts(p, explicit),
+        scale=p.scale,
+        is_causal=p.causal == "upper_left",
+        query_seq_lengths=seq_lengths(p, q_len),
+        key_value_seq_lengths=seq_lengths(p, kv_len),
+        local_window_size=p.window if upper else None,
+    )
+
+
+# -- the conformant adapter -----------------------------------------------------------------
+
+@partial(jax.jit, static_argnames=("p",))
+def _fused(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan):
+    vis = full_visibility(p, mask, bias, q_len, kv_len)
+    if p.dv < p.dk:  # fixes jax.dv-ne-dk-refused: zero columns of v give dropped output columns
+        v = jnp.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, p.dk - p.dv)])
+    elif p.dv > p.dk:  # ... and zero columns of q and k add exact zeros to q . k
+        q = jnp.pad(q, [(0, 0)] * (q.ndim - 1) + [(0, p.dv - p.dk)])
+        k = jnp.pad(k, [(0, 0)] * (k.ndim - 1) + [(0, p.dv - p.dk)])
+    # fixes jax.masked-nonfinite-k-bias: -inf bias entries go through JAX's where-masking
+    mask = with_mask_and_bias(None, mask, bias, -math.inf)
+    out = native_call(p, q, k, v, mask, bias, q_len, kv_len)  # (B, n, Hq, max(dk, dv))
+    out = from_btnh(p, out[..., : p.dv])  # (*batch, Hq, n, dv)
+    if vis is not None:
+        # fixes jax.empty-row-mean-v and jax.neg-inf-bias-row-nan: no visible key -> 0
+        out = jnp.where(jnp.any(vis, axis=-1, keepdims=True), out, 0)
+    return jnp.reshape(out, p.out_shape)
+
+
+@partial(jax.jit, static_argnames=("p", "nonfinite_v", "want_weights"))
+def _exact(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan, nonfinite_v: bool, want_weights: bool):
+    vis = full_visibility(p, mask, bias, q_len, kv_len)
+    return _xp_core.attention(jnp, p, with_head(q), with_head(k), with_head(v), vis, bias,
+                              nonfinite_v=nonfinite_v, want_weights=want_weights)
+
+
+@partial(jax.jit, static_argnames=("p",))
+def _drop_hidden_keys(k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan):
+    """Zero the keys (k and v) that no query row of any head in their group can see."""
+    vis = full_visibility(p, mask, bias, q_len, kv_len)
+    seen = jnp.any(jnp.broadcast_to(vis, (*p.batch, p.hq, p.n, p.m)), axis=-2)  # (*batch, Hq, m)
+    seen = jnp.any(jnp.reshape(seen, (*p.batch, p.hkv, p.group, p.m)), axis=-2)  # (*batch, Hkv, m)
+    seen = seen[..., None]  # (*batch, Hkv, m, 1)
+    return jnp.where(seen, with_head(k), 0), jnp.where(seen, with_head(v), 0)
+
+
+@jax.jit
+def _finite_flags(q, k, v):
+    return jnp.stack([jnp.isfinite(x).all() for x in (q, k, v)])  # one compile, one transfer
+
+
+def _finite(q, k, v) -> list[bool]:
+    return np.asarray(_finite_flags(q, k, v)).tolist()
+
+
+class JaxBackend(JaxArrays):
+    """jax.nn.dot_product_attention with the spec's semantics; exact jnp path where it cannot."""
+
+    name = "jax"
+
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+             q_lengths=None, kv_lengths=None, return_weights=False):
+        p = self._plan("jax.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths)
+        if is_empty(p):
+            result = _xp_core.empty(jnp, p, q.dtype, q.device, return_weights)
+            self._last = result
+            return result
+        sp = static_plan(p)
+        q_len, kv_len = lengths_arrays(p)
+        has_rules = p.causal or p.window or mask is not None or bias is not None or q_len is not None \
+            or kv_len is not None
+        finite_q, finite_k, finite_v = _finite(q, k, v)
+        if not (finite_k and finite_v) and has_rules:
+            # fixes jax.masked-nonfinite-v (and masked keys generally) where it can stay fused
+            k, v = _drop_hidden_keys(k, v, mask, bias, q_len, kv_len, p=sp)
+            finite_q, finite_k, finite_v = _finite(q, k, v)
+        exact = (
+            return_weights
+            # fixes jax.masked-nonfinite-v and jax.neg-inf-logits-attend-masked-keys
+            or not (finite_q and finite_k and finite_v)
+            or p.dtype == "float64"  # fixes jax.float64-softmax-in-float32
+            # fixes jax.float16-jit-cpu-refused and jax.bfloat16-tiny-dot-cpu-refused
+            or (p.dtype in ("float16", "bfloat16") and q.device.platform == "cpu")
+        )
+        if exact:
+            result = _exact(q, k, v, mask, bias, q_len, kv_len, p=sp, nonfinite_v=not finite_v,
+                            want_weights=return_weights)
+            result = result if return_weights else result[0]
+        else:
+            result = _fused(q, k, v, mask, bias, q_len, kv_len, p=sp)
+        self._last = result
+        return result

@@ -1,0 +1,67 @@
+"""JAX as it is: `jax.nn.dot_product_attention` with no numerical fix-up.
+
+Each spec option maps to the closest native one (see `attnspec.backends.jax.native_call`):
+``is_causal`` for upper-left causal, ``local_window_size`` for a window, the sequence-length
+arguments for lengths, ``mask`` and ``bias`` as they are; lower-right causal has no native
+option, so it is expressed through the native ``mask``. The layout change at the boundary (batch
+dims flattened into B, heads and length swapped; JAX does not broadcast batch dims) moves data
+and changes no value. Where the result differs from the spec it is a declared deviation
+(`attnspec.backends.deviations`). Arguments are still validated by the spec's rules.
+
+A call JAX refuses (for example dv != dk) raises `Unsupported` carrying JAX's own message, so
+the refusal is measured rather than predicted.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+
+from attnspec.backends._base import Unsupported
+from attnspec.backends._common import static_plan
+from attnspec.backends.jax import JaxArrays, from_btnh, lengths_arrays, native_call
+from attnspec.spec._validate import SDPAPlan
+
+__all__ = ["JaxNativeBackend"]
+
+
+@partial(jax.jit, static_argnames=("p",))
+def _native(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan):
+    out = native_call(p, q, k, v, mask, bias, q_len, kv_len)  # (B, n, Hq, dv)
+    return from_btnh(p, out).reshape(p.out_shape)
+
+
+class JaxNativeBackend(JaxArrays):
+    """jax.nn.dot_product_attention called directly; its deviations are measured, not repaired."""
+
+    name = "jax-native"
+
+    def supports(self, feature: str, **case) -> list[str]:
+        reasons = super().supports(feature, **case)
+        if case.get("return_weights"):
+            reasons.append("jax.nn.dot_product_attention returns no attention weights")
+        device = case.get("device")
+        on_cpu = device == "cpu" or (device is None and jax.default_backend() == "cpu")
+        if case.get("dtype") == "float16" and on_cpu:
+            reasons.append("XLA:CPU cannot compile the float16 matmul precision JAX asks for under "
+                           "jit (deviation jax.float16-jit-cpu-refused)")
+        q_shape, v_shape = case.get("q_shape"), case.get("v_shape")
+        if q_shape and v_shape and q_shape[-1] != v_shape[-1]:
+            reasons.append("jax.nn.dot_product_attention requires v.shape[-1] == q.shape[-1] "
+                           "(deviation jax.dv-ne-dk-refused)")
+        return reasons
+
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+             q_lengths=None, kv_lengths=None, return_weights=False):
+        p = self._plan("jax-native.sdpa", q, k, v, mask, bias, causal, window, scale,
+                       q_lengths, kv_lengths)
+        if return_weights:
+            raise Unsupported("jax-native.sdpa: jax.nn.dot_product_attention returns no attention weights")
+        q_len, kv_len = lengths_arrays(p)
+        try:
+            out = _native(q, k, v, mask, bias, q_len, kv_len, p=static_plan(p))
+        except ValueError as e:  # JAX's own refusal of a call the spec defines
+            raise Unsupported(f"jax-native.sdpa: jax.nn.dot_product_attention refused: {e}") from e
+        self._last = out
+        return out

@@ -1,0 +1,225 @@
+"""PyTorch, made conformant: `torch.nn.functional.scaled_dot_product_attention` plus fix-ups.
+
+Shape letters as in `attnspec.spec.sdpa`. The fused kernel does the work whenever it gives the
+spec's answer; two cases go to an exact math path written here in torch:
+
+* ``return_weights=True``: the fused kernel returns no weights.
+* NaN/inf left in k or v after the cheap fix below: torch's kernels leak a masked key's NaN into
+  rows that never see it (deviations ``torch.masked-nonfinite-k`` and
+  ``torch.masked-nonfinite-v``). First, keys hidden from *every* query row (padding, the
+  usual source of garbage) are zeroed: no row sees them, so their values cannot matter and the
+  fused kernel stays exact. A non-finite key that some rows see and others do not cannot be
+  zeroed (the rows that see it must get NaN or inf), so those calls take the exact path, which
+  drops masked keys with ``where`` like the golden.
+* NaN/inf in q: the CPU flash kernel returns 0 for a row whose logits are all NaN, where the
+  spec propagates NaN (``torch.nonfinite-query-row-zeroed``).
+
+Checking for non-finite values reads three flags back from the device (a sync), on every call.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from attnspec.backends._base import Backend
+from attnspec.backends._common import (
+    is_empty,
+    lengths_column,
+    refuse,
+    to_reference,
+    validate,
+    visibility,
+    with_mask_and_bias,
+)
+from attnspec.spec._validate import ArrayInfo, SDPAPlan
+
+__all__ = ["TorchBackend"]
+
+
+class TorchArrays(Backend):
+    """Array hooks shared by the ``torch`` and ``torch-native`` backends."""
+
+    def devices(self) -> list[str]:
+        found = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        if torch.backends.mps.is_available():
+            found.append("mps")
+        return found
+
+    def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> torch.Tensor:
+        x = to_reference(x, dtype)
+        if x.dtype == ml_dtypes.bfloat16:
+            # torch.from_numpy has no bfloat16; float32 holds every bfloat16 exactly.
+            return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16).to(device or "cpu")
+        return torch.from_numpy(np.array(x)).to(device or "cpu")  # np.array copies
+
+    def to_numpy(self, x: torch.Tensor) -> np.ndarray:
+        x = x.detach().cpu()
+        if x.dtype == torch.bfloat16:
+            return x.float().numpy().astype(ml_dtypes.bfloat16)
+        return x.numpy()
+
+    def synchronize(self) -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    def dtype_name(self, x: torch.Tensor) -> str:
+        return str(x.dtype).removeprefix("torch.")  # torch.bfloat16 -> "bfloat16"
+
+    def numerics_policy(self) -> dict[str, object]:
+        return torch_numerics_policy()
+
+    def _info(self, fn: str, name: str, x: object) -> ArrayInfo:
+        if not isinstance(x, torch.Tensor):
+            raise refuse(fn, name, x, "torch.Tensor")
+        return ArrayInfo(tuple(x.shape), self.dtype_name(x))
+
+    def _plan(self, fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths) -> SDPAPlan:
+        return validate(fn, self._info, _lengths_to_numpy, q, k, v, mask, bias, causal, window,
+                        scale, q_lengths, kv_lengths)
+
+
+def torch_numerics_policy() -> dict[str, object]:
+    """TF32 off for matmuls and cuDNN convolutions; float32 matmuls at full precision."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    return {
+        "torch.backends.cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "torch.get_float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+
+
+def _lengths_to_numpy(x):
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
+
+
+def with_head(x: torch.Tensor) -> torch.Tensor:
+    return x.unsqueeze(0) if x.ndim == 2 else x  # (L, d) -> (1, L, d): one head
+
+
+def structural_visibility(p: SDPAPlan, device) -> torch.Tensor | None:
+    q_len, kv_len = (None if a is None else torch.from_numpy(a).to(device) for a in lengths_column(p))
+    return visibility(p.n, p.m, p.causal, p.window, q_len, kv_len,
+                      lambda size: torch.arange(size, device=device))
+
+
+class TorchBackend(TorchArrays):
+    """torch SDPA (fused kernel) with the spec's semantics; exact math path where it leaks."""
+
+    name = "torch"
+
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+             q_lengths=None, kv_lengths=None, return_weights=False):
+        p = self._plan("torch.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths)
+        if is_empty(p):
+            out = q.new_zeros(p.out_shape)
+            return (out, q.new_zeros(p.weights_shape)) if return_weights else out
+        # Kernels differ in which batch broadcasts they accept; expand (a view) makes them equal.
+        q = with_head(q).expand(*p.batch, p.hq, p.n, p.dk)
+        k = with_head(k).expand(*p.batch, p.hkv, p.m, p.dk)
+        v = with_head(v).expand(*p.batch, p.hkv, p.m, p.dv)
+        finite_q, finite_k, finite_v = _finite(q, k, v)
+        plain_causal = (p.causal == "upper_left" and mask is None and bias is None
+                        and p.window is None and p.q_lengths is None and p.kv_lengths is None)
+        if plain_causal and finite_q and finite_k and finite_v and not return_weights:
+            # the common case needs no mask at all
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=p.scale,
+                                                 enable_gqa=p.group > 1)
+            return out.reshape(p.out_shape)
+
+        vis = with_mask_and_bias(structural_visibility(p, q.device), mask, bias, -math.inf)
+        if not (finite_k and finite_v) and vis is not None:
+            # fixes torch.masked-nonfinite-k and torch.masked-nonfinite-v where it can stay fused
+            k, v = _drop_hidden_keys(p, vis, k, v)
+            finite_q, finite_k, finite_v = _finite(q, k, v)
+        # the exact path covers torch.masked-nonfinite-k/-v where zeroing cannot, and fixes
+        # torch.nonfinite-query-row-zeroed
+        if return_weights or not (finite_q and finite_k and finite_v):
+            out, weights = _exact(p, q, k, v, vis, bias)
+            out = out.to(q.dtype).reshape(p.out_shape)
+            return (out, weights.to(q.dtype).reshape(p.weights_shape)) if return_weights else out
+
+        attn_mask = vis if bias is None else torch.where(vis, bias, -math.inf)  # one additive term
+        if attn_mask is not None and attn_mask.ndim < 2:  # torch wants (..., n, m)
+            attn_mask = attn_mask.expand(p.n, p.m)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=p.scale,
+                                             enable_gqa=p.group > 1)
+        if vis is not None and q.device.type != "cpu":
+            # Rows with no visible key: every CPU kernel of torch 2.13 returns 0 (measured, so no
+            # deviation is declared); GPU kernels could not be measured here, so make it sure.
+            out = torch.where(vis.any(dim=-1, keepdim=True), out, 0.0)
+        return out.reshape(p.out_shape)
+
+
+def _finite(*xs: torch.Tensor) -> list[bool]:
+    return torch.stack([torch.isfinite(x).all() for x in xs]).tolist()  # one device sync
+
+
+def _drop_hidden_keys(p: SDPAPlan, vis: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """Zero the keys (k and v) that no query row of any head in their group can see."""
+    seen = vis.expand(*p.batch, p.hq, p.n, p.m).any(dim=-2)  # (*batch, Hq, m)
+    seen = seen.reshape(*p.batch, p.hkv, p.group, p.m).any(dim=-2)  # (*batch, Hkv, m)
+    seen = seen.unsqueeze(-1)  # (*batch, Hkv, m, 1)
+    return torch.where(seen, k, 0.0), torch.where(seen, v, 0.0)
+
+
+def _exact(p: SDPAPlan, q, k, v, vis, bias):
+    """The golden's algorithm in torch: out (*batch, Hq, n, dv), weights (*batch, Hq, n, m).
+
+    float32 for narrower inputs, float64 for float64; masked keys are dropped with a fill of
+    -inf before the softmax, and non-finite values reach only the rows that see them.
+    """
+    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v = q.to(ct), k.to(ct), v.to(ct)
+    q5 = q.reshape(*p.batch, p.hkv, p.group, p.n, p.dk)  # (*batch, Hkv, G, n, dk)
+    s = q5 @ k.unsqueeze(-3).transpose(-1, -2)  # (*batch, Hkv, G, n, m)
+    s = s.reshape(*p.batch, p.hq, p.n, p.m) * p.scale  # (*batch, Hq, n, m)
+    if bias is not None:
+        s = s + bias.to(ct)
+    if vis is not None:
+        s = s.masked_fill(~vis, -math.inf)  # absent keys: even a NaN k is dropped here
+    row_max = s.amax(dim=-1, keepdim=True)  # (*batch, Hq, n, 1); NaN propagates
+    row_max = row_max.masked_fill(row_max == -math.inf, 0.0)  # rows with no visible key
+    e = torch.exp(s - row_max)
+    denom = e.sum(dim=-1, keepdim=True)
+    w = e / denom.masked_fill(denom == 0, 1.0)  # no visible key: 0 / 1 = 0
+
+    finite = torch.isfinite(v)
+    out = _grouped_matmul(p, w, v.masked_fill(~finite, 0.0))  # (*batch, Hq, n, dv)
+    if not bool(finite.all()):
+        out = _nonfinite_values(p, w, v, vis, out)
+    return out, w
+
+
+def _grouped_matmul(p: SDPAPlan, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a (*batch, Hq, n, m) @ b (*batch, Hkv, m, c), query head h reading kv head h // G."""
+    a5 = a.reshape(*p.batch, p.hkv, p.group, p.n, p.m)  # (*batch, Hkv, G, n, m)
+    r = a5 @ b.unsqueeze(-3)  # (*batch, Hkv, G, n, c)
+    return r.reshape(*p.batch, p.hq, p.n, r.shape[-1])  # (*batch, Hq, n, c)
+
+
+def _nonfinite_values(p: SDPAPlan, w, v, vis, out):
+    """Add the NaN/inf entries of v back, only in rows that see their key (IEEE rules).
+
+    w @ v ran with them zeroed, since 0 * inf = NaN would reach rows that do not see the key.
+    Per row and column, count the visible keys of each kind with 0/1 matmuls (exact): any NaN
+    gives NaN; w > 0 times +-inf gives +-inf; both signs, or w = 0 times inf, give NaN.
+    """
+    seen = torch.ones_like(w, dtype=torch.bool) if vis is None else vis.expand_as(w)
+
+    def hits(rows, keys):  # (*batch, Hq, n, dv)
+        return _grouped_matmul(p, rows.to(w.dtype), keys.to(w.dtype)) > 0
+
+    pos_inf, neg_inf = v == math.inf, v == -math.inf
+    any_pos = hits(seen & (w > 0), pos_inf)
+    any_neg = hits(seen & (w > 0), neg_inf)
+    nan = (hits(seen, torch.isnan(v)) | (any_pos & any_neg)
+           | hits(seen & (w == 0), pos_inf | neg_inf) | torch.isnan(out))
+    out = out.masked_fill(any_pos, math.inf).masked_fill(any_neg, -math.inf)
+    return out.masked_fill(nan, math.nan)

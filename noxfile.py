@@ -103,6 +103,9 @@ def bench(session: nox.Session, backend: str) -> None:
     # posargs go to the harness: --grid full, --targets-only, --device cuda:0, --no-memory, ...
     session.run("python", "-m", "attnspec.reports.bench", "--backend", backend, *session.posargs,
                 env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
+    if backend == "numpy":  # the LSH approximation study is NumPy-only and takes seconds
+        session.run("python", "-m", "attnspec.reports.lsh_quality",
+                    env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     session.notify("report")
 
 

@@ -90,7 +90,7 @@ def conformance(session: nox.Session, backend: str) -> None:
             session.run(*cmd, env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
         except CommandFailed:
             failed.append(name)
-    session.notify("report")
+    session.notify("report", posargs=[])
     if failed:
         session.error(f"{', '.join(failed)} failed conformance: see reports/accuracy.md")
 
@@ -108,7 +108,7 @@ def bench(session: nox.Session, backend: str) -> None:
     if backend == "numpy":  # the LSH approximation study is NumPy-only and takes seconds
         session.run("python", "-m", "attnspec.reports.lsh_quality",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
-    session.notify("report")
+    session.notify("report", posargs=[])
 
 
 @nox.session

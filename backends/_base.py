@@ -20,7 +20,11 @@ import numpy as np
 
 from attnspec.spec._validate import FLOAT_DTYPES
 
-__all__ = ["Backend", "FLOAT_DTYPES", "Unsupported"]
+__all__ = ["Backend", "FLOAT_DTYPES", "SPEC_FUNCTIONS", "Unsupported"]
+
+#: the spec functions a backend may implement (methods of the same name and signature); the
+#: vjps of mha and lsh_attention join as the spec defines them
+SPEC_FUNCTIONS = ("sdpa", "sdpa_vjp", "mha", "lsh_attention")
 
 
 class Unsupported(NotImplementedError):
@@ -36,8 +40,16 @@ class Backend:
 
     name: ClassVar[str] = "abstract"
     dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
-    #: the spec functions this backend implements; `supports` refuses the others
-    implements: ClassVar[frozenset[str]] = frozenset({"sdpa"})
+    #: the spec functions this backend implements; `supports` refuses the others. Derived from
+    #: the methods a subclass overrides (see `__init_subclass__`), unless the class sets it.
+    implements: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "implements" not in cls.__dict__:
+            cls.implements = frozenset(
+                fn for fn in SPEC_FUNCTIONS if getattr(cls, fn) is not getattr(Backend, fn)
+            )
 
     # -- arrays -----------------------------------------------------------------------------
     def devices(self) -> list[str]:
@@ -84,6 +96,19 @@ class Backend:
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
              q_lengths=None, kv_lengths=None, return_weights=False):
         raise Unsupported(f"{self.name} does not implement sdpa")
+
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
+                 scale=None, q_lengths=None, kv_lengths=None):
+        raise Unsupported(f"{self.name} does not implement sdpa_vjp")
+
+    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
+            bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+            return_weights=False):
+        raise Unsupported(f"{self.name} does not implement mha")
+
+    def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                      dedup=False, scale=None, return_buckets=False):
+        raise Unsupported(f"{self.name} does not implement lsh_attention")
 
     def __repr__(self) -> str:
         return f"<attnspec backend {self.name!r}>"

@@ -14,13 +14,14 @@ The ``case`` keywords are the call's own options plus ``dtype`` (a name from FLO
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
 
 from attnspec.spec._validate import FLOAT_DTYPES
 
-__all__ = ["Backend", "FLOAT_DTYPES", "SPEC_FUNCTIONS", "Unsupported"]
+__all__ = ["Backend", "FLOAT_DTYPES", "MHAArrays", "SPEC_FUNCTIONS", "Unsupported"]
 
 #: the spec functions a backend may implement (methods of the same name and signature); the
 #: vjps of mha and lsh_attention join as the spec defines them
@@ -29,6 +30,41 @@ SPEC_FUNCTIONS = ("sdpa", "sdpa_vjp", "mha", "lsh_attention")
 
 class Unsupported(NotImplementedError):
     """Raised by a backend function the backend does not implement (with the reason)."""
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class MHAArrays:
+    """`attnspec.spec.MHAParams` on a backend's own arrays (made by `Backend.asparams`).
+
+    Same fields and layout as MHAParams (torch.nn.Linear's (out_features, in_features)); a missing
+    bias is None. The arrays are whatever the backend computes with, so they can be trained
+    through the framework's autodiff (torch tensors with ``requires_grad``; a JAX pytree).
+    """
+
+    w_q: Any
+    b_q: Any = None
+    w_k: Any
+    b_k: Any = None
+    w_v: Any
+    b_v: Any = None
+    w_o: Any
+    b_o: Any = None
+
+    @property
+    def embed_dim(self) -> int:
+        return int(self.w_q.shape[0])
+
+    @property
+    def kdim(self) -> int:
+        return int(self.w_k.shape[1])
+
+    @property
+    def vdim(self) -> int:
+        return int(self.w_v.shape[1])
+
+    @property
+    def kv_dim(self) -> int:
+        return int(self.w_k.shape[0])
 
 
 class Backend:
@@ -77,6 +113,14 @@ class Backend:
         Returns ``{setting: value}`` as set; empty when the framework has no such switch.
         """
         return {}
+
+    def asparams(self, params: Any, dtype: str | None = None, device: str | None = None) -> MHAArrays:
+        """`MHAParams` (NumPy) -> `MHAArrays` of this backend's arrays, each through `asarray`."""
+        return MHAArrays(**{
+            f.name: None if getattr(params, f.name) is None
+            else self.asarray(getattr(params, f.name), dtype, device)
+            for f in fields(MHAArrays)
+        })
 
     # -- capability -------------------------------------------------------------------------
     def supports(self, feature: str, **case: Any) -> list[str]:

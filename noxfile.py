@@ -95,19 +95,38 @@ def conformance(session: nox.Session, backend: str) -> None:
         session.error(f"{', '.join(failed)} failed conformance: see reports/accuracy.md")
 
 
+#: the backends `attnspec.reports.bench_targets.TARGETS` measures: a plain `nox -s bench` also
+#: runs their targets (--targets-only, its own results file)
+TARGET_BACKENDS = ("numpy", "array_api-numpy", "torch", "jax")
+
+
 @nox.session
 @nox.parametrize("backend", list(BACKENDS))
 def bench(session: nox.Session, backend: str) -> None:
-    """Benchmark each backend in its own env (quick grid; -- --grid full for all), then render."""
+    """Benchmark each backend in its own env (quick grid and the targets; -- --grid full for all), then render."""
     install(session, package(BACKENDS[backend]))
     if backend == "example":
         install(session, str(PLUGIN))
     # posargs go to the harness: --grid full, --targets-only, --device cuda:0, --no-memory, ...
     session.run("python", "-m", "attnspec.reports.bench", "--backend", backend, *session.posargs,
                 env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
+    if not session.posargs and backend in TARGET_BACKENDS:  # the quick grid holds no target shape
+        session.run("python", "-m", "attnspec.reports.bench", "--backend", backend, "--targets-only",
+                    "--out", f"reports/results/bench-{backend}-cpu-targets.json",
+                    env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     if backend == "numpy":  # the LSH approximation study is NumPy-only and takes seconds
         session.run("python", "-m", "attnspec.reports.lsh_quality",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
+    session.notify("report", posargs=[])
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Train the copy-task example through torch's and JAX's mha (seconds), then render."""
+    install(session, ".[torch,jax,report]")
+    # posargs go to the example: --steps N, --framework torch, ...
+    session.run("python", "-m", "attnspec.reports.copy_task", *session.posargs,
+                env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     session.notify("report", posargs=[])
 
 

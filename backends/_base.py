@@ -23,9 +23,9 @@ from attnspec.spec._validate import FLOAT_DTYPES
 
 __all__ = ["Backend", "FLOAT_DTYPES", "MHAArrays", "SPEC_FUNCTIONS", "Unsupported"]
 
-#: the spec functions a backend may implement (methods of the same name and signature); the
-#: vjps of mha and lsh_attention join as the spec defines them
-SPEC_FUNCTIONS = ("sdpa", "sdpa_vjp", "mha", "lsh_attention")
+#: the spec functions a backend may implement (methods of the same name and signature)
+SPEC_FUNCTIONS = ("sdpa", "sdpa_vjp", "mha", "mha_vjp", "lsh_attention", "lsh_attention_vjp",
+                  "sdpa_blocked")
 
 
 class Unsupported(NotImplementedError):
@@ -141,6 +141,10 @@ class Backend:
              q_lengths=None, kv_lengths=None, return_weights=False):
         raise Unsupported(f"{self.name} does not implement sdpa")
 
+    def sdpa_blocked(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+                     q_lengths=None, kv_lengths=None, return_weights=False, block_q=256, block_k=512):
+        raise Unsupported(f"{self.name} does not implement sdpa_blocked")
+
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
                  scale=None, q_lengths=None, kv_lengths=None):
         raise Unsupported(f"{self.name} does not implement sdpa_vjp")
@@ -153,6 +157,14 @@ class Backend:
     def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
                       dedup=False, scale=None, return_buckets=False):
         raise Unsupported(f"{self.name} does not implement lsh_attention")
+
+    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
+                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None):
+        raise Unsupported(f"{self.name} does not implement mha_vjp")
+
+    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                          dedup=False, scale=None):
+        raise Unsupported(f"{self.name} does not implement lsh_attention_vjp")
 
     def __repr__(self) -> str:
         return f"<attnspec backend {self.name!r}>"

@@ -1,10 +1,10 @@
-"""One sdpa for every namespace that implements the Python array API standard.
+"""One sdpa (and lsh_attention) for every namespace that implements the Python array API standard.
 
-The algorithm is `attnspec.backends._xp_core`, run on ``array_api_compat.array_namespace`` of the
-inputs: it has no framework-specific branch and no native fast path (the point of this backend
-is to show the standard alone is enough; array_api_strict proves it uses nothing else). The
-registry entries differ only in the namespace `asarray` creates arrays in, and in the host
-transfer of `to_numpy`:
+The algorithms are `attnspec.backends._xp_core` and `attnspec.backends._lsh_xp`, run on
+``array_api_compat.array_namespace`` of the inputs: they have no framework-specific branch and no
+native fast path (the point of this backend is to show the standard alone is enough;
+array_api_strict proves it uses nothing else). The registry entries differ only in the namespace
+`asarray` creates arrays in, and in the host transfer of `to_numpy`:
 
     array_api-numpy   NumPy (via array-api-compat)        float16, float32, float64
     array_api-strict  array_api_strict (the standard only) float32, float64
@@ -22,7 +22,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from attnspec.backends import _xp_core
+from attnspec.backends import _lsh_xp, _mha, _xp_blocked, _xp_core
 from attnspec.backends._base import Backend, Unsupported
 from attnspec._errors import SpecError
 from attnspec.backends._common import (
@@ -35,6 +35,8 @@ from attnspec.backends._common import (
     with_mask_and_bias,
 )
 from attnspec.spec._validate import ArrayInfo, SDPAPlan
+from attnspec.spec.blocked import check_block
+from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS
 
 __all__ = ["ArrayAPIBackend", "ArrayAPICupy", "ArrayAPINumpy", "ArrayAPIStrict", "ArrayAPITorch"]
 
@@ -43,6 +45,8 @@ _DTYPE_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "u
 # Narrow floats travel as float32 (which holds them exactly): not every namespace can take
 # float16/bfloat16 from NumPy or hand it back (DLPack has no bfloat16 in NumPy).
 _NARROW = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+# tiles of `sdpa` above the golden's BLOCKED_MIN_LOGITS (see `_xp_blocked`)
+BLOCK_Q, BLOCK_K = 256, 512
 
 
 class ArrayAPIBackend(Backend):
@@ -63,13 +67,16 @@ class ArrayAPIBackend(Backend):
         return [self._xp.__array_namespace_info__().default_device()]
 
     def devices(self) -> list[str]:
-        return [str(d) for d in self._devices()]
+        return [self._device_name(d) for d in self._devices()]
+
+    def _device_name(self, d) -> str:
+        return str(d)
 
     def _device(self, name: str | None):
         if name is None:
             return self._devices()[0]
         for d in self._devices():
-            if str(d) == name:
+            if name in (self._device_name(d), str(d)):  # str(d): what the namespace prints
                 return d
         raise ValueError(f"{self.name}: no device {name!r}; devices are {self.devices()}")
 
@@ -104,6 +111,15 @@ class ArrayAPIBackend(Backend):
                 return name
         return str(x.dtype)
 
+    def supports(self, feature: str, **case) -> list[str]:
+        reasons = super().supports(feature, **case)
+        if feature.endswith("_vjp"):  # replaces "does not implement" with the reason why
+            reasons = [r for r in reasons if not r.endswith(f"does not implement {feature}")]
+            reasons.insert(0, f"{self.name} has no {feature}: the array API standard defines no "
+                              "automatic differentiation, and a hand-written backward is not this "
+                              "backend's point")
+        return reasons
+
     # -- sdpa -------------------------------------------------------------------------------
     def _info(self, fn: str, name: str, x: object) -> ArrayInfo:
         if not self._compat.is_array_api_obj(x):
@@ -127,12 +143,68 @@ class ArrayAPIBackend(Backend):
         device = self._compat.device(q)
         if is_empty(p):
             return _xp_core.empty(xp, p, q.dtype, device, return_weights)
-        vis = _visibility(xp, p, device, mask, bias)
         nonfinite_v = not bool(xp.all(xp.isfinite(v)))
+        if math.prod(p.full_weights_shape) >= BLOCKED_MIN_LOGITS:  # as the golden: tiled when large
+            out, weights = _xp_blocked.attention_blocked(
+                xp, p, _with_head(xp, q), _with_head(xp, k), _with_head(xp, v), mask, bias,
+                nonfinite_v=nonfinite_v, want_weights=return_weights, block_q=BLOCK_Q,
+                block_k=BLOCK_K, device=device)
+            return (out, weights) if return_weights else out
+        vis = _visibility(xp, p, device, mask, bias)
         out, weights = _xp_core.attention(xp, p, _with_head(xp, q), _with_head(xp, k),
                                           _with_head(xp, v), vis, bias, nonfinite_v=nonfinite_v,
                                           want_weights=return_weights)
         return (out, weights) if return_weights else out
+
+    def sdpa_blocked(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+                     q_lengths=None, kv_lengths=None, return_weights=False, block_q=256, block_k=512):
+        fn = f"{self.name}.sdpa_blocked"
+        p = validate(fn, self._info, self._lengths_to_numpy, q, k, v, mask, bias, causal, window,
+                     scale, q_lengths, kv_lengths)
+        bq, bk = check_block("block_q", block_q, fn), check_block("block_k", block_k, fn)
+        try:
+            xp = self._compat.array_namespace(*(x for x in (q, k, v, mask, bias) if x is not None))
+        except TypeError as e:
+            raise SpecError(f"{fn}: q, k, v, mask and bias must come from one array namespace ({e})") from None
+        device = self._compat.device(q)
+        if is_empty(p):
+            return _xp_core.empty(xp, p, q.dtype, device, return_weights)
+        out, weights = _xp_blocked.attention_blocked(
+            xp, p, _with_head(xp, q), _with_head(xp, k), _with_head(xp, v), mask, bias,
+            nonfinite_v=not bool(xp.all(xp.isfinite(v))), want_weights=return_weights,
+            block_q=bq, block_k=bk, device=device)
+        return (out, weights) if return_weights else out
+
+    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
+            bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+            return_weights=False):
+        # `attnspec.backends._mha` on the query's namespace, then self.sdpa per head
+        fn = f"{self.name}.mha"
+        xp = self._compat.array_namespace(query) if self._compat.is_array_api_obj(query) else None
+        return _mha.run(self, fn, _mha.XPHeadOps(xp), self._info, self._lengths_to_numpy,
+                        lambda: str(self._compat.device(query)), query, key, value, params,
+                        num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask, bias=bias,
+                        causal=causal, window=window, scale=scale, q_lengths=q_lengths,
+                        kv_lengths=kv_lengths, return_weights=return_weights)
+
+    def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                      dedup=False, scale=None, return_buckets=False):
+        fn = f"{self.name}.lsh_attention"
+        p = _lsh_xp.plan(fn, self._info, self._lengths_to_numpy, x, v, rotations, chunk_length,
+                         causal, kv_lengths, dedup, scale)
+        try:
+            xp = self._compat.array_namespace(x, v, rotations)
+        except TypeError as e:
+            raise SpecError(f"{fn}: x, v and rotations must come from one array namespace ({e})") from None
+        device = self._compat.device(x)
+        if p.L == 0 or 0 in p.batch:
+            out, buckets = _lsh_xp.empty(xp, p, x.dtype, device)
+        else:
+            kv = _lsh_xp.kv_flat(p)
+            out, buckets = _lsh_xp.lsh_attention(
+                xp, p, x, v, rotations, None if kv is None else xp.asarray(kv, device=device),
+                nonfinite_v=not bool(xp.all(xp.isfinite(v))), device=device)
+        return (out, buckets) if return_buckets else out
 
 
 def _with_head(xp, x):
@@ -156,6 +228,11 @@ class ArrayAPIStrict(ArrayAPIBackend):
     name = "array_api-strict"
     _module = "array_api_strict"
     dtypes = ("float32", "float64")  # the standard has no float16 or bfloat16
+
+    def _device_name(self, d) -> str:
+        # array_api_strict's default device prints as "array_api_strict.Device('CPU_DEVICE')";
+        # it is the host CPU, named "cpu" like every other backend's (results files, --attn-device)
+        return "cpu" if d == self._xp.Device() else str(d)
 
 
 class ArrayAPITorch(ArrayAPIBackend):

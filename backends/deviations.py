@@ -18,7 +18,9 @@ key (math and flash CPU kernels, every float dtype, boolean mask or all -inf bia
 give 0, despite torch's warning that they give NaN); JAX's ``local_window_size=(l, r)`` lets
 query i see [i - l, i + r], the spec's window; JAX drops a NaN key hidden by ``mask``,
 ``is_causal`` or the sequence lengths (it masks logits with ``where``); padded queries
-(``query_seq_lengths``) give 0 in JAX.
+(``query_seq_lengths``) give 0 in JAX. Gradients (torch.autograd through torch SDPA, math and
+CPU flash kernels, float32, float64 and bfloat16): a row with no visible key (boolean mask or
+all -inf bias) gets dq = 0 and adds nothing, and a masked key gets dk = dv = 0, all finite.
 """
 
 from __future__ import annotations
@@ -51,11 +53,16 @@ class Deviation:
     # a failing case of this backend that carries them counts as this deviation, not a failure.
     # Empty: the suite's generators never build such a case (it is checked by its probe alone).
     tags: frozenset[str] = frozenset()
+    # the spec function the case calls: "sdpa", or "sdpa_vjp" (its result is (dq, dk, dv[, dbias])
+    # for d_out = 1, from `run_vjp`)
+    function: str = "sdpa"
 
     def probe(self, backend: Backend) -> bool:
         """Run the minimal case on ``backend``; True when this deviation reproduces there."""
         case = self.case()
-        return bool(self.shows(run(backend, case), case))
+        runner = {"sdpa_vjp": run_vjp, "mha": run_mha}.get(self.function, run)
+        result = runner(backend, case)
+        return bool(self.shows(result, case))
 
 
 def run(backend: Backend, case: Case):
@@ -67,6 +74,19 @@ def run(backend: Backend, case: Case):
     except Exception as e:  # a refusal is a result here
         return e
     return backend.to_numpy(out)
+
+
+def run_vjp(backend: Backend, case: Case):
+    """sdpa_vjp of the case with d_out = 1 through ``backend``, as NumPy; an exception is returned."""
+    q, k, v, options = case
+    conv = {key: backend.asarray(val) if key in ("mask", "bias") else val for key, val in options.items()}
+    try:
+        out = backend.sdpa(backend.asarray(q), backend.asarray(k), backend.asarray(v), **conv)
+        d_out = backend.asarray(np.ones(tuple(out.shape), q.dtype))
+        grads = backend.sdpa_vjp(backend.asarray(q), backend.asarray(k), backend.asarray(v), d_out, **conv)
+    except Exception as e:  # a refusal is a result here
+        return e
+    return tuple(backend.to_numpy(g) for g in grads)
 
 
 # -- cases ----------------------------------------------------------------------------------
@@ -192,6 +212,94 @@ import jax.numpy as jnp
 attention = jax.jit(jax.nn.dot_product_attention)
 q, k, v = (jax.random.normal(jax.random.key(i), (1, s, 1, 4)) for i, s in enumerate((3, 5, 5)))
 """  # JAX layout (B, T, N, H)
+
+
+# -- gradient cases (function="sdpa_vjp": the result is (dq, dk, dv[, dbias]) for d_out = 1) -----
+
+def _empty_row_and_hidden_key() -> Case:
+    q, k, v = _qkv()
+    mask = np.ones((3, 5), bool)
+    mask[1] = False  # query 1 sees no key
+    mask[:, 4] = False  # key 4 is hidden from every query
+    return q, k, v, {"mask": mask}
+
+
+def _hidden_key_gets_dv(result, case) -> bool:
+    return isinstance(result, tuple) and bool((result[2][..., 4, :] != 0).any())
+
+
+def _dk_dv_nan(result, case) -> bool:
+    return isinstance(result, tuple) and bool(np.isnan(result[1]).all() and np.isnan(result[2]).all())
+
+
+# -- mha cases (function="mha") ----------------------------------------------------------------
+
+_TORCH_MHA = """\
+import torch
+
+torch.manual_seed(0)
+mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+x, kv = torch.randn(2, 3, 8), torch.randn(2, 5, 8)
+"""
+
+
+def run_mha(backend: Backend, case: Case):
+    """mha of the case through ``backend``, as NumPy (out, or (out, weights)); an exception is
+    returned. ``case`` is (query, key, value, options), options holding ``params`` (MHAParams)."""
+    query, key, value, options = case
+    conv = {k: backend.asarray(v) if isinstance(v, np.ndarray) else v for k, v in options.items()}
+    try:
+        result = backend.mha(backend.asarray(query), backend.asarray(key), backend.asarray(value), **conv)
+    except Exception as e:  # a refusal is a result here
+        return e
+    return tuple(map(backend.to_numpy, result)) if isinstance(result, tuple) else backend.to_numpy(result)
+
+
+def _mha_inputs(**options) -> Case:
+    from attnspec.spec.mha import MHAParams
+
+    r = np.random.default_rng(0)
+    x, kv = r.standard_normal((2, 3, 8)), r.standard_normal((2, 5, 8))
+    params = MHAParams.init(8, 2, seed=0)
+    return x, kv, kv.copy(), {"params": params, "num_heads": 2, **options}
+
+
+def _mha_mask() -> Case:
+    return _mha_inputs(mask=np.array([True, True, False, True, False]))
+
+
+def _mha_padded_batch() -> Case:
+    return _mha_inputs(kv_lengths=np.array([0, 5]), return_weights=True)
+
+
+def _mha_weights() -> Case:
+    return _mha_inputs(return_weights=True)
+
+
+def _spec_mha(case: Case, **changes):
+    from attnspec.spec.mha import mha
+
+    query, key, value, options = case
+    return mha(query, key, value, **{**options, **changes})
+
+
+def _attends_to_complement(result, case) -> bool:
+    if not isinstance(result, np.ndarray):
+        return False
+    complement = _spec_mha(case, mask=~case[3]["mask"])
+    return np.allclose(result, complement, atol=1e-9) and not np.allclose(result, _spec_mha(case), atol=1e-3)
+
+
+def _batch0_nan(result, case) -> bool:
+    return isinstance(result, tuple) and bool(np.isnan(result[0][0]).all())
+
+
+def _weights_head_mean(result, case) -> bool:
+    if not isinstance(result, tuple):
+        return False
+    _, per_head = _spec_mha(case)  # (2, H, 3, 5)
+    w = result[1]
+    return w.shape == per_head.mean(axis=1).shape and np.allclose(w, per_head.mean(axis=1), atol=1e-9)
 
 
 DEVIATIONS: tuple[Deviation, ...] = (
@@ -426,5 +534,107 @@ else:
         fixed_by="jax: bfloat16 calls on CPU take the exact path _exact (float32 compute)",
         case=_bfloat16_single,
         shows=_refused,
+    ),
+    # -- gradients (sdpa_vjp through jax.vjp of the native call) --
+    Deviation(
+        deviation_id="jax.empty-row-grad-into-masked-values",
+        function="sdpa_vjp",
+        tags=frozenset(["vjp", "no_visible_row"]),
+        backend="jax-native",
+        feature="sdpa_vjp: a query row with no visible key (mask, lengths)",
+        spec_says="the row contributes no gradient, and a masked key gets dk = dv = 0 exactly",
+        native_does="the row's uniform softmax over all keys (jax.empty-row-mean-v) sends "
+                    "dO / m into the dv of every key, masked ones included (0.2 per entry for m = 5, "
+                    "d_out = 1); dq of the row is 0 and dk stays 0",
+        reproducer=_JAX + """\
+mask = jnp.ones((3, 5), bool).at[1].set(False).at[:, 4].set(False)  # query 1 sees nothing
+out, pullback = jax.vjp(lambda v: attention(q, k, v, mask=mask[None, None]), v)
+(dv,) = pullback(jnp.ones_like(out))
+assert (dv[0, 4] != 0).all()  # key 4 is hidden from every query; the spec: dv = 0
+""",
+        fixed_by="jax: _fused sets rows with no visible key to 0 with where, which stops their gradient",
+        case=_empty_row_and_hidden_key,
+        shows=_hidden_key_gets_dv,
+    ),
+    Deviation(
+        deviation_id="jax.neg-inf-bias-row-nan-grads",
+        function="sdpa_vjp",
+        tags=frozenset(["vjp", "bias_neg_inf", "no_visible_row"]),
+        backend="jax-native",
+        feature="sdpa_vjp: a row whose bias is -inf for every key",
+        spec_says="the row contributes no gradient; every gradient stays finite",
+        native_does="dk and dv are NaN for every key (and dq for every row): the NaN row of the "
+                    "forward (jax.neg-inf-bias-row-nan) flows back through the shared k and v",
+        reproducer=_JAX + """\
+bias = jnp.zeros((3, 5)).at[1].set(-jnp.inf)  # query 1: every key absent
+out, pullback = jax.vjp(lambda k, v: attention(q, k, v, bias=bias[None, None]), k, v)
+dk, dv = pullback(jnp.ones_like(out))
+assert jnp.isnan(dk).all() and jnp.isnan(dv).all()  # the spec: finite
+""",
+        fixed_by="jax: _fused folds -inf bias into the mask and zeroes rows with no visible key with "
+                 "where, so no NaN is formed forward or backward",
+        case=_empty_row_by_bias,
+        shows=_dk_dv_nan,
+    ),
+    # -- torch.nn.MultiheadAttention (function="mha": the case is (query, key, value, options) with
+    # params and num_heads in options; the result is (out, weights) from `run_mha`) --
+    Deviation(
+        deviation_id="torch.mha-mask-polarity",
+        function="mha",
+        tags=frozenset(["mha", "mask"]),
+        backend="torch-native",
+        feature="mha: a boolean mask, passed to torch.nn.MultiheadAttention as attn_mask",
+        spec_says="mask True = may attend (as in sdpa and torch SDPA's attn_mask)",
+        native_does="a boolean attn_mask (and key_padding_mask) of nn.MultiheadAttention is True = "
+                    "blocked, so the spec's mask passed as it is attends to exactly the keys it "
+                    "hides (a row it allows fully is blocked fully)",
+        reproducer=_TORCH_MHA + """\
+allowed = torch.tensor([True, True, False, True, False]).expand(3, 5)  # True = may attend
+out, _ = mha(x, kv, kv, attn_mask=allowed, need_weights=False)
+hidden_keys_only, _ = mha(x, kv[:, [2, 4]], kv[:, [2, 4]], need_weights=False)
+assert torch.allclose(out, hidden_keys_only, atol=1e-6)  # the spec: attend to keys 0, 1 and 3
+""",
+        fixed_by="torch: mha hands the mask to self.sdpa, which reads True = may attend",
+        case=_mha_mask,
+        shows=_attends_to_complement,
+    ),
+    Deviation(
+        deviation_id="torch.mha-empty-row-nan",
+        function="mha",
+        tags=frozenset(["mha", "no_visible_row", "return_weights"]),
+        backend="torch-native",
+        feature="mha: a query row with no visible key, with need_weights=True (torch's default)",
+        spec_says="attention output 0, so the layer's output is b_o; the row's weights are 0",
+        native_does="NaN output and NaN weights for the row (all keys padded by key_padding_mask, "
+                    "or blocked by a boolean or -inf float attn_mask); need_weights=False takes "
+                    "its SDPA path, which gives b_o as the spec does",
+        reproducer=_TORCH_MHA + """\
+padding = torch.tensor([[True] * 5, [False] * 5])  # batch 0: every key is padding
+out, w = mha(x, kv, kv, key_padding_mask=padding)  # need_weights=True by default
+assert out[0].isnan().all() and w[0].isnan().all()  # the spec: out_proj.bias, weights 0
+out, _ = mha(x, kv, kv, key_padding_mask=padding, need_weights=False)
+assert torch.allclose(out[0], mha.out_proj.bias.expand(3, 8))  # its SDPA path agrees with the spec
+""",
+        fixed_by="torch: mha calls self.sdpa, whose rows with no visible key are 0, so out = b_o",
+        case=_mha_padded_batch,
+        shows=_batch0_nan,
+    ),
+    Deviation(
+        deviation_id="torch.mha-weights-head-averaged",
+        function="mha",
+        tags=frozenset(["mha", "return_weights"]),
+        backend="torch-native",
+        feature="mha: attention weights (need_weights=True)",
+        spec_says="weights per head, (..., H, n, m)",
+        native_does="weights averaged over the heads, (N, n, m): average_attn_weights=True is the "
+                    "default; average_attn_weights=False gives (N, H, n, m)",
+        reproducer=_TORCH_MHA + """\
+_, w = mha(x, kv, kv)
+_, per_head = mha(x, kv, kv, average_attn_weights=False)
+assert w.shape == (2, 3, 5) and torch.allclose(w, per_head.mean(dim=1))  # the spec: (2, 2, 3, 5)
+""",
+        fixed_by="torch: mha returns self.sdpa's per-head weights",
+        case=_mha_weights,
+        shows=_weights_head_mean,
     ),
 )

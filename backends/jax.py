@@ -32,6 +32,7 @@ the array API standard), also under `jax.jit`; ``return_weights=True`` uses it t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import partial
 
@@ -39,8 +40,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnspec.backends import _xp_core
-from attnspec.backends._base import Backend
+from attnspec.backends import _lsh_xp, _xp_core
+from attnspec.backends import _vjp
+from attnspec.backends import _mha
+from attnspec.backends._base import Backend, MHAArrays
 from attnspec.backends._common import (
     is_empty,
     lengths_column,
@@ -102,9 +105,52 @@ class JaxArrays(Backend):
         return validate(fn, self._info, _lengths_to_numpy, q, k, v, mask, bias, causal, window,
                         scale, q_lengths, kv_lengths)
 
+    # -- gradients: autodiff through this backend's own forward (attnspec.backends._vjp) --------
+    def supports(self, feature: str, **case) -> list[str]:
+        return super().supports(feature, **case) + _vjp.missing_forward(self, feature)
+
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
+                 scale=None, q_lengths=None, kv_lengths=None):
+        return _vjp.sdpa_vjp(self, "jax", q, k, v, d_out, mask=mask, bias=bias, causal=causal,
+                             window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+
+    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
+                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None):
+        return _vjp.mha_vjp(self, "jax", query, key, value, params, d_out, num_heads=num_heads,
+                            num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal,
+                            window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+
+    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                          dedup=False, scale=None):
+        return _vjp.lsh_attention_vjp(self, "jax", x, v, d_out, rotations=rotations,
+                                      chunk_length=chunk_length, causal=causal,
+                                      kv_lengths=kv_lengths, dedup=dedup, scale=scale)
+
 
 def _lengths_to_numpy(x):
     return np.asarray(x) if isinstance(x, jax.Array) else x
+
+
+def device_name(x) -> str | None:
+    """The name `JaxArrays.asarray` takes for the device of ``x`` (None for a traced array)."""
+    try:
+        (d,) = x.devices()
+    except Exception:  # a tracer has no concrete device
+        return None
+    return "cpu" if d.platform == "cpu" else f"{d.platform}:{d.id}"
+
+
+def _register_mha_arrays() -> None:
+    """Make `MHAArrays` a pytree (its eight fields are children; None is an empty subtree), so
+    ``jax.grad`` differentiates with respect to a whole parameter set."""
+    try:
+        jax.tree_util.register_dataclass(
+            MHAArrays, data_fields=[f.name for f in dataclasses.fields(MHAArrays)], meta_fields=[])
+    except ValueError:  # already registered (this module was imported twice)
+        pass
+
+
+_register_mha_arrays()
 
 
 def lengths_arrays(p: SDPAPlan):
@@ -189,6 +235,8 @@ def _fused(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan):
     out = from_btnh(p, out[..., : p.dv])  # (*batch, Hq, n, dv)
     if vis is not None:
         # fixes jax.empty-row-mean-v and jax.neg-inf-bias-row-nan: no visible key -> 0
+        # (a where, so the row's gradient stops here too: fixes jax.empty-row-grad-into-masked-values
+        # and jax.neg-inf-bias-row-nan-grads)
         out = jnp.where(jnp.any(vis, axis=-1, keepdims=True), out, 0)
     return jnp.reshape(out, p.out_shape)
 
@@ -208,6 +256,14 @@ def _drop_hidden_keys(k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan):
     seen = jnp.any(jnp.reshape(seen, (*p.batch, p.hkv, p.group, p.m)), axis=-2)  # (*batch, Hkv, m)
     seen = seen[..., None]  # (*batch, Hkv, m, 1)
     return jnp.where(seen, with_head(k), 0), jnp.where(seen, with_head(v), 0)
+
+
+def _platform(x) -> str:
+    """x's platform; a tracer (under jax.vjp, as sdpa_vjp runs it) has none: the default one."""
+    try:
+        return x.device.platform
+    except AttributeError:
+        return jax.default_backend()
 
 
 @jax.jit
@@ -246,7 +302,7 @@ class JaxBackend(JaxArrays):
             or not (finite_q and finite_k and finite_v)
             or p.dtype == "float64"  # fixes jax.float64-softmax-in-float32
             # fixes jax.float16-jit-cpu-refused and jax.bfloat16-tiny-dot-cpu-refused
-            or (p.dtype in ("float16", "bfloat16") and q.device.platform == "cpu")
+            or (p.dtype in ("float16", "bfloat16") and _platform(q) == "cpu")
         )
         if exact:
             result = _exact(q, k, v, mask, bias, q_len, kv_len, p=sp, nonfinite_v=not finite_v,
@@ -256,3 +312,35 @@ class JaxBackend(JaxArrays):
             result = _fused(q, k, v, mask, bias, q_len, kv_len, p=sp)
         self._last = result
         return result
+
+    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
+            bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+            return_weights=False):
+        # `attnspec.backends._mha`: jnp projections, then self.sdpa per head
+        result = _mha.run(self, "jax.mha", _mha.XPHeadOps(jnp), self._info, _lengths_to_numpy,
+                          lambda: device_name(query), query, key, value, params, num_heads=num_heads,
+                          num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal, window=window,
+                          scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                          return_weights=return_weights)
+        self._last = result
+        return result
+
+    def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                      dedup=False, scale=None, return_buckets=False):
+        p = _lsh_xp.plan("jax.lsh_attention", self._info, _lengths_to_numpy, x, v, rotations,
+                         chunk_length, causal, kv_lengths, dedup, scale)
+        if p.L == 0 or 0 in p.batch:
+            result = _lsh_xp.empty(jnp, p, x.dtype, None)
+        else:
+            kv = _lsh_xp.kv_flat(p)
+            result = _lsh(x, v, rotations, None if kv is None else jnp.asarray(kv),
+                          p=dataclasses.replace(p, kv_lengths=None),
+                          nonfinite_v=not bool(jnp.all(jnp.isfinite(v))))
+        self._last = result
+        return result if return_buckets else result[0]
+
+
+@partial(jax.jit, static_argnames=("p", "nonfinite_v"))
+def _lsh(x, v, rotations, kv, *, p, nonfinite_v: bool):
+    """`attnspec.backends._lsh_xp` with jax.numpy as its namespace; the plan is static, kv traced."""
+    return _lsh_xp.lsh_attention(jnp, p, x, v, rotations, kv, nonfinite_v=nonfinite_v)

@@ -1,17 +1,27 @@
-"""The golden itself as a backend: `attnspec.spec.sdpa` on NumPy arrays (bfloat16 via ml_dtypes).
+"""The golden itself as a backend: `attnspec.spec.sdpa` and `attnspec.spec.lsh_attention` on NumPy
+arrays (bfloat16 via ml_dtypes).
 
-It runs the spec's own validation and core under the name ``numpy.sdpa``, so its bad-input
-messages carry the backend's name like every other backend's.
+It runs the spec's own validation and core under the names ``numpy.sdpa`` and ``numpy.mha``, so
+its bad-input messages carry the backend's name like every other backend's. Its mha reads the
+parameters in float64, as the spec does, whatever their dtype.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from attnspec.backends._base import Backend
+from attnspec.backends import _mha
+from attnspec.backends._base import Backend, MHAArrays
 from attnspec.backends._common import refuse, to_reference
 from attnspec.spec._validate import ArrayInfo, validate_sdpa
-from attnspec.spec.sdpa import attention_core, finish
+from attnspec.spec.mha import MHAParams, mha
+from attnspec.spec.lsh import lsh_attention as spec_lsh_attention
+from attnspec.spec.lsh import validate_lsh
+from attnspec.spec.blocked import blocked_core, check_block
+from attnspec.spec.grads import sdpa_vjp as spec_sdpa_vjp
+from attnspec.spec.grads_lsh import lsh_attention_vjp as spec_lsh_attention_vjp
+from attnspec.spec.grads_mha import mha_vjp as spec_mha_vjp
+from attnspec.spec.sdpa import golden
 
 __all__ = ["NumpyBackend"]
 
@@ -42,9 +52,61 @@ class NumpyBackend(Backend):
             bias=None if bias is None else _info(fn, "bias", bias),
             causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
         )
-        out, weights = attention_core(plan, q, k, v, mask, bias, np.float64, _identity)
-        return finish(plan, out, weights, q.dtype, return_weights)
+        return golden(plan, q, k, v, mask, bias, return_weights)  # tiled for large inputs
+
+    def sdpa_blocked(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+                     q_lengths=None, kv_lengths=None, return_weights=False, block_q=256, block_k=512):
+        fn = "numpy.sdpa_blocked"
+        plan = validate_sdpa(
+            fn, _info(fn, "q", q), _info(fn, "k", k), _info(fn, "v", v),
+            mask=None if mask is None else _info(fn, "mask", mask),
+            bias=None if bias is None else _info(fn, "bias", bias),
+            causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+        )
+        bq, bk = check_block("block_q", block_q, fn), check_block("block_k", block_k, fn)
+        return blocked_core(plan, q, k, v, mask, bias, return_weights, bq, bk)
+
+    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
+            bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+            return_weights=False):
+        options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+        _mha.validate("numpy.mha", _info, _same, query, key, value, params, num_heads, num_kv_heads,
+                      mask, bias, options)
+        if isinstance(params, MHAArrays):
+            params = MHAParams(**vars(params))
+        return mha(query, key, value, params, num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask,
+                   bias=bias, return_weights=return_weights, **options)
+
+    def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                      dedup=False, scale=None, return_buckets=False):
+        fn = "numpy.lsh_attention"
+        validate_lsh(fn, _info(fn, "x", x), _info(fn, "v", v), _info(fn, "rotations", rotations),
+                     chunk_length=chunk_length, causal=causal, kv_lengths=kv_lengths, dedup=dedup,
+                     scale=scale)
+        return spec_lsh_attention(x, v, rotations=rotations, chunk_length=chunk_length, causal=causal,
+                                  kv_lengths=kv_lengths, dedup=dedup, scale=scale,
+                                  return_buckets=return_buckets)
+
+    # the golden gradients themselves (attnspec.spec.grads*): analytic, float64
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
+                 scale=None, q_lengths=None, kv_lengths=None):
+        return spec_sdpa_vjp(q, k, v, d_out, mask=mask, bias=bias, causal=causal, window=window,
+                             scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+
+    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
+                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None):
+        if isinstance(params, MHAArrays):
+            params = MHAParams(**vars(params))
+        grads = spec_mha_vjp(query, key, value, params, d_out, num_heads=num_heads,
+                             num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal,
+                             window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+        return (*grads[:3], MHAArrays(**vars(grads[3])), *grads[4:])
+
+    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                          dedup=False, scale=None):
+        return spec_lsh_attention_vjp(x, v, d_out, rotations=rotations, chunk_length=chunk_length,
+                                      causal=causal, kv_lengths=kv_lengths, dedup=dedup, scale=scale)
 
 
-def _identity(x: np.ndarray) -> np.ndarray:
+def _same(x):
     return x

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attnspec.backends import _vjp
+from attnspec.backends import _mha
 from attnspec.backends._base import Backend
 from attnspec.backends._common import (
     is_empty,
@@ -82,6 +84,27 @@ class TorchArrays(Backend):
         return validate(fn, self._info, _lengths_to_numpy, q, k, v, mask, bias, causal, window,
                         scale, q_lengths, kv_lengths)
 
+    # -- gradients: autodiff through this backend's own forward (attnspec.backends._vjp) --------
+    def supports(self, feature: str, **case) -> list[str]:
+        return super().supports(feature, **case) + _vjp.missing_forward(self, feature)
+
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
+                 scale=None, q_lengths=None, kv_lengths=None):
+        return _vjp.sdpa_vjp(self, "torch", q, k, v, d_out, mask=mask, bias=bias, causal=causal,
+                             window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+
+    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
+                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None):
+        return _vjp.mha_vjp(self, "torch", query, key, value, params, d_out, num_heads=num_heads,
+                            num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal,
+                            window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+
+    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                          dedup=False, scale=None):
+        return _vjp.lsh_attention_vjp(self, "torch", x, v, d_out, rotations=rotations,
+                                      chunk_length=chunk_length, causal=causal,
+                                      kv_lengths=kv_lengths, dedup=dedup, scale=scale)
+
 
 def torch_numerics_policy() -> dict[str, object]:
     """TF32 off for matmuls and cuDNN convolutions; float32 matmuls at full precision."""
@@ -107,6 +130,22 @@ def structural_visibility(p: SDPAPlan, device) -> torch.Tensor | None:
     q_len, kv_len = (None if a is None else torch.from_numpy(a).to(device) for a in lengths_column(p))
     return visibility(p.n, p.m, p.causal, p.window, q_len, kv_len,
                       lambda size: torch.arange(size, device=device))
+
+
+class TorchHeadOps(_mha.HeadOps):
+    """mha's array operations in torch's own ops."""
+
+    def astype(self, x, dtype):
+        return x.to(getattr(torch, dtype))
+
+    def linear(self, x, w, b):
+        return F.linear(x, w, b)  # (..., L, in) -> (..., L, out)
+
+    def split_heads(self, x, heads):
+        return x.unflatten(-1, (heads, -1)).transpose(-3, -2)  # (..., L, H, hd) -> (..., H, L, hd)
+
+    def merge_heads(self, x):
+        return x.transpose(-3, -2).flatten(-2)  # (..., L, H, hd) -> (..., L, H*hd)
 
 
 class TorchBackend(TorchArrays):
@@ -155,6 +194,37 @@ class TorchBackend(TorchArrays):
             # deviation is declared); GPU kernels could not be measured here, so make it sure.
             out = torch.where(vis.any(dim=-1, keepdim=True), out, 0.0)
         return out.reshape(p.out_shape)
+
+    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
+            bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+            return_weights=False):
+        # `attnspec.backends._mha`: F.linear projections, then self.sdpa per head. That avoids the
+        # deviations of torch.nn.MultiheadAttention: the mask keeps the spec's polarity, True =
+        # may attend (torch.mha-mask-polarity); a row with no visible key gets sdpa's 0, so b_o
+        # (torch.mha-empty-row-nan); weights come back per head (torch.mha-weights-head-averaged).
+        return _mha.run(self, "torch.mha", TorchHeadOps(), self._info, _lengths_to_numpy,
+                        lambda: str(query.device), query, key, value, params, num_heads=num_heads,
+                        num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal, window=window,
+                        scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                        return_weights=return_weights)
+
+    def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                      dedup=False, scale=None, return_buckets=False):
+        # `attnspec.backends._lsh_xp` on torch ops, through array-api-compat's torch namespace
+        import array_api_compat.torch as xp
+
+        from attnspec.backends import _lsh_xp
+
+        p = _lsh_xp.plan("torch.lsh_attention", self._info, _lengths_to_numpy, x, v, rotations,
+                         chunk_length, causal, kv_lengths, dedup, scale)
+        if p.L == 0 or 0 in p.batch:
+            out, buckets = _lsh_xp.empty(xp, p, x.dtype, x.device)
+        else:
+            kv = _lsh_xp.kv_flat(p)
+            out, buckets = _lsh_xp.lsh_attention(
+                xp, p, x, v, rotations.to(x.device), None if kv is None else torch.tensor(kv, device=x.device),
+                nonfinite_v=not bool(torch.isfinite(v).all()), device=x.device)
+        return (out, buckets) if return_buckets else out
 
 
 def _finite(*xs: torch.Tensor) -> list[bool]:

@@ -8,15 +8,16 @@ reproduces the call.
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from attnspec.conformance.hypothesis_helpers import SDPACase, full_visibility
+from attnspec.conformance.hypothesis_helpers import SDPACase
 from attnspec.spec._validate import FLOAT_DTYPES
-from attnspec.spec.sdpa import _validate, sdpa
-from attnspec.spec.tolerance import Comparison, compare, reference_sdpa, sdpa_allowed
+from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS, _validate, sdpa
+from attnspec.spec.tolerance import Comparison, compare, reference_sdpa, sdpa_allowed, visibility_view
 
 
 @dataclass
@@ -67,26 +68,36 @@ def call_sdpa(backend, case: SDPACase, device: str | None, **extra: Any):
 @dataclass
 class Golden:
     out: np.ndarray  # float64, unrounded
-    weights: np.ndarray
+    weights: np.ndarray | None  # None for a large case that did not ask for weights
     allowed_out: float
-    allowed_w: float
+    allowed_w: float | None
 
 
 def golden_for(case: SDPACase) -> Golden:
-    """The float64 golden (before the final rounding) and the tolerance for this case."""
+    """The float64 golden (before the final rounding) and the tolerance for this case.
+
+    Large cases (batch * Hq * n * m >= `BLOCKED_MIN_LOGITS`) get weights only when they ask for
+    them: golden and reference then run tiled or in row blocks, with no (n, m) array, so n = 16384
+    needs tens of MB rather than tens of GB.
+    """
     f64 = {name: v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype.name in FLOAT_DTYPES else v
            for name, v in case.options.items() if name != "return_weights"}
     q64, k64, v64 = (x.astype(np.float64) for x in (case.q, case.k, case.v))
-    out, w = sdpa(q64, k64, v64, **f64, return_weights=True)
     o = case.options
     plan = _validate("sdpa", case.q, case.k, case.v, o.get("mask"), o.get("bias"), o.get("causal"),
                      o.get("window"), o.get("scale"), o.get("q_lengths"), o.get("kv_lengths"))
-    ref, ref_w = reference_sdpa(plan, case.q, case.k, case.v, o.get("mask"), o.get("bias"), True)
+    want_w = bool(o.get("return_weights")) or math.prod(plan.full_weights_shape) < BLOCKED_MIN_LOGITS
+    result = sdpa(q64, k64, v64, **f64, return_weights=want_w)
+    out, w = result if want_w else (result, None)
+    ref = reference_sdpa(plan, case.q, case.k, case.v, o.get("mask"), o.get("bias"), want_w)
+    ref, ref_w = ref if want_w else (ref, None)
     err_out = compare(ref, out, np.inf).max_abs_err
-    err_w = compare(ref_w, w, np.inf).max_abs_err
-    vis = full_visibility(plan, o)
+    vis = visibility_view(plan, o.get("mask"), o.get("bias"))
     allowed_out = sdpa_allowed(plan, case.q, case.k, case.v, o.get("bias"), vis, err_out)
-    allowed_w = sdpa_allowed(plan, case.q, case.k, case.v, o.get("bias"), vis, err_w, value_scale=1.0)
+    allowed_w = None
+    if want_w:
+        err_w = compare(ref_w, w, np.inf).max_abs_err
+        allowed_w = sdpa_allowed(plan, case.q, case.k, case.v, o.get("bias"), vis, err_w, value_scale=1.0)
     return Golden(out, w, allowed_out, allowed_w)
 
 
@@ -105,8 +116,11 @@ def check_metadata(backend, result, expected_shape, dtype: str, device: str | No
     return problems
 
 
-def repro(backend_name: str, case: SDPACase, device: str | None, **extra: Any) -> str:
-    """A self-contained snippet that rebuilds the case's inputs and calls backend and golden."""
+def repro(backend_name: str, case: SDPACase, device: str | None, fn: str = "sdpa", **extra: Any) -> str:
+    """A self-contained snippet that rebuilds the case's inputs and calls backend and golden
+    (``fn``: sdpa, or sdpa_blocked, which both the spec and the backends define)."""
+    if hasattr(case, "repro"):  # cases of other functions (mha) write their own
+        return case.repro(backend_name, device, **extra)
     lines = [
         "import numpy as np, ml_dtypes",
         "import attnspec.spec",
@@ -132,10 +146,10 @@ def repro(backend_name: str, case: SDPACase, device: str | None, **extra: Any) -
     call = ", ".join(["q", "k", "v", *opts])
     dev = f", device={device!r}" if device else ""
     lines += [
-        f"golden = attnspec.spec.sdpa({call})",
+        f"golden = attnspec.spec.{fn}({call})",
         f"to = lambda x: b.asarray(x{dev}) if isinstance(x, np.ndarray) else x",
         "args = {" + ", ".join(f"{o.split('=')[0]!r}: to({o.split('=', 1)[1]})" for o in opts) + "}",
-        "out = b.sdpa(to(q), to(k), to(v), **args)",
+        f"out = b.{fn}(to(q), to(k), to(v), **args)",
         "print(np.abs(b.to_numpy(out if not isinstance(out, tuple) else out[0]).astype(float) - "
         "(golden if not isinstance(golden, tuple) else golden[0]).astype(float)).max())",
     ]
@@ -143,8 +157,9 @@ def repro(backend_name: str, case: SDPACase, device: str | None, **extra: Any) -
 
 
 def failure_message(backend_name: str, prop: str, case: SDPACase, device: str | None,
-                    comparisons: dict[str, Comparison], problems: list[str], **extra: Any) -> str:
-    head = f"[{backend_name}] sdpa {prop}: {case.describe()} device={device}"
+                    comparisons: dict[str, Comparison], problems: list[str], fn: str = "sdpa",
+                    **extra: Any) -> str:
+    head = f"[{backend_name}] {fn} {prop}: {case.describe()} device={device}"
     lines = [head]
     lines += [f"  {p}" for p in problems]
     for name, c in comparisons.items():
@@ -157,5 +172,5 @@ def failure_message(backend_name: str, prop: str, case: SDPACase, device: str | 
             f"tolerance; max rel err {c.max_rel_err:.3e}; {c.nonfinite_mismatch} NaN/inf mismatches"
         )
     lines.append("  reproduce with:")
-    lines += ["    " + line for line in repro(backend_name, case, device, **extra).splitlines()]
+    lines += ["    " + line for line in repro(backend_name, case, device, fn, **extra).splitlines()]
     return "\n".join(lines)

@@ -65,6 +65,36 @@ def _summary(results: Results) -> str:
     return table(headers, rows, "lll" + "r" * 8 + "l")
 
 
+def _gradient_summary(results: Results) -> str:
+    """One row per run and gradient function: passed/run and worst budget used, per dtype."""
+    dtypes = ("float16", "bfloat16", "float32", "float64")
+    rows = []
+    for doc in sorted(results.conformance, key=run_key):
+        fns = sorted({r["function"] for r in doc["rows"] if str(r["function"]).endswith("_vjp")},
+                     key=_function_key)
+        for fn in fns:
+            mine = [r for r in doc["rows"] if r["function"] == fn]
+            cells = []
+            for dt in dtypes:
+                rs = [r for r in mine if r["dtype"] == dt]
+                run = sum(int(r["run"]) for r in rs)
+                if not run:
+                    cells.append(DASH)
+                    continue
+                passed = sum(int(r["passed"]) for r in rs)
+                unsupported = sum(int(r["unsupported"]) for r in rs)
+                if unsupported == run:
+                    cells.append("unsupported")
+                    continue
+                worst = _max(r.get("max_budget_used") for r in rs)
+                cells.append(f"{passed}/{run}, budget {num(worst)}")
+            t = {c: sum(int(r.get(c, 0)) for r in mine) for c in COUNTS}
+            rows.append([doc["backend"], doc["device"], fn, *cells, t["failed"], t["deviation"]])
+    if not rows:
+        return ""
+    return table(["backend", "device", "function", *dtypes, "failed", "deviation"], rows, "lll" + "l" * 4 + "rr")
+
+
 def _notes(row: dict[str, Any]) -> str:
     parts = []
     reasons = sorted(str(r) for r in row.get("unsupported_reasons") or [] if r is not None)
@@ -126,9 +156,17 @@ def accuracy_page(results: Results, plots: list[tuple[str, str]] | None = None) 
         "A row counts the generated cases of one backend, device, property, feature and dtype.",
         "*Budget used* is the largest error divided by the allowed error of the tolerance rule",
         "(`attnspec.spec.tolerance`): a case passes at 1 or less. *Deviation* counts cases that",
-        "differ from the spec exactly as a [declared deviation](deviations.md) says.",
+        "differ from the spec exactly as a [declared deviation](deviations.md) says. *Max rel err*",
+        "is taken only over elements whose golden magnitude exceeds their allowed error (nearer 0 a",
+        "relative error measures nothing; results written before this rule may show absurd values).",
         "", "## Summary", "", _summary(results),
     ]
+    grads = _gradient_summary(results)
+    if grads:
+        lines += ["", "## Gradients", "",
+                  "Gradient functions (`*_vjp`) per backend and dtype: cases passed of those run (the",
+                  "rest failed, were unsupported or showed a declared deviation) and the worst budget",
+                  "used over the gradient tensors (`attnspec.spec.tolerance_grads`).", "", grads]
     entries = [(doc, r) for doc in results.conformance for r in doc["rows"]]
     for fn in sorted({r["function"] for _, r in entries}, key=_function_key):
         mine = sorted((e for e in entries if e[1]["function"] == fn),

@@ -1,6 +1,6 @@
 """Benchmark one backend on one device and write ``attnspec.bench/1`` JSON (reports/SCHEMA.md).
 
-    python -m attnspec.reports.bench --backend torch [--device cpu] [--grid quick|full]
+    python -m attnspec.reports.bench --backend torch [--device cpu] [--grid quick|full|lsh]
         [--targets-only] [--out reports/results/bench-torch-cpu.json] [--list]
 
 For every implementation (adapter, native, golden, blocked, lsh: see `bench_grid`), dtype and
@@ -19,7 +19,8 @@ when their (n, m) logits would not fit in half the memory available at the start
 or when one call is predicted to exceed ``--max-call-s`` (its FLOPs at the efficiency a smaller
 case of the same implementation reached in this run; at the matmul rate before there is one).
 The "full" grid and ``--targets-only`` also time the target shapes (never skipped for time) and
-evaluate `bench_targets.TARGETS`; they appear in no other grid.
+evaluate `bench_targets.TARGETS`; they appear in no other grid, except that the "lsh" grid (LSH
+against full attention as L doubles, B=1 H=1 d=64) holds the LSH target's cases and evaluates it.
 
 Timings on a machine shared with other work are noise: read ``min_s``/``max_s`` beside the median.
 """
@@ -74,6 +75,7 @@ TARGET_BUDGET_S = 3.0
 SETTINGS = {  # per grid: timing budget per case (s), max repeats, max estimated seconds per call
     "quick": {"budget_s": 0.2, "max_repeats": 20, "max_call_s": 10.0},
     "full": {"budget_s": 0.75, "max_repeats": 50, "max_call_s": 30.0},
+    "lsh": {"budget_s": 0.5, "max_repeats": 20, "max_call_s": 30.0},
 }
 
 
@@ -152,7 +154,9 @@ def run_bench(
 
     skip_reasons = {key: reason for key, (_, reason) in skipped.items()}
     targets = (bench_targets.evaluate(be.name, rows, skip_reasons)
-               if grid == "full" or targets_only else [])
+               if grid in ("full", "lsh") or targets_only else [])
+    if grid == "lsh" and not targets_only:  # only the targets whose cases this grid holds
+        targets = [t for t in targets if "not run in this invocation" not in str(t.get("detail"))]
     for t in targets:
         say(f"target {t['name']}: {t['detail']}")
     return {
@@ -181,7 +185,10 @@ def run_bench(
 def _jobs(backend_name: str, grid: str, targets_only: bool, dtypes, impls):
     """The jobs to run, in order (a job of several cases is timed interleaved), and the keys of
     the target cases among them."""
-    target_jobs = bench_targets.target_jobs(backend_name) if grid == "full" or targets_only else []
+    target_jobs = bench_targets.target_jobs(backend_name) if grid in ("full", "lsh") or targets_only else []
+    if grid == "lsh" and not targets_only:  # the targets among the grid's own cases (never skipped for time)
+        grid_keys = {c.key for c in grid_cases(GRIDS[grid], backend_name, dtypes, impls)}
+        target_jobs = [job for job in target_jobs if all(c.key in grid_keys for c in job)]
     target_jobs = [kept for job in target_jobs if (kept := tuple(c for c in job if c.impl in impls))]
     in_targets = {c.key for job in target_jobs for c in job}
     cases = [] if targets_only else grid_cases(GRIDS[grid], backend_name, dtypes, impls)
@@ -240,7 +247,7 @@ def _run_job(be, backend_spec, fw, device, cases, rates, settings, memory, skipp
                                    {"backend": backend_spec, "device": device,
                                     "case": {"impl": case.impl, "dtype": case.dtype, **case.shape_dict()}})
                         if memory else (None, "none"))
-        row = {"implementation": case.impl, "pass": "forward", "dtype": case.dtype,
+        row = {"implementation": case.impl, "pass": "forward+backward" if case.impl == "vjp" else "forward", "dtype": case.dtype,
                **case.shape_dict(), "median_s": t.median_s, "min_s": t.min_s, "max_s": t.max_s,
                "repeats": t.repeats, "timing": "interleaved" if len(timings) > 1 else "sequential",
                "flops": case.flops, "tflops": tflops,

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from attnspec.reports.bench_measure import is_cpu
+from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS
 
 __all__ = [
     "GRIDS",
@@ -46,7 +47,10 @@ __all__ = [
 ]
 
 LSH_CHUNK, LSH_HASHES = 64, 2
-IMPLEMENTATIONS = ("adapter", "native", "golden", "blocked", "lsh")
+LSH_SCALING_L = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+#: "vjp" is the adapter's sdpa_vjp (forward and backward through the framework's autodiff), for
+#: torch and jax only; its rows have pass "forward+backward" and the forward's dense FLOPs
+IMPLEMENTATIONS = ("adapter", "native", "golden", "blocked", "lsh", "vjp")
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,13 @@ GRIDS = {
         lsh=tuple((1, 1, L, 64) for L in (1024, 4096, 16384, 65536)),
         reference=(1, 8, 4096, 64),
     ),
+    # LSH against full attention at the same shapes as L doubles (run with --impls
+    # adapter,native,lsh); it holds the LSH speed-up target's cases, so it evaluates that target
+    "lsh": Grid(
+        dense=tuple((1, 1, L, 64, False) for L in LSH_SCALING_L),
+        lsh=tuple((1, 1, L, 64) for L in LSH_SCALING_L),
+        reference=(1, 1, 4096, 64),
+    ),
 }
 
 
@@ -123,6 +134,8 @@ def planned(backend_name: str, impl: str, dtype: str) -> bool:
     """Whether the grid holds (impl, dtype) for this backend at all (no skip is recorded if not)."""
     if impl in ("golden", "blocked"):
         return backend_name == "numpy" and dtype == "float64"
+    if impl == "vjp":
+        return backend_name in ("torch", "jax")
     return True
 
 
@@ -166,13 +179,16 @@ def workspace_bytes(case: Case, framework: str, device: str) -> int | None:
     """Rough peak workspace of a call that materializes the (n, m) logits; None if it does not.
 
     The golden holds about five float64 (n, m) arrays at once (logits, their masked copy,
-    exponentials, weights, and the visibility mask); other materializing implementations are
-    counted at four arrays of at least float32. Adapters are assumed to materialize (a mask
-    or a fix-up may force the unfused path); torch's primitive is fused (flash on CPU and CUDA)
-    except float64 on a GPU.
+    exponentials, weights, and the visibility mask) below `BLOCKED_MIN_LOGITS` logits, and none
+    from there on, where it computes tile by tile, as do the two adapters on NumPy arrays (numpy,
+    array_api-numpy); other materializing implementations are counted at four arrays of at least
+    float32. Other adapters are assumed to materialize (a mask or a fix-up may force the unfused
+    path); torch's primitive is fused (flash on CPU and CUDA) except float64 on a GPU.
     """
     logits = case.B * case.H * case.n * case.m
     if case.impl in ("blocked", "lsh"):
+        return None
+    if framework == "numpy" and case.impl in ("golden", "native", "adapter") and logits >= BLOCKED_MIN_LOGITS:
         return None
     if case.impl == "golden" or (case.impl == "native" and framework == "numpy"):
         return 5 * logits * 8
@@ -192,9 +208,9 @@ def _np_dtype(name: str):
 def static_skip(backend, framework: str, device: str, case: Case) -> str | None:
     """Why this case cannot run on this backend at all (not a matter of size); None if it can."""
     impl, name = case.impl, backend.name
-    if impl == "adapter":
+    if impl in ("adapter", "vjp"):
         reasons = backend.supports(
-            "sdpa", dtype=case.dtype, device=device, causal="upper_left" if case.causal else None,
+            "sdpa" if impl == "adapter" else "sdpa_vjp", dtype=case.dtype, device=device, causal="upper_left" if case.causal else None,
             q_shape=(case.B, case.H, case.n, case.d), k_shape=(case.B, case.H, case.m, case.d),
             v_shape=(case.B, case.H, case.m, case.d),
         )
@@ -270,6 +286,9 @@ def prepare(backend, device: str, case: Case | dict) -> Prepared:
     if case.impl == "adapter":
         q, k, v = on_backend(q_np, k_np, v_np)
         call = lambda: be.sdpa(q, k, v, causal=causal)  # noqa: E731
+    elif case.impl == "vjp":
+        q, k, v, d_out = on_backend(q_np, k_np, v_np, _normal((B, H, n, d), 3))
+        call = lambda: be.sdpa_vjp(q, k, v, d_out, causal=causal)  # noqa: E731
     elif case.impl == "native" and fw == "torch":
         import torch.nn.functional as F
 

@@ -10,9 +10,9 @@ from typing import Any
 from attnspec.reports._io import Results, as_float
 from attnspec.reports._md import DASH, nbytes, num, pct, run_label, seconds, table
 
-__all__ = ["IMPLEMENTATION_ORDER", "impl_key", "lsh_quality_stats", "performance_page", "share"]
+__all__ = ["IMPLEMENTATION_ORDER", "impl_key", "lsh_quality_stats", "lsh_scaling", "performance_page", "share"]
 
-IMPLEMENTATION_ORDER = ("adapter", "native", "golden", "blocked", "lsh")
+IMPLEMENTATION_ORDER = ("adapter", "native", "golden", "blocked", "lsh", "vjp")
 NO_RESULTS = "No benchmark results in `{dir}`; run `nox -s bench`."
 Plots = dict[tuple[str, str, str], list[tuple[str, str]]]
 
@@ -121,6 +121,66 @@ def _definitions(doc: dict[str, Any]) -> list[str]:
     return ["", "Definitions recorded by the run:", ""] + [f"- *{k}*: {defs[k]}" for k in sorted(defs)]
 
 
+def lsh_scaling(doc: dict[str, Any]) -> list[str]:
+    """LSH against full attention at each L of one run: times, peaks, speed-up, crossover.
+
+    Full attention is every non-LSH row of the same dtype, B, H and d with n = m = L (the
+    backend's sdpa, and the framework's fused kernel where there is one); a skipped one shows
+    its skip reason. The crossover is the first L from which LSH is faster at every larger L
+    measured. Timings on a shared machine are noisy: read them beside the run's load average.
+    """
+    lsh = [r for r in doc["rows"] if r["implementation"] == "lsh" and not r["causal"]]
+    if not lsh:
+        return []
+    skips = {(g.get("implementation"), g.get("dtype"), (c.get("B"), c.get("H"), c.get("d"), c.get("n"))):
+             g.get("reason")
+             for g in doc.get("skipped") or [] if isinstance(g, dict) for c in g.get("cases") or []}
+    out = []
+    for dtype in sorted({r["dtype"] for r in lsh}):
+        rows = sorted((r for r in lsh if r["dtype"] == dtype), key=lambda r: r["n"])
+        shapes = {(r["B"], r["H"], r["d"], r["n"]) for r in rows}
+        # the full-attention implementations this run measured or skipped at the LSH rows' shapes
+        full_impls = sorted({f["implementation"] for f in doc["rows"] if f["implementation"] != "lsh"
+                             and f["dtype"] == dtype and (f["B"], f["H"], f["d"], f["n"]) in shapes}
+                            | {g for g, dt, shape in skips if g != "lsh" and dt == dtype and shape in shapes},
+                            key=impl_key)
+        if not full_impls:
+            continue
+        body, crossover = [], {}
+        for r in rows:
+            cells = [r["n"], (r.get("params") or {}).get("n_buckets", DASH), seconds(r["median_s"]),
+                     nbytes(r.get("peak_mem_bytes"))]
+            for impl in full_impls:
+                full = next((f for f in doc["rows"] if f["implementation"] == impl and f["dtype"] == dtype
+                             and not f["causal"] and (f["B"], f["H"], f["d"], f["n"], f["m"])
+                             == (r["B"], r["H"], r["d"], r["n"], r["m"])), None)
+                if full is None:
+                    why = skips.get((impl, dtype, (r["B"], r["H"], r["d"], r["n"])), "not run")
+                    cells += [f"skipped: {why}", DASH, DASH]
+                    continue
+                ratio = full["median_s"] / r["median_s"]
+                cells += [seconds(full["median_s"]), nbytes(full.get("peak_mem_bytes")), f"{ratio:.3g}×"]
+                crossover.setdefault(impl, []).append((r["n"], ratio > 1))
+            body.append(cells)
+        headers = ["L", "n_buckets", "lsh median", "lsh peak"]
+        for impl in full_impls:
+            headers += [f"{impl} median", f"{impl} peak", f"{impl} / lsh"]
+        first = []
+        for impl in full_impls:
+            pts = crossover.get(impl, [])
+            wins = [n for i, (n, _) in enumerate(pts) if all(w for _, w in pts[i:])]
+            first.append(f"{impl}: L = {wins[0]}" if wins else f"{impl}: none measured")
+        r0 = rows[0]
+        out += ["", f"### LSH scaling: {doc['backend']} / {doc['device']} / {dtype}", "",
+                f"B={r0['B']} H={r0['H']} d={r0['d']}, lsh chunk_length="
+                f"{(r0.get('params') or {}).get('chunk_length')}, n_hashes="
+                f"{(r0.get('params') or {}).get('n_hashes')}. Theory: full attention "
+                "time and memory ∝ L², LSH ∝ L·C (the figure's dotted lines). "
+                f"Crossover (first L from which LSH is faster): {'; '.join(first)}.", "",
+                table(headers, body, "rr" + "rr" + "rrr" * len(full_impls))]
+    return out
+
+
 def lsh_quality_stats(results: Results) -> list[tuple[str, int, int, float, float, float]]:
     """(input, n_hashes, seeds, mean, min, max) of rel_err over seeds, from every lsh-quality file."""
     groups: dict[tuple[str, int], list[float]] = defaultdict(list)
@@ -173,6 +233,7 @@ def performance_page(results: Results, plots: Plots | None = None,
         for dtype in sorted(by_dtype):
             lines += ["", f"### {doc['backend']} / {doc['device']} / {dtype}", "",
                       _dtype_table(doc, by_dtype[dtype])]
+        lines += lsh_scaling(doc)
         figures = plots.get(bench_key(doc), [])
         if figures:
             lines += ["", "\n\n".join(f"![{t}]({p})" for t, p in figures)]

@@ -2,18 +2,19 @@
 
     python -m attnspec.reports.render [--results DIR] [--out DIR] [--no-plots]
 
-Reads ``conformance-*.json``, ``bench-*.json`` and ``lsh-quality*.json`` from ``--results``
-(default ``reports/results``) and writes ``index.md``, ``accuracy.md``, ``deviations.md``,
-``performance.md`` and ``plots/*.png`` under ``--out`` (default ``reports``), both relative to
-the current directory. Everything is rendered into a temporary directory inside ``--out`` first
-and moved into place file by file, so an interrupted render leaves the previous report intact.
-The same JSON always gives the same bytes. Exit status 2 (with every problem listed, file by
-file) when a results file is malformed.
+Reads ``conformance-*.json``, ``bench-*.json``, ``lsh-quality*.json`` and ``copy_task.json``
+from ``--results`` (default ``reports/results``) and writes ``index.md``, ``accuracy.md``,
+``deviations.md``, ``performance.md`` and ``plots/*.png`` under ``--out`` (default ``reports``),
+both relative to the current directory. Everything is rendered into a temporary directory
+inside ``--out`` first and moved into place file by file, so an interrupted render leaves the
+previous report intact. The same JSON always gives the same bytes. Exit status 2 (with every
+problem listed, file by file) when a results file is malformed.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -70,8 +71,8 @@ def _relpath(target: Path, start: Path) -> str:
 
 
 def index_page(results: Results, out: Path, figures: dict[str, list[tuple[str, str]]],
-               notes: list[str]) -> str:
-    """The Markdown of ``index.md``."""
+               notes: list[str], copy_task: Sequence[str] = ()) -> str:
+    """The Markdown of ``index.md``; ``copy_task`` is its "Copy task" section, if any."""
     from attnspec.reports._md import fence, table
     from attnspec.reports.accuracy import run_key, verdict
 
@@ -115,6 +116,7 @@ def index_page(results: Results, out: Path, figures: dict[str, list[tuple[str, s
                           table(["setting", "value"], _environment(env))]
     else:
         lines += ["No results yet: run `nox -s conformance` and `nox -s bench`."]
+    lines += list(copy_task)
     if any(figures.values()):
         lines += ["", "## Plots"]
         for section, items in figures.items():
@@ -154,6 +156,7 @@ def render(results_dir: str | os.PathLike = "reports/results", out_dir: str | os
     from attnspec.reports.performance import performance_page
 
     results = load_results(results_dir)
+    copy_doc = _copy_task_doc(results.directory)
     out = Path(out_dir)
     notes: list[str] = []
     if not results.directory.is_dir():
@@ -174,9 +177,31 @@ def render(results_dir: str | os.PathLike = "reports/results", out_dir: str | os
             "Time and memory against sequence length": [f for fs in perf.values() for f in fs],
             "LSH approximation error": [quality] if quality else [],
         }
-        staged.write_text("index.md", index_page(results, out, figures, notes))
+        copy_lines = _copy_task_section(copy_doc, staged, _relpath(results.directory, out), plots)
+        staged.write_text("index.md", index_page(results, out, figures, notes, copy_lines))
         written = list(staged.written)
     return sorted(written)
+
+
+def _copy_task_doc(directory: Path) -> dict[str, Any] | None:
+    """The copy-task results (`attnspec.reports.copy_task`), checked, or None if there are none."""
+    from attnspec.reports import copy_task
+
+    path = directory / "copy_task.json"
+    return copy_task.load(path) if path.is_file() else None
+
+
+def _copy_task_section(doc: dict[str, Any] | None, staged: StagedOutput, source: str,
+                       plots: bool) -> list[str]:
+    from attnspec.reports import copy_task
+
+    if doc is None:
+        return []
+    figure = None
+    if plots and importlib.util.find_spec("matplotlib") is not None:  # else _make_plots said so
+        figure = "plots/copy_task.png"
+        copy_task.plot(doc, staged.path(figure))
+    return copy_task.index_section(doc, source, figure)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,6 +6,8 @@ Every decision where frameworks disagree is listed in ``spec/README.md`` with it
 from attnspec._errors import SpecError
 from attnspec.spec.blocked import sdpa_blocked
 from attnspec.spec.grads import sdpa_vjp
+from attnspec.spec.grads_lsh import lsh_attention_vjp
+from attnspec.spec.grads_mha import mha_vjp
 from attnspec.spec.lsh import lsh_attention, lsh_bucket_margins, lsh_buckets, lsh_rotations
 from attnspec.spec.masks import causal_mask, padding_mask, query_padding_mask, window_mask
 from attnspec.spec.mha import MHAParams, merge_heads, mha, split_heads
@@ -17,11 +19,13 @@ __all__ = [
     "SpecError",
     "causal_mask",
     "lsh_attention",
+    "lsh_attention_vjp",
     "lsh_bucket_margins",
     "lsh_buckets",
     "lsh_rotations",
     "merge_heads",
     "mha",
+    "mha_vjp",
     "padding_mask",
     "query_padding_mask",
     "sdpa",

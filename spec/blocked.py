@@ -50,7 +50,7 @@ import numpy as np
 from attnspec._errors import SpecError
 from attnspec.spec._validate import SDPAPlan, is_int, numpy_info, validate_sdpa
 
-__all__ = ["sdpa_blocked"]
+__all__ = ["blocked_core", "check_block", "sdpa_blocked"]
 
 _FN = "sdpa_blocked"
 # While a row's running max M stays in [-_NEAR, _NEAR], the offset c is 0: exp(s) can neither
@@ -103,7 +103,17 @@ def sdpa_blocked(
         q_lengths=q_lengths,
         kv_lengths=kv_lengths,
     )
-    bq, bk = _check_block("block_q", block_q), _check_block("block_k", block_k)
+    bq, bk = check_block("block_q", block_q), check_block("block_k", block_k)
+    return blocked_core(p, q, k, v, mask, bias, return_weights, bq, bk)
+
+
+def blocked_core(p: SDPAPlan, q, k, v, mask, bias, return_weights: bool,
+                 block_q: int = 256, block_k: int = 512):
+    """`sdpa_blocked` after validation: the result(s) in q's dtype, shaped as `sdpa` returns them.
+
+    `attnspec.spec.sdpa` calls this for large inputs (see `sdpa.BLOCKED_MIN_LOGITS`).
+    """
+    bq, bk = block_q, block_k
     out = np.zeros((*p.batch, p.hq, p.n, p.dv))  # (..., Hq, n, dv)
     weights = np.zeros(p.full_weights_shape) if return_weights else None  # (..., Hq, n, m)
     if p.n and p.m and p.hq:
@@ -136,9 +146,10 @@ def _attend_all(p: SDPAPlan, q, k, v, mask, bias, out, weights, bq: int, bk: int
                 _attend(head, out[b][h], None if weights is None else weights[b][h], bq, bk, scratch)
 
 
-def _check_block(name: str, value: object) -> int:
+def check_block(name: str, value: object, fn: str = _FN) -> int:
+    """A tile size as an int, or SpecError naming ``fn`` unless it is an int >= 1."""
     if not is_int(value) or value < 1:
-        raise SpecError(f"{_FN}: {name}={value!r} must be an int >= 1")
+        raise SpecError(f"{fn}: {name}={value!r} must be an int >= 1")
     return int(value)
 
 

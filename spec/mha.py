@@ -28,12 +28,12 @@ of zero.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from attnspec._errors import SpecError
-from attnspec.spec._validate import FLOAT_DTYPES, ArrayInfo, is_int, numpy_info, validate_sdpa
+from attnspec.spec._validate import FLOAT_DTYPES, ArrayInfo, SDPAPlan, is_int, numpy_info, validate_sdpa
 from attnspec.spec.sdpa import sdpa
 
 __all__ = ["MHAParams", "merge_heads", "mha", "split_heads"]
@@ -65,37 +65,7 @@ class MHAParams:
     b_o: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        fn = "MHAParams"
-        for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
-            x = getattr(self, name)
-            if x is None and name.startswith("b_"):
-                continue
-            info = numpy_info(fn, name, x)
-            want = 2 if name.startswith("w_") else 1
-            if len(info.shape) != want:
-                raise SpecError(f"{fn}: {name}.ndim={len(info.shape)} must be {want}, got shape {info.shape}")
-            if info.dtype not in FLOAT_DTYPES:
-                raise SpecError(f"{fn}: {name}.dtype={info.dtype} must be one of {', '.join(FLOAT_DTYPES)}")
-        e, p = self.w_q.shape[0], self.w_k.shape[0]
-        expected = {
-            "w_q": (e, e),
-            "w_v": (p, self.w_v.shape[1]),
-            "w_o": (e, e),
-            "b_q": (e,),
-            "b_k": (p,),
-            "b_v": (p,),
-            "b_o": (e,),
-        }
-        why = {
-            "w_q": "(embed_dim, embed_dim): the query projection is square",
-            "w_v": f"(w_k.shape[0], vdim): keys and values are projected to the same size {p}",
-            "w_o": f"(embed_dim, embed_dim) with embed_dim=w_q.shape[0]={e}",
-        }
-        for name, shape in expected.items():
-            x = getattr(self, name)
-            if x is not None and x.shape != shape:
-                hint = why.get(name, "(out_features,) of its weight")
-                raise SpecError(f"{fn}: {name}.shape={x.shape} must be {shape}, i.e. {hint}")
+        check_param_infos("MHAParams", lambda name: _param_info("MHAParams", name, getattr(self, name)))
 
     @property
     def embed_dim(self) -> int:
@@ -297,6 +267,61 @@ class MHAParams:
         return out
 
 
+@dataclass(frozen=True)
+class ParamDims:
+    """The sizes a layer's parameters fix: embed_dim E, kdim, vdim and kv_dim P = Hkv * hd."""
+
+    embed_dim: int
+    kdim: int
+    vdim: int
+    kv_dim: int
+
+
+def _param_info(fn: str, name: str, x: object) -> ArrayInfo | None:
+    return None if x is None and name.startswith("b_") else numpy_info(fn, name, x)
+
+
+def check_param_infos(fn: str, info: Callable[[str], ArrayInfo | None], prefix: str = "") -> ParamDims:
+    """`MHAParams`' rules on the parameters' ranks, dtypes and shapes; returns their sizes.
+
+    ``info(name)`` gives the ArrayInfo of one field (None for a missing bias), or raises
+    `SpecError` when the field is not an array. Only metadata is read, so backends check their
+    own arrays (`attnspec.backends._base.MHAArrays`) with it. ``prefix`` goes before every field
+    name in the messages (``"params."`` when the arrays are an argument of mha).
+    """
+    infos: dict[str, ArrayInfo | None] = {}
+    for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
+        x = infos[name] = info(name)
+        if x is None:
+            continue
+        want = 2 if name.startswith("w_") else 1
+        if len(x.shape) != want:
+            raise SpecError(f"{fn}: {prefix}{name}.ndim={len(x.shape)} must be {want}, got shape {x.shape}")
+        if x.dtype not in FLOAT_DTYPES:
+            raise SpecError(f"{fn}: {prefix}{name}.dtype={x.dtype} must be one of {', '.join(FLOAT_DTYPES)}")
+    e, p, vdim = infos["w_q"].shape[0], infos["w_k"].shape[0], infos["w_v"].shape[1]
+    expected = {
+        "w_q": (e, e),
+        "w_v": (p, vdim),
+        "w_o": (e, e),
+        "b_q": (e,),
+        "b_k": (p,),
+        "b_v": (p,),
+        "b_o": (e,),
+    }
+    why = {
+        "w_q": "(embed_dim, embed_dim): the query projection is square",
+        "w_v": f"({prefix}w_k.shape[0], vdim): keys and values are projected to the same size {p}",
+        "w_o": f"(embed_dim, embed_dim) with embed_dim={prefix}w_q.shape[0]={e}",
+    }
+    for name, shape in expected.items():
+        x = infos[name]
+        if x is not None and x.shape != shape:
+            hint = why.get(name, "(out_features,) of its weight")
+            raise SpecError(f"{fn}: {prefix}{name}.shape={x.shape} must be {shape}, i.e. {hint}")
+    return ParamDims(e, infos["w_k"].shape[1], vdim, p)
+
+
 def _expect_shape(fn: str, name: str, x: np.ndarray, shape: tuple[int, ...], what: str) -> None:
     if x.shape != shape:
         raise SpecError(f"{fn}: {name}.shape={x.shape} must be {what}")
@@ -349,63 +374,101 @@ def _project(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
     return y if b is None else y + b.astype(np.float64)
 
 
-def _validate(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias, options) -> None:
+def _validate(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias, options) -> SDPAPlan:
+    def dims() -> ParamDims:
+        if not isinstance(params, MHAParams):
+            raise SpecError(f"{fn}: params must be an MHAParams, got {type(params).__name__}")
+        return ParamDims(params.embed_dim, params.kdim, params.vdim, params.kv_dim)
+
+    return validate_mha(fn, numpy_info, query, key, value, dims, num_heads, num_kv_heads, mask, bias, options)
+
+
+def _same(x: Any) -> Any:
+    return x
+
+
+def validate_mha(
+    fn: str,
+    info: Callable[[str, str, Any], ArrayInfo],
+    query: Any,
+    key: Any,
+    value: Any,
+    params_dims: Callable[[], ParamDims],
+    num_heads: object,
+    num_kv_heads: object,
+    mask: Any,
+    bias: Any,
+    options: dict[str, Any],
+    lengths_to_numpy: Callable[[Any], Any] = _same,
+) -> SDPAPlan:
+    """Check one mha call on metadata alone; return the plan of its per-head sdpa call.
+
+    Shared by the spec and every backend, so a bad input raises the same `SpecError` wherever it
+    is called. ``info(fn, name, x)`` returns the ArrayInfo of one array (raising SpecError for
+    anything that is not the caller's array type); ``params_dims()`` checks the parameters and
+    returns their sizes; ``lengths_to_numpy`` turns framework length arrays into NumPy (they are
+    checked by value). The plan's q is (..., H, n, hd), its k and v (..., Hkv, m, hd).
+    """
+    infos = {}
     for name, x in (("query", query), ("key", key), ("value", value)):
-        info = numpy_info(fn, name, x)
-        if len(info.shape) < 2:
+        i = infos[name] = info(fn, name, x)
+        if len(i.shape) < 2:
             raise SpecError(
-                f"{fn}: {name}.ndim={len(info.shape)} must be >= 2 (expected (..., L, features)), "
-                f"got shape {info.shape}"
+                f"{fn}: {name}.ndim={len(i.shape)} must be >= 2 (expected (..., L, features)), "
+                f"got shape {i.shape}"
             )
-        if info.dtype not in FLOAT_DTYPES:
-            raise SpecError(f"{fn}: {name}.dtype={info.dtype} must be one of {', '.join(FLOAT_DTYPES)}")
-    if not query.dtype == key.dtype == value.dtype:
+        if i.dtype not in FLOAT_DTYPES:
+            raise SpecError(f"{fn}: {name}.dtype={i.dtype} must be one of {', '.join(FLOAT_DTYPES)}")
+    qi, ki, vi = infos["query"], infos["key"], infos["value"]
+    if not qi.dtype == ki.dtype == vi.dtype:
         raise SpecError(
-            f"{fn}: query, key and value must share one dtype, got query.dtype={query.dtype.name}, "
-            f"key.dtype={key.dtype.name}, value.dtype={value.dtype.name}"
+            f"{fn}: query, key and value must share one dtype, got query.dtype={qi.dtype}, "
+            f"key.dtype={ki.dtype}, value.dtype={vi.dtype}"
         )
-    if not isinstance(params, MHAParams):
-        raise SpecError(f"{fn}: params must be an MHAParams, got {type(params).__name__}")
-    e = params.embed_dim
+    d = params_dims()
+    e = d.embed_dim
     hkv, hd = _check_heads(fn, e, num_heads, num_heads if num_kv_heads is None else num_kv_heads)
-    if params.kv_dim != hkv * hd:
+    if d.kv_dim != hkv * hd:
         raise SpecError(
-            f"{fn}: params.w_k.shape[0]={params.kv_dim} must equal num_kv_heads * head_dim = {hkv} * {hd} "
+            f"{fn}: params.w_k.shape[0]={d.kv_dim} must equal num_kv_heads * head_dim = {hkv} * {hd} "
             f"(num_kv_heads defaults to num_heads; head_dim = embed_dim // num_heads = {e} // {num_heads})"
         )
     for name, x, want, what in (
-        ("query", query, params.embed_dim, "params.embed_dim"),
-        ("key", key, params.kdim, "params.kdim"),
-        ("value", value, params.vdim, "params.vdim"),
+        ("query", qi, e, "params.embed_dim"),
+        ("key", ki, d.kdim, "params.kdim"),
+        ("value", vi, d.vdim, "params.vdim"),
     ):
         if x.shape[-1] != want:
             raise SpecError(f"{fn}: {name}.shape[-1]={x.shape[-1]} must equal {what}={want}")
-    if value.shape[-2] != key.shape[-2]:
+    if vi.shape[-2] != ki.shape[-2]:
         raise SpecError(
-            f"{fn}: value.shape[-2]={value.shape[-2]} must equal key.shape[-2]={key.shape[-2]} "
+            f"{fn}: value.shape[-2]={vi.shape[-2]} must equal key.shape[-2]={ki.shape[-2]} "
             "(one value per key)"
         )
     try:
-        np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+        np.broadcast_shapes(qi.shape[:-2], ki.shape[:-2], vi.shape[:-2])
     except ValueError:
         raise SpecError(
-            f"{fn}: leading batch dims do not broadcast: query {query.shape[:-2]}, "
-            f"key {key.shape[:-2]}, value {value.shape[:-2]}"
+            f"{fn}: leading batch dims do not broadcast: query {qi.shape[:-2]}, "
+            f"key {ki.shape[:-2]}, value {vi.shape[:-2]}"
         ) from None
-    if bias is not None and isinstance(bias, np.ndarray) and bias.dtype != query.dtype:
-        raise SpecError(f"{fn}: bias.dtype={bias.dtype.name} must equal query.dtype={query.dtype.name}")
+    bias_info = None if bias is None else info(fn, "bias", bias)
+    if bias_info is not None and bias_info.dtype != qi.dtype:
+        raise SpecError(f"{fn}: bias.dtype={bias_info.dtype} must equal query.dtype={qi.dtype}")
     # The remaining keywords mean exactly what they mean to sdpa; checking them here, against the
     # head-split shapes, makes their messages name mha rather than the sdpa call inside it.
-    n, m = query.shape[-2], key.shape[-2]
-    dt = query.dtype.name
-    validate_sdpa(
+    n, m = qi.shape[-2], ki.shape[-2]
+    opts = dict(options)
+    for name in ("q_lengths", "kv_lengths"):
+        opts[name] = lengths_to_numpy(opts.get(name))
+    return validate_sdpa(
         fn,
-        ArrayInfo((*query.shape[:-2], num_heads, n, hd), dt),
-        ArrayInfo((*key.shape[:-2], hkv, m, hd), dt),
-        ArrayInfo((*value.shape[:-2], hkv, m, hd), dt),
-        mask=None if mask is None else numpy_info(fn, "mask", mask),
-        bias=None if bias is None else numpy_info(fn, "bias", bias),
-        **options,
+        ArrayInfo((*qi.shape[:-2], int(num_heads), n, hd), qi.dtype),
+        ArrayInfo((*ki.shape[:-2], hkv, m, hd), qi.dtype),
+        ArrayInfo((*vi.shape[:-2], hkv, m, hd), qi.dtype),
+        mask=None if mask is None else info(fn, "mask", mask),
+        bias=bias_info,
+        **opts,
     )
 
 

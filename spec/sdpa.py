@@ -17,18 +17,30 @@ For query head h, batch index b, query row i:
 A row with no visible key gets w = 0 and out = 0. Keys that are not visible are absent: their k
 and v values (NaN and inf included) never reach the row. Everything is computed in float64 and the
 result is cast to the inputs' dtype.
+
+Large inputs (batch * Hq * n * m >= BLOCKED_MIN_LOGITS) are computed by the tiled online softmax
+of `attnspec.spec.blocked`, the same function to a few ulp, in O(tile + n * dv) extra memory.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
 
 from attnspec.spec._validate import SDPAPlan, numpy_info, validate_sdpa
+from attnspec.spec.blocked import blocked_core
 from attnspec.spec.masks import visibility
 
-__all__ = ["sdpa", "sdpa_loops"]
+__all__ = ["BLOCKED_MIN_LOGITS", "golden", "sdpa", "sdpa_loops"]
+
+#: `sdpa` computes tile by tile (`attnspec.spec.blocked`) once batch * Hq * n * m reaches this.
+#: The vectorized form holds about five float64 arrays of that many elements at once (logits,
+#: masked logits, exponentials, weights, visibility): 2**20 logits cost ~40 MiB there, and the
+#: tiled form is no slower from about this size on (measured: 8 heads of n = m = 512 run ~2x
+#: faster tiled). Counted over all heads, not per head, because that is what the memory holds.
+BLOCKED_MIN_LOGITS = 1 << 20
 
 
 def _validate(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths) -> SDPAPlan:
@@ -85,11 +97,22 @@ def sdpa(
 
     Every rule combines with AND. A row with no visible key produces output 0 and weights 0.
     Computed in float64 with a max-subtracted softmax; results are cast to the inputs' dtype.
+    From batch * Hq * n * m >= BLOCKED_MIN_LOGITS on, the same function is computed tile by tile
+    (`sdpa_blocked`): no (n, m) intermediate, results equal to a few ulp. With return_weights the
+    weights themselves are (..., Hq, n, m) by nature; the tiled pass writes them in place, so the
+    peak is that one array instead of about five.
 
     Raises:
         SpecError: for any input outside the definition (see spec/README.md, "Bad input").
     """
     plan = _validate("sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths)
+    return golden(plan, q, k, v, mask, bias, return_weights)
+
+
+def golden(plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool):
+    """`sdpa` after validation: the vectorized core, or the tiled one for large inputs."""
+    if math.prod(plan.full_weights_shape) >= BLOCKED_MIN_LOGITS:
+        return blocked_core(plan, q, k, v, mask, bias, return_weights)
     out, weights = attention_core(plan, q, k, v, mask, bias, np.float64, _identity)
     return finish(plan, out, weights, q.dtype, return_weights)
 

@@ -15,6 +15,7 @@ from attnspec.reports import bench, bench_targets
 from attnspec.reports._io import load_results, write_json_atomic
 from attnspec.reports.bench_grid import GRIDS, Case, estimated_seconds, grid_cases, workspace_bytes
 from attnspec.reports.bench_measure import probe_peak
+from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS
 
 ROW_KEYS = {"implementation", "pass", "dtype", "B", "H", "n", "m", "d", "causal", "median_s",
             "min_s", "max_s", "repeats", "tflops", "share_of_matmul", "peak_mem_bytes", "mem_method"}
@@ -63,12 +64,16 @@ def test_quick_grid_numpy_is_valid_bench_json(quick_numpy, tmp_path):
     assert impls == {"adapter", "native", "golden", "blocked", "lsh"}
 
 
-def test_golden_memory_grows_with_its_logits(quick_numpy):
-    # n 128 -> 512 multiplies the golden's (n, m) float64 arrays by 16: 4 heads * 512 * 512 * 8 B
-    # = 8.4 MB each, and it holds several at once. The blocked golden holds one tile only.
+def test_golden_memory_grows_with_its_logits_until_it_tiles(quick_numpy):
+    # n = 128 (4 heads: 65536 logits) runs vectorized and holds several float64 (n, m) arrays at
+    # once, 4 * 128 * 128 * 8 B = 524 KB each. n = 512 reaches BLOCKED_MIN_LOGITS and runs tiled,
+    # like sdpa_blocked: under one (n, m) float64 array (8.4 MB), of which the vectorized form
+    # would hold about five (42 MB).
     by = {(r["implementation"], r["n"], r["causal"]): r["peak_mem_bytes"] for r in quick_numpy["rows"]}
-    assert by[("golden", 512, False)] > 2 * 4 * 512 * 512 * 8
-    assert by[("blocked", 512, False)] < by[("golden", 512, False)] / 3
+    assert 4 * 128 * 128 < BLOCKED_MIN_LOGITS <= 4 * 512 * 512
+    assert by[("golden", 128, False)] > 2 * 4 * 128 * 128 * 8
+    assert by[("golden", 512, False)] < 4 * 512 * 512 * 8
+    assert by[("blocked", 512, False)] < 4 * 512 * 512 * 8
 
 
 def test_achieved_rate_hand_computed():
@@ -86,8 +91,11 @@ def test_achieved_rate_hand_computed():
 
 def test_skip_rules_memory_and_time():
     golden = Case("golden", "float64", 1, 8, 4096, 4096, 64)
-    # the golden holds ~5 float64 (n, m) arrays; torch's fused CPU kernel holds none
-    assert workspace_bytes(golden, "numpy", "cpu") == 5 * 8 * 4096 * 4096 * 8
+    # the golden holds ~5 float64 (n, m) arrays below BLOCKED_MIN_LOGITS and computes tile by
+    # tile from there on; torch's fused CPU kernel holds none
+    small = Case("golden", "float64", 1, 2, 512, 512, 64)
+    assert workspace_bytes(small, "numpy", "cpu") == 5 * 2 * 512 * 512 * 8
+    assert workspace_bytes(golden, "numpy", "cpu") is None
     assert workspace_bytes(Case("native", "float32", 1, 8, 4096, 4096, 64), "torch", "cpu") is None
     assert workspace_bytes(Case("blocked", "float64", 1, 1, 32768, 32768, 64), "numpy", "cpu") is None
     # 4 * 8 * 4096**2 * 64 = 34.4 GFLOP: 0.344 s at 0.1 TFLOP/s, 4x that at a 25% share

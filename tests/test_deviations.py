@@ -63,6 +63,9 @@ def test_no_conformant_backend_shows_it(dev, name):
     if reasons := be.supports("sdpa", dtype=q.dtype.name):
         pytest.skip("; ".join(reasons))
     assert not dev.probe(be)
+    if dev.function == "mha":
+        _assert_mha_matches_golden(be, case)
+        return
     result = run(be, case)
     assert not isinstance(result, Exception), f"{name}: {result!r}"
     assert compare(result, q, k, v, **options) == []
@@ -75,3 +78,18 @@ def test_the_fix_up_names_the_deviation(dev):
     comments = [line.split("#", 1)[1] for line in lines if "#" in line]
     assert any(dev.deviation_id in c for c in comments), \
         f"no comment in backends/{adapter}.py names {dev.deviation_id} at its fix-up"
+
+
+def _assert_mha_matches_golden(be, case):
+    from attnspec.backends.deviations import run_mha
+    from attnspec.spec.tolerance_mha import mha_golden
+    from attnspec.spec.tolerance import compare as within
+
+    query, key, value, options = case
+    result = run_mha(be, case)
+    assert not isinstance(result, Exception), f"{be.name}: {result!r}"
+    out, weights = result if isinstance(result, tuple) else (result, None)
+    g = mha_golden(query, key, value, **{k: v for k, v in options.items() if k != "return_weights"})
+    assert within(out, g.out, g.allowed_out).ok
+    if weights is not None:
+        assert within(weights, g.weights, g.allowed_w).ok

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import tracemalloc
 
@@ -352,3 +353,73 @@ def test_peak_memory_is_far_below_n_by_m():
     # O(256 * (dk + dv)) of row state: about 5.5 MB. The (n, m) logits alone would be 134 MB;
     # allowing a tenth of that (13.4 MB) leaves room for allocator and NumPy temporaries.
     assert peak < n * m * 8 / 10, f"peak traced memory {peak / 2**20:.1f} MiB"
+
+
+# -- sdpa's dispatch, and the row-blocked tolerance reference ----------------------------------
+
+
+@pytest.mark.parametrize("return_weights", [False, True])
+def test_sdpa_computes_tile_by_tile_from_the_threshold_on(monkeypatch, return_weights):
+    sdpa_module = importlib.import_module("attnspec.spec.sdpa")  # the package exports the function
+
+    calls = []
+    real = sdpa_module.blocked_core
+    monkeypatch.setattr(sdpa_module, "blocked_core", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v = qkv(batch=(), hq=4, hkv=2, n=64, m=64, dk=4, dv=2)
+    monkeypatch.setattr(sdpa_module, "BLOCKED_MIN_LOGITS", 4 * 64 * 64 + 1)
+    below = sdpa(q, k, v, causal="upper_left", return_weights=return_weights)
+    assert calls == []
+    monkeypatch.setattr(sdpa_module, "BLOCKED_MIN_LOGITS", 4 * 64 * 64)  # batch * Hq * n * m
+    at = sdpa(q, k, v, causal="upper_left", return_weights=return_weights)
+    assert calls == [1]
+    # the same bits as sdpa_blocked with its default tiles, and sdpa's values to rounding
+    direct = sdpa_blocked(q, k, v, causal="upper_left", return_weights=return_weights)
+    for got, want, ref in zip(*(x if return_weights else (x,) for x in (at, direct, below))):
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_allclose(got, ref, rtol=0, atol=RTOL * max(1.0, np.abs(v).max()))
+
+
+def test_numpy_backend_sdpa_dispatches_like_the_golden(monkeypatch):
+    from attnspec.backends import get
+
+    sdpa_module = importlib.import_module("attnspec.spec.sdpa")
+    monkeypatch.setattr(sdpa_module, "BLOCKED_MIN_LOGITS", 1)
+    q, k, v = qkv()
+    np.testing.assert_array_equal(get("numpy").sdpa(q, k, v, window=(2, 1)),
+                                  sdpa_blocked(q, k, v, window=(2, 1)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("feature", ["plain", "everything", "causal_lower_right", "window_lower_right",
+                                     "q_lengths", "mask_broadcast"])
+def test_reference_in_row_blocks_equals_the_whole(monkeypatch, dtype, feature):
+    # rows are independent: the tolerance's reference run block by block (the structural rules
+    # folded into each block's mask) is the same computation, up to the summation order inside
+    # the two matmuls, which BLAS may choose by the number of rows
+    from attnspec.spec import tolerance
+    from attnspec.spec.sdpa import _validate
+
+    np_dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
+    q, k, v = (x.astype(np_dt) for x in qkv())
+    v[0, 1, 3, 0] = np.nan  # non-finite values take their own path
+    kw = {name: (x.astype(np_dt) if name == "bias" else x) for name, x in FEATURES[feature].items()}
+    args = (q, k, v, kw.get("mask"), kw.get("bias"))
+    plan = _validate("sdpa", *args, kw.get("causal"), kw.get("window"), kw.get("scale"),
+                     kw.get("q_lengths"), kw.get("kv_lengths"))
+    whole = tolerance.reference_sdpa(plan, *args)
+    vis = tolerance.visibility_view(plan, kw.get("mask"), kw.get("bias"))
+    allowed = tolerance.sdpa_allowed(plan, q, k, v, kw.get("bias"), vis, 0.0)
+    monkeypatch.setattr(tolerance, "ROW_BLOCK_LOGITS", 2 * 4 * M)  # blocks of 2 rows (batch 2, 4 heads)
+    blocked = tolerance.reference_sdpa(plan, *args)
+    assert blocked.dtype == whole.dtype and blocked.shape == whole.shape
+    np.testing.assert_array_equal(np.isnan(blocked.astype(np.float64)), np.isnan(whole.astype(np.float64)))
+    # Reordering the dk-term sums of q k^T moves a logit by <= dk eps L (L: the logit scale), so
+    # a weight by <= 2 dk eps L relative; reordering the m-term sum of w v moves the output by
+    # <= m eps V; one more rounding of the result: eps V (1 + m + 2 dk L), the floor's worst case.
+    eps = float(ml_dtypes.finfo(np_dt).eps)
+    V = float(np.nanmax(np.abs(v.astype(np.float64))))
+    L = tolerance._logit_scale(plan, q, k, kw.get("bias"), vis)
+    bound = eps * V * (1 + plan.m + 2 * plan.dk * L)
+    np.testing.assert_allclose(blocked.astype(np.float64), whole.astype(np.float64), rtol=0, atol=bound)
+    # the logit scale behind the tolerance floor is a max: exact in row blocks too
+    assert tolerance.sdpa_allowed(plan, q, k, v, kw.get("bias"), vis, 0.0) == allowed

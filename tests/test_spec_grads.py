@@ -403,3 +403,270 @@ def test_bad_input_catalogue(case):
     with pytest.raises(SpecError, match=case.match) as info:
         sdpa_vjp(q, k, v, np.zeros(1, q.dtype), **options)  # inputs are checked before d_out
     assert str(info.value).startswith("sdpa_vjp: ")
+
+
+# -- mha_vjp ------------------------------------------------------------------------------------
+# The same central-difference bound as `fd_tolerance`, with mha's extra stages counted: rounding
+# now passes three projections of up to E terms before sdpa and one after, so FD_ULPS grows by
+# MHA_ULPS_FACTOR = 4, and the logit sensitivity u along one input coordinate is scale * (the
+# largest projected |q| or |k|) times (the largest weight or input entry), since a coordinate of
+# query, key or a weight enters q or k through one product.
+MHA_ULPS_FACTOR = 4
+
+
+def mha_fd_tolerance(q_proj, k_proj, v_proj, arrays, d_out, w_o, scale, has_bias):
+    factor = max(1.0, *(float(np.abs(a).max(initial=0)) for a in arrays))
+    u = max(1.0 if has_bias else 0.0,
+            scale * factor * max(np.abs(q_proj).max(initial=0), np.abs(k_proj).max(initial=0)))
+    weight = max(1.0, np.abs(v_proj).max(initial=0)) * factor * np.abs(d_out @ w_o).sum()
+    return (MHA_ULPS_FACTOR * FD_ULPS * EPS / H + H**2 / 6 * 16 * max(1.0, u) ** 3) * weight
+
+
+MHA_FIELDS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
+
+
+def assert_mha_matches_fd(query, key, value, params, **options):
+    from attnspec.spec import MHAParams, mha, split_heads
+    from attnspec.spec.grads_mha import mha_vjp
+
+    heads = options["num_heads"]
+    hkv = options.get("num_kv_heads") or heads
+    out = mha(query, key, value, params, **options)
+    d_out = rng.standard_normal(out.shape)
+    bias = options.pop("bias", None)
+    names = [f for f in MHA_FIELDS if getattr(params, f) is not None]
+    args = [query, key, value] + [getattr(params, f) for f in names] + ([] if bias is None else [bias])
+
+    def loss(*a):
+        p = MHAParams(**dict(zip(names, a[3:3 + len(names)])))
+        b = a[3 + len(names)] if bias is not None else None
+        return float(np.sum(mha(a[0], a[1], a[2], p, bias=b, **options) * d_out))
+
+    grads = mha_vjp(query, key, value, params, d_out, bias=bias, **options)
+    assert len(grads) == 4 + (bias is not None)
+    d_params = grads[3]
+    ours = list(grads[:3]) + [getattr(d_params, f) for f in names] + list(grads[4:])
+    for f in MHA_FIELDS:
+        assert (getattr(d_params, f) is None) == (getattr(params, f) is None), f
+    hd = params.embed_dim // heads
+    proj = [x @ getattr(params, w).T for x, w in ((query, "w_q"), (key, "w_k"), (value, "w_v"))]
+    q_p, k_p, v_p = split_heads(proj[0], heads), split_heads(proj[1], hkv), split_heads(proj[2], hkv)
+    scale = options.get("scale") or 1 / np.sqrt(hd)
+    tol = mha_fd_tolerance(q_p, k_p, v_p, args[:-1] if bias is not None else args, d_out,
+                           params.w_o, scale, bias is not None)
+    assert tol < 1e-4  # sharp: the gradients checked are O(0.1) or larger
+    labels = ["d_query", "d_key", "d_value"] + [f"d_{f}" for f in names] + (["d_bias"] if bias is not None else [])
+    for i, (label, g) in enumerate(zip(labels, ours)):
+        assert g.shape == args[i].shape and g.dtype == args[i].dtype, label
+        fd = central_differences(loss, args, i)
+        err = float(np.abs(g - fd).max(initial=0))
+        assert err <= tol, f"{label}: max |vjp - fd| = {err:.3g} > tol {tol:.3g}"
+    return grads
+
+
+def _mha_params(e=4, heads=2, hkv=None, kdim=None, vdim=None, bias=True, seed=0):
+    from attnspec.spec import MHAParams
+
+    return MHAParams.init(e, heads, num_kv_heads=hkv, kdim=kdim, vdim=vdim, bias=bias, seed=seed)
+
+
+MHA_FD_CASES = {
+    "plain": dict(shapes=((2, 3, 4), (2, 4, 4), (2, 4, 4)), params={}, options={}),
+    "no_bias_kdim_vdim": dict(shapes=((3, 4), (5, 3), (5, 2)), params={"bias": False, "kdim": 3, "vdim": 2},
+                              options={}),
+    "gqa_causal": dict(shapes=((2, 3, 4), (1, 3, 4), (3, 4)), params={"heads": 2, "hkv": 1},
+                       options={"num_kv_heads": 1, "causal": "lower_right"}),
+    "mask_lengths_bias": dict(shapes=((2, 3, 4), (2, 4, 4), (2, 4, 4)), params={},
+                              options={"mask": rng.random((3, 4)) < 0.7, "kv_lengths": np.array([3, 4]),
+                                       "q_lengths": np.array([2, 3]), "scale": 0.8,
+                                       "bias": rng.standard_normal((2, 1, 3, 4))}),
+}
+
+
+@pytest.mark.parametrize("case", MHA_FD_CASES)
+def test_mha_vjp_matches_finite_differences(case):
+    spec = MHA_FD_CASES[case]
+    kw = spec["params"]
+    params = _mha_params(heads=kw.get("heads", 2), hkv=kw.get("hkv"), kdim=kw.get("kdim"),
+                         vdim=kw.get("vdim"), bias=kw.get("bias", True))
+    query, key, value = (rng.standard_normal(s) for s in spec["shapes"])
+    assert_mha_matches_fd(query, key, value, params, num_heads=kw.get("heads", 2), **dict(spec["options"]))
+
+
+def test_mha_vjp_b_k_is_exactly_zero_and_dead_rows_and_keys_exactly_zero():
+    from attnspec.spec.grads_mha import mha_vjp
+
+    params = _mha_params(e=8, heads=2)
+    query, key, value = rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 5, 8))
+    d_out = rng.standard_normal((2, 4, 8))
+    options = dict(num_heads=2, q_lengths=np.array([4, 2]), kv_lengths=np.array([3, 5]))
+    d_query, d_key, d_value, d_params = mha_vjp(query, key, value, params, d_out, **options)
+    assert np.all(d_params.b_k == 0)  # softmax shift invariance, returned exactly
+    assert np.all(d_query[1, 2:] == 0)  # padded queries: no gradient
+    assert np.all(d_key[0, 3:] == 0) and np.all(d_value[0, 3:] == 0)  # keys beyond kv_length
+    # the poison in dead rows and keys changes no bit (d_out of padded rows reaches only b_o, w_o)
+    key2, value2, query2 = key.copy(), value.copy(), query.copy()
+    key2[0, 3:] = np.nan
+    value2[0, 3:] = np.inf
+    query2[1, 2:] = np.nan
+    again = mha_vjp(query2, key2, value2, params, d_out, **options)
+    for got, want in zip(again[:3], (d_query, d_key, d_value)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_mha_vjp_matches_torch_multihead_attention():
+    torch = pytest.importorskip("torch")
+    from attnspec.spec.grads_mha import mha_vjp
+
+    params = _mha_params(e=8, heads=2)
+    query, key, value = rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 5, 8))
+    d_out = rng.standard_normal((2, 4, 8))
+    layer = torch.nn.MultiheadAttention(8, 2, batch_first=True, dtype=torch.float64)
+    layer.load_state_dict({k: torch.tensor(v) for k, v in params.to_torch_state_dict().items()})
+    tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (query, key, value))
+    out, _ = layer(tq, tk, tv, need_weights=False)
+    out.backward(torch.tensor(d_out))
+    d_query, d_key, d_value, d_params = mha_vjp(query, key, value, params, d_out, num_heads=2)
+    ours = {"query": d_query, "key": d_key, "value": d_value,
+            "in_proj_weight": np.concatenate([d_params.w_q, d_params.w_k, d_params.w_v]),
+            "in_proj_bias": np.concatenate([d_params.b_q, d_params.b_k, d_params.b_v]),
+            "out_proj.weight": d_params.w_o, "out_proj.bias": d_params.b_o}
+    theirs = {"query": tq.grad, "key": tk.grad, "value": tv.grad,
+              **{name: p.grad for name, p in layer.named_parameters()}}
+    for name, want in theirs.items():
+        want = want.numpy()
+        np.testing.assert_allclose(ours[name], want, rtol=0,
+                                   atol=AUTOGRAD_RTOL * max(1.0, float(np.abs(want).max())), err_msg=name)
+
+
+def test_mha_vjp_d_out_is_checked():
+    from attnspec.spec.grads_mha import mha_vjp
+
+    params = _mha_params()
+    x = rng.standard_normal((3, 4))
+    with pytest.raises(SpecError, match=re.escape("mha_vjp: d_out.shape=(3, 3) must equal the output shape (3, 4)")):
+        mha_vjp(x, x, x, params, np.zeros((3, 3)), num_heads=2)
+    with pytest.raises(SpecError, match=re.escape("mha_vjp: d_out.dtype=float32 must equal query.dtype=float64")):
+        mha_vjp(x, x, x, params, np.zeros((3, 4), np.float32), num_heads=2)
+    with pytest.raises(SpecError, match=re.escape("mha_vjp: embed_dim=4 must be a positive multiple of num_heads=3")):
+        mha_vjp(x, x, x, params, np.zeros((3, 4)), num_heads=3)
+
+
+# -- lsh_attention_vjp --------------------------------------------------------------------------
+# Buckets are constants of the vjp, so a finite difference is only valid while no bucket moves:
+# a step H moves each projection x . R[:, r, k] by at most H * max|R|, a margin by twice that, so
+# every case asserts min margin > 2 * H * max|R| (by a wide factor). Rounding and truncation as
+# in `fd_tolerance`: the logit moves along one x coordinate by u <= scale * (1 + max||x|| /
+# min||x||) (query path plus the normalized-key path, whose Jacobian is at most 1 / ||x||).
+
+
+def lsh_fd_tolerance(x, v, d_out, scale):
+    norms = np.linalg.norm(x, axis=-1)
+    u = scale * max(1.0, float(np.abs(x).max())) * (1 + norms.max() / norms.min())
+    weight = max(1.0, float(np.abs(v).max())) * np.abs(d_out).sum()
+    return (FD_ULPS * EPS / H + H**2 / 6 * 16 * u**3) * weight
+
+
+LSH_FD_CASES = {
+    "plain": {},
+    "causal": {"causal": True},
+    "dedup": {"dedup": True},
+    "kv_lengths": {"kv_lengths": np.array([7, 5])},
+    "ragged_L": {"L": 7},
+    "everything": {"scale": 0.7, "dedup": True, "causal": True, "kv_lengths": np.array([8, 6])},
+    "broadcast_v": {"v_batch": (1,)},
+}
+
+
+@pytest.mark.parametrize("case", LSH_FD_CASES)
+def test_lsh_vjp_matches_finite_differences(case):
+    from attnspec.spec import lsh_attention, lsh_bucket_margins, lsh_rotations
+    from attnspec.spec.grads_lsh import lsh_attention_vjp
+
+    options = dict(LSH_FD_CASES[case])
+    L = options.pop("L", 8)
+    v_batch = options.pop("v_batch", (2,))
+    r = np.random.default_rng(1)
+    rotations = lsh_rotations(3, 4, 2, 4)  # d=4, 2 rounds, 4 buckets
+    x, v = r.standard_normal((2, L, 4)), r.standard_normal((*v_batch, L, 3))
+    assert lsh_bucket_margins(x, rotations).min() > 100 * 2 * H * np.abs(rotations).max()
+    d_out = r.standard_normal((2, L, 3))
+    kw = dict(rotations=rotations, chunk_length=2, **options)
+
+    def loss(x, v):
+        return float(np.sum(lsh_attention(x, v, **kw) * d_out))
+
+    dx, dv = lsh_attention_vjp(x, v, d_out, **kw)
+    tol = lsh_fd_tolerance(x, v, d_out, options.get("scale", 1.0))
+    assert tol < 1e-5
+    for i, (name, g) in enumerate((("dx", dx), ("dv", dv))):
+        assert g.shape == (x, v)[i].shape and g.dtype == np.float64
+        fd = central_differences(loss, [x, v], i)
+        err = float(np.abs(g - fd).max())
+        assert err <= tol, f"{name}: max |vjp - fd| = {err:.3g} > tol {tol:.3g}"
+        assert np.abs(g).max() > 0.05  # the check is not vacuous
+
+
+def test_lsh_vjp_padded_positions_get_exactly_zero_and_poison_changes_nothing():
+    from attnspec.spec import lsh_rotations
+    from attnspec.spec.grads_lsh import lsh_attention_vjp
+
+    r = np.random.default_rng(2)
+    rotations = lsh_rotations(0, 4, 2, 4)
+    x, v, d_out = r.standard_normal((2, 8, 4)), r.standard_normal((2, 8, 3)), r.standard_normal((2, 8, 3))
+    kw = dict(rotations=rotations, chunk_length=2, kv_lengths=np.array([8, 5]))
+    dx, dv = lsh_attention_vjp(x, v, d_out, **kw)
+    assert np.all(dx[1, 5:] == 0) and np.all(dv[1, 5:] == 0)
+    x2, v2, d2 = x.copy(), v.copy(), d_out.copy()
+    x2[1, 5:], v2[1, 5:], d2[1, 5:] = np.nan, np.inf, np.nan  # padding holds garbage
+    for got, want in zip(lsh_attention_vjp(x2, v2, d2, **kw), (dx, dv)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_lsh_vjp_matches_torch_autograd_given_the_buckets():
+    # torch differentiates the forward written here from its numbered steps, buckets fixed
+    torch = pytest.importorskip("torch")
+    from attnspec.spec import lsh_attention, lsh_rotations
+    from attnspec.spec.grads_lsh import lsh_attention_vjp
+    from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT
+
+    r = np.random.default_rng(3)
+    L, C = 6, 2
+    rotations = lsh_rotations(5, 3, 2, 4)
+    x, v, d_out = r.standard_normal((L, 3)), r.standard_normal((L, 2)), r.standard_normal((L, 2))
+    _, buckets = lsh_attention(x, v, rotations=rotations, chunk_length=C, return_buckets=True)
+    tx, tv = torch.tensor(x, requires_grad=True), torch.tensor(v, requires_grad=True)
+    k_hat = tx / tx.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS)
+    slots = np.concatenate([np.argsort(buckets[h] * L + np.arange(L), kind="stable") for h in range(2)])
+    chunks = slots.reshape(-1, C)
+    outs, lses = torch.zeros(2, L, 2, dtype=torch.float64), torch.zeros(2, L, dtype=torch.float64)
+    for c, chunk in enumerate(chunks):
+        window = np.concatenate([chunks[c - 1], chunk])
+        for i in chunk:
+            logits = torch.stack([torch.tensor(SELF_LOGIT, dtype=torch.float64) if j == i else tx[i] @ k_hat[j]
+                                  for j in window])
+            lse = torch.logsumexp(logits, 0)
+            outs[c * C // L, i] = torch.softmax(logits, 0) @ tv[window]
+            lses[c * C // L, i] = lse
+    out = (torch.softmax(lses, 0)[..., None] * outs).sum(0)
+    out.backward(torch.tensor(d_out))
+    dx, dv = lsh_attention_vjp(x, v, d_out, rotations=rotations, chunk_length=C)
+    np.testing.assert_allclose(out.detach().numpy(), lsh_attention(x, v, rotations=rotations, chunk_length=C),
+                               rtol=0, atol=1e-13)
+    for ours, theirs in ((dx, tx.grad), (dv, tv.grad)):
+        theirs = theirs.numpy()
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=AUTOGRAD_RTOL * max(1.0, np.abs(theirs).max()))
+
+
+def test_lsh_vjp_d_out_is_checked():
+    from attnspec.spec import lsh_rotations
+    from attnspec.spec.grads_lsh import lsh_attention_vjp
+
+    x = rng.standard_normal((6, 4))
+    kw = dict(rotations=lsh_rotations(0, 4, 2, 4), chunk_length=2)
+    with pytest.raises(SpecError, match=re.escape("lsh_attention_vjp: d_out.shape=(6, 3) must equal the output shape (6, 4)")):
+        lsh_attention_vjp(x, x, np.zeros((6, 3)), **kw)
+    with pytest.raises(SpecError, match=re.escape("lsh_attention_vjp: d_out.dtype=float32 must equal x.dtype=float64")):
+        lsh_attention_vjp(x, x, np.zeros((6, 4), np.float32), **kw)
+    with pytest.raises(SpecError, match=re.escape("lsh_attention_vjp: chunk_length=0 must be an int >= 1")):
+        lsh_attention_vjp(x, x, np.zeros((6, 4)), rotations=kw["rotations"], chunk_length=0)

@@ -1,0 +1,183 @@
+"""Reformer LSH attention written once against the Python array API standard (2024.12).
+
+The algorithm is `attnspec.spec.lsh` (its module docstring is the definition; shape letters as
+there): hash with the given rotations, sort by (round, bucket, position), attend within a chunk
+and its previous chunk, unsort, combine the rounds by their logsumexp. ``xp`` is any namespace
+that implements the standard (array-api-compat's NumPy and torch, array_api_strict, ``jax.numpy``);
+only standard functions are used (``take``, ``argsort(stable=True)``, ``roll``, ``matmul``...).
+
+Memory: nothing is larger than O(nh * Lp * max(2C, d, dv)) per batch element. Queries of one
+chunk and the 2C keys of their window are gathered, so the logits are (B, nc, C, 2C); no L x L
+array is built. dedup adds nh * nh passes over arrays of that same size.
+
+Precision: float32 for float16/bfloat16/float32 inputs and float64 for float64 inputs
+(`compute_dtype_name`), hashing included, then one rounding to the input dtype. A float32 hash
+can pick another bucket than the golden's float64 hash only where the golden's top-2 margin is
+tiny (`attnspec.spec.lsh.lsh_bucket_margins`).
+
+No data-dependent branch or shape, so JAX can trace it under `jax.jit` (``nonfinite_v`` is decided
+by the caller, outside any trace, as in `_xp_core`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from attnspec.backends._common import InfoFn, compute_dtype_name
+from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, LSHPlan, validate_lsh
+
+__all__ = ["empty", "lsh_attention", "plan"]
+
+
+def plan(fn: str, info: InfoFn, lengths_to_numpy, x, v, rotations, chunk_length, causal,
+         kv_lengths, dedup, scale) -> LSHPlan:
+    """`validate_lsh` on framework arrays: the spec's checks, so the spec's messages, under ``fn``."""
+    return validate_lsh(fn, info(fn, "x", x), info(fn, "v", v), info(fn, "rotations", rotations),
+                        chunk_length=chunk_length, causal=causal,
+                        kv_lengths=lengths_to_numpy(kv_lengths), dedup=dedup, scale=scale)
+
+
+def kv_flat(p: LSHPlan):
+    """The plan's kv_lengths as a flat, writable int64 NumPy array (B,), or None."""
+    return None if p.kv_lengths is None else np.array(p.kv_lengths, dtype=np.int64).reshape(-1)
+
+
+def empty(xp, p: LSHPlan, dtype, device):
+    """The result when there is no position or no batch element: nothing to attend to."""
+    on = {} if device is None else {"device": device}
+    return (xp.zeros((*p.batch, p.L, p.dv), dtype=dtype, **on),
+            xp.zeros((*p.batch, p.n_hashes, p.L), dtype=xp.int64, **on))
+
+
+def lsh_attention(xp, p: LSHPlan, x, v, rotations, kv, *, nonfinite_v: bool, device=None):
+    """out (*batch, L, dv) in x's dtype, and the buckets (*batch, nh, L) int64.
+
+    ``x`` (..., L, d) and ``v`` (..., L, dv) broadcast to ``p.batch``; ``rotations`` (d, nh, K);
+    ``kv`` is None or an int array (B,) of kv_lengths, B = prod(p.batch). The plan's own
+    kv_lengths are ignored (they are NumPy; a jitted caller passes a static plan without them).
+    Callers handle B = 0 and L = 0.
+    """
+    dtype = x.dtype
+    ct = getattr(xp, compute_dtype_name(p.dtype))
+    on = {} if device is None else {"device": device}
+    B = math.prod(p.batch)
+    L, d, dv = p.L, p.d, p.dv
+    nh, nb, C, Lp, nc = p.n_hashes, p.n_buckets, p.chunk_length, p.padded_length, p.n_chunks
+
+    x = xp.reshape(xp.broadcast_to(xp.astype(x, ct), (*p.batch, L, d)), (B, L, d))  # (B, L, d)
+    v = xp.reshape(xp.broadcast_to(xp.astype(v, ct), (*p.batch, L, dv)), (B, L, dv))  # (B, L, dv)
+    if Lp > L:  # step 9: absent positions up to whole chunks
+        x = xp.concat([x, xp.zeros((B, Lp - L, d), dtype=ct, **on)], axis=1)  # (B, Lp, d)
+        v = xp.concat([v, xp.zeros((B, Lp - L, dv), dtype=ct, **on)], axis=1)  # (B, Lp, dv)
+
+    pos = xp.arange(Lp, dtype=xp.int64, **on)  # (Lp,)
+    n = xp.full((B,), L, dtype=xp.int64, **on) if kv is None else xp.astype(kv, xp.int64)  # (B,)
+    valid = pos[None, :] < n[:, None]  # (B, Lp): unpadded (false for the step-9 positions too)
+
+    # step 2: hash in the compute dtype with the given rotations
+    r = xp.reshape(xp.astype(rotations, ct), (d, nh * (nb // 2)))  # (d, nh * K)
+    proj = xp.reshape(xp.matmul(x, r), (B, Lp, nh, nb // 2))  # (B, Lp, nh, K)
+    proj = xp.permute_dims(proj, (0, 2, 1, 3))  # (B, nh, Lp, K)
+    buckets = xp.argmax(xp.concat([proj, -proj], axis=-1), axis=-1)  # (B, nh, Lp), first on ties
+    # step 3: padded positions take bucket nb, after every real one
+    eff = xp.where(valid[:, None, :], xp.astype(buckets, xp.int64), nb)  # (B, nh, Lp)
+    order = xp.argsort(eff * Lp + pos, axis=-1, stable=True)  # (B, nh, Lp): position of each slot
+    slot_of = xp.argsort(order, axis=-1, stable=True)  # (B, nh, Lp): inverse permutation
+
+    # step 5: chunks of C, each with its previous chunk (wrapping globally across rounds)
+    slot_pos = xp.reshape(order, (B, nc, C))  # (B, nc, C)
+    win_pos = xp.concat([xp.roll(slot_pos, 1, axis=1), slot_pos], axis=-1)  # (B, nc, 2C)
+    batch_ids = xp.reshape(xp.arange(B, dtype=xp.int64, **on), (B, 1, 1))  # (B, 1, 1)
+
+    def rows(a, idx):  # a (B, R, f), idx (B, s, w) row numbers in [0, R) -> (B, s, w, f)
+        R, f = a.shape[1], a.shape[2]
+        flat = xp.reshape(idx + batch_ids * R, (-1,))  # (B * s * w,)
+        got = xp.take(xp.reshape(a, (B * R, f)), flat, axis=0)  # (B * s * w, f)
+        return xp.reshape(got, (*idx.shape, f))
+
+    norm = xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True))  # (B, Lp, 1)
+    k_hat = x / xp.maximum(norm, xp.asarray(NORM_EPS, dtype=ct, **on))  # (B, Lp, d)
+    q = rows(x, slot_pos)  # (B, nc, C, d)
+    k = rows(k_hat, win_pos)  # (B, nc, 2C, d)
+    s = xp.matmul(q, xp.matrix_transpose(k)) * p.scale  # (B, nc, C, 2C)
+
+    # step 6: visibility by original positions
+    qp, kp = slot_pos[..., :, None], win_pos[..., None, :]  # (B, nc, C, 1), (B, nc, 1, 2C)
+    vis = rows(valid[..., None], slot_pos) & xp.matrix_transpose(rows(valid[..., None], win_pos))  # (B, nc, C, 2C)
+    if p.causal:
+        vis = vis & (kp <= qp)
+    s = xp.where(kp == qp, xp.asarray(SELF_LOGIT, dtype=ct, **on), s)
+    if p.dedup:
+        s = s - xp.log(xp.astype(_window_counts(xp, p, slot_of, slot_pos, win_pos, rows, on), ct))
+    s = xp.where(vis, s, -math.inf)  # absent keys: their x (even NaN) is dropped here
+
+    # step 7: per-row softmax and logsumexp
+    row_max = xp.max(s, axis=-1, keepdims=True)  # (B, nc, C, 1)
+    row_max = xp.where(row_max == -math.inf, 0.0, row_max)  # rows with no visible key
+    e = xp.exp(s - row_max)
+    denom = xp.sum(e, axis=-1, keepdims=True)  # (B, nc, C, 1)
+    w = e / xp.where(denom == 0, 1.0, denom)  # (B, nc, C, 2C)
+    lse = (row_max + xp.log(xp.where(denom == 0, 1.0, denom)))[..., 0]  # (B, nc, C); padded rows: 0
+    v_win = rows(v, win_pos)  # (B, nc, 2C, dv)
+    finite = xp.isfinite(v_win)
+    o = xp.matmul(w, xp.where(finite, v_win, 0.0))  # (B, nc, C, dv)
+    if nonfinite_v:
+        o = _nonfinite_values(xp, w, v_win, vis, o, ct)
+
+    # undo the sort, combine the rounds with softmax(lse)
+    flat = xp.reshape(xp.arange(nh, dtype=xp.int64, **on) * Lp, (1, nh, 1)) + slot_of  # (B, nh, Lp)
+    o = rows(xp.reshape(o, (B, nh * Lp, dv)), flat)  # (B, nh, Lp, dv)
+    lse = rows(xp.reshape(lse, (B, nh * Lp, 1)), flat)[..., 0]  # (B, nh, Lp)
+    lse = xp.where(valid[:, None, :], lse, 0.0)  # padded rows: any finite value, zeroed below
+    top = xp.max(lse, axis=1, keepdims=True)  # (B, 1, Lp)
+    rw = xp.exp(lse - top)
+    rw = rw / xp.sum(rw, axis=1, keepdims=True)  # (B, nh, Lp)
+    out = xp.sum(rw[..., None] * o, axis=1)  # (B, Lp, dv)
+    out = xp.where(valid[..., None], out, 0.0)[:, :L, :]  # (B, L, dv)
+    out = xp.reshape(xp.astype(out, dtype), (*p.batch, L, dv))
+    return out, xp.reshape(eff[:, :, :L], (*p.batch, nh, L))
+
+
+def _window_counts(xp, p: LSHPlan, slot_of, slot_pos, win_pos, rows, on):
+    """count(i, j) of step 8 for every window entry, (B, nc, C, 2C), int64.
+
+    Query i's window in round r is chunk c_r(i) and chunk c_r(i) - 1 (mod nc), where c_r(t) is
+    the flat chunk holding position t in round r. Key j sits in chunk c_r'(j) in round r', so
+    the number of entries for j over all nh windows of i is the number of pairs (r, r') with
+    c_r'(j) - c_r(i) = 0 or -1 (mod nc): nh * nh comparisons of (B, nc, C, 2C) arrays.
+    """
+    nh, C, Lp, nc = p.n_hashes, p.chunk_length, p.padded_length, p.n_chunks
+    rounds = xp.reshape(xp.arange(nh, dtype=xp.int64, **on), (1, nh, 1))
+    chunk = (rounds * Lp + slot_of) // C  # (B, nh, Lp): flat chunk of position t in round r
+    chunk = xp.permute_dims(chunk, (0, 2, 1))  # (B, Lp, nh)
+    cq = rows(chunk, slot_pos)  # (B, nc, C, nh)
+    ck = rows(chunk, win_pos)  # (B, nc, 2C, nh)
+    count = xp.zeros((*slot_pos.shape, win_pos.shape[-1]), dtype=xp.int64, **on)  # (B, nc, C, 2C)
+    for r in range(nh):
+        for r2 in range(nh):
+            gap = (ck[..., None, :, r2] - cq[..., :, None, r]) % nc  # (B, nc, C, 2C), in [0, nc)
+            count = count + xp.astype((gap == 0) | (gap == nc - 1), xp.int64)
+    return count
+
+
+def _nonfinite_values(xp, w, v_win, vis, out, ct):
+    """Put back the NaN/inf entries of v, only in rows that see their key (IEEE rules).
+
+    As `_xp_core._nonfinite_values`: ``out`` ran with them zeroed (0 * inf = NaN would reach rows
+    that do not see the key); per row and column, 0/1 matmuls count the visible keys of each
+    kind, exactly. Any NaN gives NaN; w > 0 times +-inf gives +-inf; both signs, or w = 0 times
+    inf, give NaN.
+    """
+    def hits(sel, keys):  # (B, nc, C, dv)
+        return xp.matmul(xp.astype(sel, ct), xp.astype(keys, ct)) > 0
+
+    pos_inf, neg_inf = v_win == math.inf, v_win == -math.inf
+    any_pos = hits(vis & (w > 0), pos_inf)
+    any_neg = hits(vis & (w > 0), neg_inf)
+    nan = (hits(vis, xp.isnan(v_win)) | (any_pos & any_neg)
+           | hits(vis & (w == 0), pos_inf | neg_inf) | xp.isnan(out))
+    out = xp.where(any_pos, math.inf, out)
+    out = xp.where(any_neg, -math.inf, out)
+    return xp.where(nan, math.nan, out)

@@ -1,0 +1,201 @@
+"""Conformance properties of sdpa_vjp: the backward pass, tensor by tensor, against the golden.
+
+Cases are `sdpa_cases` plus an upstream gradient d_out drawn from the case's seed, tagged
+``vjp`` (so gradient deviations apply only here). Each gradient (dq, dk, dv, and dbias when a
+bias is given) has its own tolerance from `attnspec.spec.tolerance_grads`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility, full_visibility, sdpa_cases
+from attnspec.conformance.pytest_helpers import Verdict, check_metadata, repro, to_backend
+from attnspec.spec._validate import FLOAT_DTYPES
+from attnspec.spec.grads import sdpa_vjp
+from attnspec.spec.sdpa import _validate, sdpa
+from attnspec.spec.tolerance import Comparison, compare
+from attnspec.spec.tolerance_grads import GRAD_NAMES, reference_sdpa_vjp, sdpa_vjp_allowed
+
+DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+
+
+def _plan(case: SDPACase):
+    o = case.options
+    return _validate("sdpa", case.q, case.k, case.v, o.get("mask"), o.get("bias"), o.get("causal"),
+                     o.get("window"), o.get("scale"), o.get("q_lengths"), o.get("kv_lengths"))
+
+
+def _vjp_case(case: SDPACase) -> tuple[SDPACase, np.ndarray]:
+    """The case tagged ``vjp`` and its d_out: standard normal from the case's seed, in its dtype."""
+    shape = _plan(case).out_shape
+    d_out = np.random.default_rng(case.seed ^ 0x5EED).standard_normal(shape).astype(NP_DTYPES[case.dtype])
+    return replace(case, tags=case.tags | {"vjp"}), d_out
+
+
+def golden_vjp(case: SDPACase, d_out: np.ndarray):
+    """(golden gradients float64, allowed per gradient) for one case."""
+    o = {k: v for k, v in case.options.items() if k != "return_weights"}
+    f64 = {k: v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype.name in FLOAT_DTYPES else v
+           for k, v in o.items()}
+    q64, k64, v64, d64 = (x.astype(np.float64) for x in (case.q, case.k, case.v, d_out))
+    golden = sdpa_vjp(q64, k64, v64, d64, **f64)
+    plan = _plan(case)
+    ref = reference_sdpa_vjp(plan, case.q, case.k, case.v, d_out, o.get("mask"), o.get("bias"))
+    err_ref = {name: compare(r, g, np.inf).max_abs_err for name, r, g in zip(GRAD_NAMES, ref, golden)}
+    _, weights = sdpa(q64, k64, v64, **f64, return_weights=True)
+    vis = full_visibility(plan, o)
+    allowed = sdpa_vjp_allowed(plan, case.q, case.k, case.v, d_out, o.get("bias"), vis, weights, err_ref)
+    return golden, allowed
+
+
+def call_vjp(backend, case: SDPACase, d_out: np.ndarray, device):
+    (q, k, v), opts = to_backend(backend, case, device)
+    opts.pop("return_weights", None)
+    return backend.sdpa_vjp(q, k, v, backend.asarray(d_out, device=device), **opts)
+
+
+def _message(backend_name: str, prop: str, case: SDPACase, device, comparisons, problems) -> str:
+    lines = [f"[{backend_name}] sdpa_vjp {prop}: {case.describe()} device={device}"]
+    lines += [f"  {p}" for p in problems]
+    for name, c in comparisons.items():
+        if not c.ok:
+            where = f" at index {c.worst_index}" if c.worst_index is not None else ""
+            lines.append(f"  {name}: max abs err {c.max_abs_err:.3e}{where} > allowed {c.allowed:.3e} "
+                         f"(budget used {c.budget_used:.3g}); {100 * c.out_of_tolerance:.1f}% of elements "
+                         f"out of tolerance; {c.nonfinite_mismatch} NaN/inf mismatches")
+    lines.append("  reproduce with (the forward; the vjp takes d_out = the same seed's normal draw):")
+    lines += ["    " + line for line in repro(backend_name, case, device).splitlines()]
+    return "\n".join(lines)
+
+
+def judge_grads(backend, device, prop, case, d_out, grads, golden_case=None, extra_problems=()) -> Verdict:
+    golden, allowed = golden_vjp(golden_case or case, d_out)
+    names = GRAD_NAMES[:len(golden)]
+    problems = list(extra_problems)
+    if not isinstance(grads, tuple) or len(grads) != len(golden):
+        problems.append(f"returned {type(grads).__name__} of {len(grads) if isinstance(grads, tuple) else '?'} "
+                        f"arrays, but should return a tuple ({', '.join(names)})")
+        return Verdict("failed", {}, _message(backend.name, prop, case, device, {}, problems))
+    comparisons: dict[str, Comparison] = {}
+    for name, g, want in zip(names, grads, golden):
+        problems += [p.replace("out.", f"{name}.") for p in
+                     check_metadata(backend, g, want.shape, case.dtype, device)]
+        comparisons[name] = compare(backend.to_numpy(g).astype(np.float64), want, allowed[name])
+    if problems or not all(c.ok for c in comparisons.values()):
+        return Verdict("failed", comparisons, _message(backend.name, prop, case, device, comparisons, problems))
+    return Verdict("passed", comparisons)
+
+
+@DTYPES
+@given(data=st.data())
+def test_vjp_matches_golden(attn_backend, attn_device, judge, dtype, data):
+    """dq, dk, dv (and dbias) each equal the golden within the gradient tolerance rule."""
+    case, d_out = _vjp_case(data.draw(sdpa_cases(dtype), label="case"))
+
+    def body():
+        return judge_grads(attn_backend, attn_device, "matches_golden", case, d_out,
+                           call_vjp(attn_backend, case, d_out, attn_device))
+
+    judge("sdpa_vjp", "matches_golden", case, body)
+
+
+def _explicit(case: SDPACase) -> SDPACase:
+    vis = full_visibility(_plan(case), case.options)
+    if case.q.ndim == 2:
+        vis = vis.reshape(vis.shape[-2:])
+    opts = {k: v for k, v in case.options.items() if k in ("bias", "scale")}
+    return replace(case, options={**opts, "mask": vis})
+
+
+@DTYPES
+@given(data=st.data())
+def test_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, data):
+    """Keys no row may see, even holding NaN or inf, get dk = dv = 0 exactly and change no gradient."""
+    base = _explicit(data.draw(sdpa_cases(dtype), label="case"))
+    m = base.k.shape[-2]
+    hidden = np.asarray(data.draw(st.lists(st.booleans(), min_size=m, max_size=m), label="hidden"), bool)
+    poison = data.draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e4]), label="poison")
+    options = {**base.options, "mask": base.options["mask"] & ~hidden}
+    k, v = base.k.copy(), base.v.copy()
+    k[..., hidden, :] = poison
+    v[..., hidden, :] = poison
+    tags = set(base.tags)
+    _tag_visibility(tags, base.q, k, v, options)
+    clean, d_out = _vjp_case(replace(base, options=options, tags=frozenset(tags)))
+    poisoned = replace(clean, k=k, v=v)
+
+    def body():
+        grads = call_vjp(attn_backend, poisoned, d_out, attn_device)
+        problems = []
+        if isinstance(grads, tuple) and len(grads) >= 3:
+            for name, g in (("dk", grads[1]), ("dv", grads[2])):
+                got = attn_backend.to_numpy(g).astype(np.float64)[..., hidden, :]
+                if got.size and not (got == 0).all():
+                    problems.append(f"{name} of the {int(hidden.sum())} hidden keys is not exactly 0: "
+                                    f"max |{name}| = {np.nanmax(np.abs(got), initial=0):.3e}, "
+                                    f"{int((~(got == 0)).sum())} nonzero or NaN entries")
+        return judge_grads(attn_backend, attn_device, "masked_keys_get_zero", poisoned, d_out, grads,
+                           golden_case=clean, extra_problems=problems)
+
+    judge("sdpa_vjp", "masked_keys_get_zero", poisoned, body)
+
+
+@DTYPES
+@given(data=st.data())
+def test_vjp_empty_rows_zero_and_finite(attn_backend, attn_device, judge, dtype, data):
+    """A query row with no visible key gets dq = 0 (and dbias = 0); every gradient is finite."""
+    case, d_out = _vjp_case(data.draw(sdpa_cases(dtype, ("no_visible_rows", "q_lengths", "bias_neg_inf")),
+                                      label="case"))
+    plan = _plan(case)
+    empty = ~full_visibility(plan, case.options).any(axis=-1)  # (*batch, Hq, n)
+
+    def body():
+        grads = call_vjp(attn_backend, case, d_out, attn_device)
+        problems = []
+        if isinstance(grads, tuple) and len(grads) >= 3:
+            arrays = [attn_backend.to_numpy(g).astype(np.float64) for g in grads]
+            for name, g in zip(GRAD_NAMES, arrays):
+                if not np.isfinite(g).all():
+                    problems.append(f"{name} has {int((~np.isfinite(g)).sum())} NaN/inf entries; the inputs "
+                                    "are finite, so every gradient must be")
+            dq = np.broadcast_to(arrays[0].reshape(_with_head_shape(case.q.shape)),
+                                 (*plan.batch, plan.hq, plan.n, plan.dk))
+            if empty.any() and not (dq[empty] == 0).all():
+                problems.append(f"dq of the {int(empty.sum())} rows with no visible key is not exactly 0 "
+                                f"(max |dq| there {np.nanmax(np.abs(dq[empty]), initial=0):.3e})")
+        return judge_grads(attn_backend, attn_device, "empty_rows_zero_and_finite", case, d_out, grads,
+                           extra_problems=problems)
+
+    judge("sdpa_vjp", "empty_rows_zero_and_finite", case, body)
+
+
+def _with_head_shape(shape):
+    return (1, *shape) if len(shape) == 2 else shape
+
+
+@DTYPES
+@given(data=st.data())
+def test_vjp_deterministic(attn_backend, attn_device, judge, dtype, data):
+    """Two identical sdpa_vjp calls give bit-identical gradients (NaN where NaN)."""
+    case, d_out = _vjp_case(data.draw(sdpa_cases(dtype), label="case"))
+
+    def body():
+        a = call_vjp(attn_backend, case, d_out, attn_device)
+        b = call_vjp(attn_backend, case, d_out, attn_device)
+        diffs = []
+        for name, x, y in zip(GRAD_NAMES, a, b):
+            x, y = (attn_backend.to_numpy(t).astype(np.float64) for t in (x, y))
+            if not (x.shape == y.shape and np.array_equal(x, y, equal_nan=True)):
+                diffs.append(f"{name}: max |a - b| = {np.nanmax(np.abs(x - y), initial=0):.3e}")
+        if diffs:
+            return Verdict("failed", message=(f"[{attn_backend.name}] sdpa_vjp deterministic: {case.describe()}\n"
+                                              "  two identical calls differ: " + "; ".join(diffs)))
+        return Verdict("passed")
+
+    judge("sdpa_vjp", "deterministic", case, body)

@@ -1,0 +1,237 @@
+"""Conformance properties of mha: every backend, module shape, visibility feature and dtype."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnspec import SpecError
+from attnspec.conformance.mha_cases import (
+    MHA_BAD_INPUTS,
+    MHACase,
+    call_mha,
+    golden_for_mha,
+    mha_cases,
+    retag,
+)
+from attnspec.conformance.pytest_helpers import Verdict, check_metadata
+from attnspec.spec._validate import FLOAT_DTYPES
+from attnspec.spec.mha import MHAParams, merge_heads, split_heads
+from attnspec.spec.sdpa import sdpa
+from attnspec.spec.tolerance import Comparison, compare
+
+DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+VISIBILITY = ("mask", "bias", "causal", "window", "scale", "q_lengths", "kv_lengths")
+
+
+def _message(backend_name: str, prop: str, case: MHACase, device, comparisons: dict[str, Comparison],
+             problems: list[str], note: str = "") -> str:
+    lines = [f"[{backend_name}] mha {prop}: {case.describe()} device={device}"]
+    lines += [f"  {note}"] if note else []
+    lines += [f"  {p}" for p in problems]
+    for name, c in comparisons.items():
+        if c.ok:
+            continue
+        where = f" at index {c.worst_index}" if c.worst_index is not None else ""
+        lines.append(
+            f"  {name}: max abs err {c.max_abs_err:.3e}{where} > allowed {c.allowed:.3e} "
+            f"(budget used {c.budget_used:.3g}); {100 * c.out_of_tolerance:.1f}% of elements out of "
+            f"tolerance; max rel err {c.max_rel_err:.3e}; {c.nonfinite_mismatch} NaN/inf mismatches")
+    lines.append("  reproduce with:")
+    lines += ["    " + line for line in case.repro(backend_name, device).splitlines()]
+    return "\n".join(lines)
+
+
+def _judge(backend, device, prop: str, case: MHACase, result, out_gold, allowed_out,
+           w_gold=None, allowed_w=None, note: str = "") -> Verdict:
+    """Metadata and values of ``result`` (out, or (out, weights)) against the expected arrays."""
+    out, weights = result if isinstance(result, tuple) else (result, None)
+    problems = check_metadata(backend, out, out_gold.shape, case.dtype, device)
+    comparisons = {"out": compare(backend.to_numpy(out).astype(np.float64), out_gold, allowed_out)}
+    if case.options.get("return_weights"):
+        if weights is None:
+            problems.append("weights were asked for (return_weights=True) but not returned")
+        else:
+            problems += [p.replace("out.", "weights.") for p in
+                         check_metadata(backend, weights, w_gold.shape, case.dtype, device)]
+            comparisons["weights"] = compare(backend.to_numpy(weights).astype(np.float64), w_gold, allowed_w)
+    if problems or not all(c.ok for c in comparisons.values()):
+        return Verdict("failed", comparisons, _message(backend.name, prop, case, device, comparisons,
+                                                       problems, note))
+    return Verdict("passed", comparisons)
+
+
+@DTYPES
+@given(data=st.data())
+def test_matches_golden(attn_backend, attn_device, judge, dtype, data):
+    """Output and per-head weights equal the golden within the mha tolerance rule, whether the
+    parameters come as the NumPy MHAParams or as the backend's own MHAArrays."""
+    case = data.draw(mha_cases(dtype), label="case")
+    if data.draw(st.booleans(), label="return_weights"):
+        case = case.asking_weights()
+    as_arrays = data.draw(st.booleans(), label="params_as_backend_arrays")
+
+    def body():
+        g = golden_for_mha(case)
+        result = call_mha(attn_backend, case, attn_device, as_arrays=as_arrays)
+        return _judge(attn_backend, attn_device, "matches_golden", case, result, g.out, g.allowed_out,
+                      g.weights, g.allowed_w, note=f"params passed as {'MHAArrays' if as_arrays else 'MHAParams'}")
+
+    judge("mha", "matches_golden", case, body, feature_case=case.feature_case)
+
+
+def _identity_case(case: MHACase, return_weights: bool) -> MHACase:
+    """The case's call with identity projections and no biases: key and value get P features."""
+    p = case.params
+    dt = case.q.dtype
+    eye = lambda size: np.eye(size, dtype=dt)  # noqa: E731
+    params = MHAParams(w_q=eye(p.embed_dim), w_k=eye(p.kv_dim), w_v=eye(p.kv_dim), w_o=eye(p.embed_dim))
+    rng = np.random.default_rng(case.seed)
+    key = rng.standard_normal((*case.k.shape[:-1], p.kv_dim)).astype(dt)
+    value = rng.standard_normal((*case.v.shape[:-1], p.kv_dim)).astype(dt)
+    case = replace(case, k=key, v=value, params=params)
+    return retag(case.asking_weights() if return_weights else case)
+
+
+@DTYPES
+@given(data=st.data())
+def test_head_split_merge(attn_backend, attn_device, judge, dtype, data):
+    """With identity projections, mha is sdpa on the spec's split heads, merged back: head h is
+    columns h*hd:(h+1)*hd in and out; out is (..., n, E) and the weights (..., H, n, m)."""
+    case = _identity_case(data.draw(mha_cases(dtype), label="case"),
+                          data.draw(st.booleans(), label="return_weights"))
+    o = case.options
+    h, hkv = o["num_heads"], o.get("num_kv_heads", o["num_heads"])
+    kw = {k: o[k] for k in VISIBILITY if k in o}
+    f64 = {k: v.astype(np.float64) if k == "bias" else v for k, v in kw.items()}
+    q, k, v = (split_heads(x.astype(np.float64), heads) for x, heads in ((case.q, h), (case.k, hkv), (case.v, hkv)))
+    heads_out, heads_w = sdpa(q, k, v, return_weights=True, **f64)  # (..., H, n, hd), (..., H, n, m)
+    expected = merge_heads(heads_out)  # (..., n, E)
+
+    def body():
+        g = golden_for_mha(case)  # only its allowed errors: the expected values come from sdpa
+        result = call_mha(attn_backend, case, attn_device)
+        return _judge(attn_backend, attn_device, "head_split_merge", case, result, expected, g.allowed_out,
+                      heads_w, g.allowed_w, note="identity projections: expected merge_heads(sdpa(split_heads(...)))")
+
+    judge("mha", "head_split_merge", case, body, feature_case=case.feature_case)
+
+
+def _expanded(params: MHAParams, heads: int, kv_heads: int) -> MHAParams:
+    """The same layer without grouping: each kv head's k/v projection rows repeated G = H // Hkv
+    times, so that plain head h holds kv head h // G (the spec's rule)."""
+    hd = params.embed_dim // heads
+    group = heads // kv_heads
+
+    def rep(x):
+        if x is None:
+            return None
+        x = x.reshape(kv_heads, hd, *x.shape[1:])  # (Hkv, hd, ...)
+        return np.repeat(x, group, axis=0).reshape(heads * hd, *x.shape[2:])  # (H*hd, ...)
+
+    return MHAParams(w_q=params.w_q, b_q=params.b_q, w_k=rep(params.w_k), b_k=rep(params.b_k),
+                     w_v=rep(params.w_v), b_v=rep(params.b_v), w_o=params.w_o, b_o=params.b_o)
+
+
+@DTYPES
+@given(data=st.data())
+def test_kv_head_mapping(attn_backend, attn_device, judge, dtype, data):
+    """Metamorphic: mha with Hkv kv heads equals mha with H kv heads whose projection rows repeat
+    each kv head G times (query head h reads kv head h // G)."""
+    case = data.draw(mha_cases(dtype, features=("gqa", "mqa")), label="case")
+    o = case.options
+    h, hkv = o["num_heads"], o["num_kv_heads"]
+    plain = replace(case, params=_expanded(case.params, h, hkv),
+                    options={k: v for k, v in o.items() if k != "num_kv_heads"})
+
+    def body():
+        g = golden_for_mha(case)
+        grouped = attn_backend.to_numpy(call_mha(attn_backend, case, attn_device)).astype(np.float64)
+        result = call_mha(attn_backend, plain, attn_device)
+        # each call may be off the common golden by allowed_out, so they may differ by twice that
+        return _judge(attn_backend, attn_device, "kv_head_mapping", case, result, grouped, 2 * g.allowed_out,
+                      note=f"out of num_kv_heads={hkv} (the expected values) vs. the same layer with "
+                           f"{h} kv heads, rows repeated (the result)")
+
+    judge("mha", "kv_head_mapping", case, body, feature_case=case.feature_case)
+
+
+@DTYPES
+@given(data=st.data())
+def test_deterministic(attn_backend, attn_device, judge, dtype, data):
+    """Two identical calls give bit-identical results (NaN where NaN)."""
+    case = data.draw(mha_cases(dtype), label="case")
+
+    def body():
+        a = attn_backend.to_numpy(call_mha(attn_backend, case, attn_device)).astype(np.float64)
+        b = attn_backend.to_numpy(call_mha(attn_backend, case, attn_device)).astype(np.float64)
+        if a.shape == b.shape and np.array_equal(a, b, equal_nan=True):
+            return Verdict("passed")
+        diff = np.abs(a - b) if a.shape == b.shape else np.array([np.inf])
+        return Verdict("failed", message=(
+            f"[{attn_backend.name}] mha deterministic: {case.describe()}\n"
+            f"  two identical calls differ: shapes {a.shape} and {b.shape}, max |a - b| = "
+            f"{np.nanmax(diff, initial=0):.3e}"))
+
+    judge("mha", "deterministic", case, body, feature_case=case.feature_case)
+
+
+@dataclass
+class _BadCase:
+    """What ``judge`` reads of a bad-input case."""
+
+    feature: str
+    dtype: str
+    q: Any
+    k: Any
+    v: Any
+    options: dict[str, Any]
+    tags: frozenset[str]
+    seed: int = 0
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"query": self.q.shape, "key": self.k.shape, "value": self.v.shape}
+
+    def describe(self) -> str:
+        return f"feature=bad_input {sorted(self.tags - {'bad_input'})[0]}"
+
+    def repro(self, backend_name: str, device, **extra) -> str:
+        return f"# see attnspec.conformance.mha_cases.MHA_BAD_INPUTS, entry {self.describe()}"
+
+
+@pytest.mark.parametrize("bad", MHA_BAD_INPUTS, ids=lambda b: b.id)
+def test_bad_input_raises_spec_error(attn_backend, attn_device, judge, bad):
+    """Every mha call the spec refuses raises SpecError from the backend, with the spec's message."""
+    (query, key, value), params, options = bad.build()
+    dtype = bad.dtypes[0] if bad.dtypes[0] in FLOAT_DTYPES else "float32"
+    case = _BadCase("bad_input", dtype, query, key, value, options, frozenset({"bad_input", bad.id}))
+
+    def body():
+        be = attn_backend
+        opts = {k: be.asarray(v, device=attn_device) if isinstance(v, np.ndarray) else v for k, v in options.items()}
+        prm = be.asparams(params, "float32", attn_device) if bad.params == "raw" else params
+        try:
+            be.mha(*(be.asarray(x, device=attn_device) for x in (query, key, value)), prm, **opts)
+        except SpecError as exc:
+            if re.search(bad.match, str(exc)) and str(exc).startswith(f"{be.name}.mha: "):
+                return Verdict("passed")
+            return Verdict("failed", message=(
+                f"[{be.name}] mha bad_input {bad.id}: SpecError message {str(exc)!r} does not match "
+                f"{bad.match!r} or does not start with '{be.name}.mha: '"))
+        except Exception as exc:
+            return Verdict("failed", message=(
+                f"[{be.name}] mha bad_input {bad.id}: raised {type(exc).__name__}: {exc}, but should "
+                f"raise SpecError matching {bad.match!r}"))
+        return Verdict("failed", message=(
+            f"[{be.name}] mha bad_input {bad.id}: returned a result, but should raise SpecError "
+            f"matching {bad.match!r}"))
+
+    judge("mha", "bad_input", case, body, feature_case={"bad_input": True})
+

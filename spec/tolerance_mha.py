@@ -1,0 +1,154 @@
+"""The tolerance rule for mha: how far a backend's multi-head attention may be from the golden.
+
+The rule is sdpa's (`attnspec.spec.tolerance`), with the reference and the floor extended to the
+three projections around the per-head sdpa. For a case with inputs of dtype D:
+
+    golden   = `attnspec.spec.mha` on the inputs (float64 arithmetic, before the final rounding)
+    ref      = the same algorithm with every stored intermediate rounded to D: each projection's
+               matmul and bias add, every step of sdpa (`attention_core` with rounding), the
+               merge, the output projection (for float16 and bfloat16 each operation runs in
+               float32 first, as fused kernels accumulate)
+    err_ref  = max |ref - golden|
+    allowed  = K * err_ref + floor,  K = 4 as for sdpa
+
+The floor is the first-order error of an implementation as exact as D allows that sums in
+another order (it is what judges float64, where ref is the golden and err_ref is 0). With
+u = eps(D), and for a projection y = x W^T + b its scale A_y = max over rows and outputs of
+sum_d |x_d W_od| + |b_o|:
+
+    projection error      d_y  = u * (1 + sqrt(in_features)) * A_y      (one rounding, plus a
+                                 random walk over the in_features products)
+    logit error           d_L  = scale * hd * (d_q * A_k + A_q * d_k)   (q . k over hd terms)
+    attention output      d_o  = u * A_v * (1 + sqrt(m) + 2 sqrt(hd) L) (sdpa's own floor on the
+                                 projected q, k, v; L the largest visible logit magnitude)
+                                 + 2 * d_L * A_v                         (a logit error of d_L moves
+                                 each weight by up to 2 d_L relative)
+                                 + d_v                                   (the values' own error)
+    output                floor = d_o * max_r sum_j |W_o[r, j]|          (carried through W_o)
+                                 + u * (1 + sqrt(E)) * A_out             (the output projection)
+
+Weights use u * (1 + sqrt(m) + 2 sqrt(hd) L) + 2 * d_L (sdpa's floor with V = 1, plus the
+projected logits' error). At the kit's sizes the float64 floor is ~1e-14 of the output's scale.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from attnspec.spec.masks import visibility
+from attnspec.spec.mha import MHAParams, _validate, merge_heads, mha, split_heads
+from attnspec.spec.sdpa import attention_core, sdpa
+from attnspec.spec.tolerance import _NP, K, _logit_scale, compare, eps
+
+__all__ = ["MHAGolden", "mha_golden", "reference_mha"]
+
+_OPTIONS = ("causal", "window", "scale", "q_lengths", "kv_lengths")
+
+
+@dataclass(frozen=True)
+class MHAGolden:
+    """The float64 golden of one mha case and the errors the tolerance rule allows."""
+
+    out: np.ndarray  # (..., n, E), float64, unrounded
+    weights: np.ndarray  # (..., H, n, m)
+    allowed_out: float
+    allowed_w: float
+    err_ref_out: float
+    err_ref_w: float
+
+
+def reference_mha(query, key, value, params: MHAParams, *, num_heads: int, num_kv_heads: int | None = None,
+                  mask=None, bias=None, **options: Any):
+    """The golden algorithm with every stored intermediate rounded to the inputs' dtype.
+
+    Returns (out (..., n, E), weights (..., H, n, m)) in the inputs' dtype.
+    """
+    plan = _validate("reference_mha", query, key, value, params, num_heads, num_kv_heads, mask, bias,
+                     {k: options.get(k) for k in _OPTIONS})
+    dt = _NP[plan.dtype]
+    compute = np.float32 if plan.dtype in ("float16", "bfloat16") else dt
+
+    def rnd(x: np.ndarray) -> np.ndarray:
+        return x.astype(dt).astype(compute)
+
+    def project(x, w, b):
+        y = rnd(x.astype(compute) @ w.astype(compute).T)  # (..., L, in) @ (in, out)
+        return y if b is None else rnd(y + b.astype(compute))
+
+    p = params
+    q = split_heads(project(query, p.w_q, p.b_q), num_heads)  # (..., H, n, hd)
+    k = split_heads(project(key, p.w_k, p.b_k), plan.hkv)  # (..., Hkv, m, hd)
+    v = split_heads(project(value, p.w_v, p.b_v), plan.hkv)  # (..., Hkv, m, hd)
+    with np.errstate(all="ignore"):
+        o, w = attention_core(plan, q, k, v, mask, bias, compute, rnd)  # (*batch, H, n, hd)
+    out = project(merge_heads(o), p.w_o, p.b_o)  # (*batch, n, E)
+    return out.astype(dt), w.astype(dt)
+
+
+def mha_golden(query, key, value, params: MHAParams, *, num_heads: int, num_kv_heads: int | None = None,
+               mask=None, bias=None, **options: Any) -> MHAGolden:
+    """The golden of one case (inputs in their dtype, params exact in it) and its tolerances."""
+    opts = {k: options.get(k) for k in _OPTIONS}
+    plan = _validate("mha_golden", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts)
+    f64 = [x.astype(np.float64) for x in (query, key, value)]
+    bias64 = None if bias is None else bias.astype(np.float64)
+    gold, gold_w = mha(*f64, params, num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask, bias=bias64,
+                       return_weights=True, **opts)
+    ref, ref_w = reference_mha(query, key, value, params, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                               mask=mask, bias=bias, **opts)
+    err_out = compare(ref, gold, np.inf).max_abs_err
+    err_w = compare(ref_w, gold_w, np.inf).max_abs_err
+    floor_out, floor_w = _floors(plan, f64, params, mask, bias64, num_heads)
+    return MHAGolden(gold, gold_w, K * err_out + floor_out, K * err_w + floor_w, err_out, err_w)
+
+
+def _abs_projection(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    """|x| @ |w|^T + |b|: per entry of the projection, the scale its rounding error grows with."""
+    a = np.abs(np.nan_to_num(x, posinf=0, neginf=0)) @ np.abs(w.astype(np.float64)).T  # (..., L, out)
+    return a if b is None else a + np.abs(b.astype(np.float64))
+
+
+def _floors(plan, f64, params: MHAParams, mask, bias64, num_heads: int) -> tuple[float, float]:
+    query, key, value = f64
+    p = params
+    u = eps(plan.dtype)
+    hd, e, hkv = plan.dk, p.embed_dim, plan.hkv
+
+    def proj64(x, w, b):
+        y = x @ w.astype(np.float64).T
+        return y if b is None else y + b.astype(np.float64)
+
+    q = split_heads(proj64(query, p.w_q, p.b_q), num_heads)  # (..., H, n, hd)
+    k = split_heads(proj64(key, p.w_k, p.b_k), hkv)  # (..., Hkv, m, hd)
+    v = split_heads(proj64(value, p.w_v, p.b_v), hkv)  # (..., Hkv, m, hd)
+    a_q = split_heads(_abs_projection(query, p.w_q, p.b_q), num_heads)  # (..., H, n, hd)
+    a_k = split_heads(_abs_projection(key, p.w_k, p.b_k), hkv)  # (..., Hkv, m, hd)
+    a_v = float(_abs_projection(value, p.w_v, p.b_v).max(initial=0.0))
+    v_max = float(np.abs(v).max(initial=0.0))
+
+    vis = visibility(plan.n, plan.m, causal=plan.causal, window=plan.window,
+                     q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths)
+    full = np.ones(plan.full_weights_shape, bool)
+    for rule in (vis, mask, None if bias64 is None else bias64 != -np.inf):
+        if rule is not None:
+            full &= rule
+    logit = _logit_scale(plan, q, k, bias64, full)
+    # logit error: sum_d (dq_d k_d + q_d dk_d), with |dq_d| <= u (1 + sqrt(E)) A_q[d] and so on
+    d_logit = u * ((1 + math.sqrt(e)) * _logit_scale(plan, a_q, k, None, full)
+                   + (1 + math.sqrt(p.kdim)) * _logit_scale(plan, q, a_k, None, full))
+    sdpa_floor = 1.0 + math.sqrt(plan.m) + 2.0 * math.sqrt(hd) * logit
+    d_v = u * (1 + math.sqrt(p.vdim)) * a_v
+
+    d_o = u * v_max * sdpa_floor + 2.0 * d_logit * v_max + d_v
+    with np.errstate(all="ignore"):
+        o = sdpa(q, k, v, mask=mask, bias=bias64, causal=plan.causal, window=plan.window, scale=plan.scale,
+                 q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths)  # (*batch, H, n, hd)
+    a_out = float(_abs_projection(merge_heads(o), p.w_o, p.b_o).max(initial=0.0))
+    w_o_rows = float(np.abs(p.w_o.astype(np.float64)).sum(axis=1).max(initial=0.0))
+    floor_out = d_o * w_o_rows + u * (1 + math.sqrt(e)) * a_out
+    floor_w = u * sdpa_floor + 2.0 * d_logit
+    return floor_out, floor_w

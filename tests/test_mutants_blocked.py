@@ -1,0 +1,62 @@
+"""The conformance suite's sdpa_blocked properties catch a blocked implementation that forgets to
+rescale its running sums, name the feature, and pass the correct control.
+
+As in test_mutants: the real suite (``pytest --pyargs attnspec.conformance``) in a subprocess with
+the ``dev`` profile, limited to the sdpa_blocked tests (the backends' sdpa is mutants.Naive's, which
+test_mutants already covers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from mutants_blocked import MUTANTS_BLOCKED
+
+HERE = Path(__file__).parent
+
+
+def run_blocked_suite(target: str, results: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
+           "--attn-profile", "dev", "--attn-results", str(results), "-q", "-p", "no:cacheprovider",
+           "-W", "ignore::RuntimeWarning", "-k", "test_blocked_"]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=results.parent)
+
+
+@pytest.fixture(scope="module")
+def suite_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mutants_blocked")
+    targets = {"control": "mutants_blocked:control_blocked",
+               **{m: f"mutants_blocked:mutant_{m}" for m in MUTANTS_BLOCKED}}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(run_blocked_suite, t, tmp / f"{name}.json") for name, t in targets.items()}
+        return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
+
+
+def test_control_passes(suite_runs):
+    proc, path = suite_runs["control"]
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rows = [r for r in json.loads(path.read_text())["rows"] if r["function"] == "sdpa_blocked"]
+    assert sum(r["passed"] for r in rows) > 50  # the blocked properties really ran cases
+    assert not any(r["failed"] for r in rows)
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS_BLOCKED))
+def test_mutant_is_caught_and_feature_named(suite_runs, mutant):
+    proc, path = suite_runs[mutant]
+    assert proc.returncode == 1, f"mutant {mutant} survived the suite:\n{proc.stdout[-2000:]}"
+    results = json.loads(path.read_text())
+    failed = {(r["function"], r["feature"]) for r in results["rows"] if r["failed"]}
+    expected = MUTANTS_BLOCKED[mutant][1]
+    assert ("sdpa_blocked", expected) in failed, f"{mutant}: failures {sorted(failed)} miss {expected}"
+    assert f"feature={expected}" in proc.stdout
+    # the reproducer calls sdpa_blocked, with the tile sizes of the failing case
+    assert "reproduce with:" in proc.stdout and ".sdpa_blocked(to(q)" in proc.stdout
+    assert "block_k=" in proc.stdout

@@ -1,0 +1,65 @@
+"""The LSH conformance properties catch every LSH mutant, through the properties named in
+`mutants_lsh.MUTANTS`, and pass the control.
+
+Each backend runs the real suite (``pytest --pyargs attnspec.conformance -k test_lsh``) in a
+subprocess with the quick ``dev`` profile, as a backend author would run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from mutants_lsh import MUTANTS
+
+HERE = Path(__file__).parent
+
+
+def run_suite(target: str, results: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
+           "--attn-profile", "dev", "--attn-results", str(results), "-q", "-p", "no:cacheprovider",
+           "-W", "ignore::RuntimeWarning", "-k", "test_lsh"]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=results.parent)
+
+
+@pytest.fixture(scope="module")
+def suite_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mutants_lsh")
+    targets = {"control": "mutants_lsh:control", **{m: f"mutants_lsh:mutant_{m}" for m in MUTANTS}}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(run_suite, t, tmp / f"{name}.json") for name, t in targets.items()}
+        return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
+
+
+def _lsh_rows(path: Path) -> list[dict]:
+    return [r for r in json.loads(path.read_text())["rows"] if r["function"] == "lsh_attention"]
+
+
+def test_control_passes(suite_runs):
+    proc, path = suite_runs["control"]
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rows = _lsh_rows(path)
+    assert sum(r["passed"] for r in rows) > 150  # the properties really ran cases
+    assert not any(r["failed"] for r in rows)
+    props = {r["property"] for r in rows if r["passed"]}
+    assert {"matches_golden", "one_round_is_full", "dedup_union", "causal_values", "padded_absent",
+            "deterministic", "bad_input"} <= props
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_mutant_is_caught_by_its_properties(suite_runs, mutant):
+    proc, path = suite_runs[mutant]
+    assert proc.returncode == 1, f"mutant {mutant} survived the LSH properties:\n{proc.stdout[-2000:]}"
+    failed_tests = {line.split("::")[1].split("[")[0] for line in proc.stdout.splitlines()
+                    if line.startswith("FAILED") and "::" in line}
+    missing = set(MUTANTS[mutant]) - failed_tests
+    assert not missing, f"{mutant}: failing tests {sorted(failed_tests)} miss {sorted(missing)}"
+    assert any(r["failed"] for r in _lsh_rows(path))
+    assert "reproduce with:" in proc.stdout and "b.lsh_attention(" in proc.stdout

@@ -1,0 +1,62 @@
+"""The mha conformance properties catch every mha mutant, name the property, and pass the control.
+
+Each backend of `mutants_mha` runs through the real suite (``pytest --pyargs attnspec.conformance
+-k mha``) in a subprocess with the quick ``dev`` profile, as a backend author would run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from mutants_mha import MHA_MUTANTS
+
+HERE = Path(__file__).parent
+
+
+def run_mha_suite(target: str, results: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
+           "--attn-profile", "dev", "--attn-results", str(results), "-q", "-p", "no:cacheprovider",
+           "-W", "ignore::RuntimeWarning", "-k", "mha"]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=results.parent)
+
+
+@pytest.fixture(scope="module")
+def suite_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mutants_mha")
+    targets = {"control": "mutants_mha:control", **{m: f"mutants_mha:mutant_{m}" for m in MHA_MUTANTS}}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(run_mha_suite, t, tmp / f"{name}.json") for name, t in targets.items()}
+        return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
+
+
+def test_control_passes(suite_runs):
+    proc, path = suite_runs["control"]
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rows = [r for r in json.loads(path.read_text())["rows"] if r["function"] == "mha"]
+    assert {r["property"] for r in rows} >= {"matches_golden", "head_split_merge", "kv_head_mapping",
+                                             "deterministic", "bad_input"}
+    assert sum(r["passed"] for r in rows) > 150  # the suite really ran cases
+    assert not any(r["failed"] for r in rows)
+
+
+@pytest.mark.parametrize("mutant", sorted(MHA_MUTANTS))
+def test_mutant_is_caught_and_property_named(suite_runs, mutant):
+    proc, path = suite_runs[mutant]
+    assert proc.returncode == 1, f"mutant {mutant} survived the suite:\n{proc.stdout[-2000:]}"
+    results = json.loads(path.read_text())
+    failed = {r["property"] for r in results["rows"] if r["function"] == "mha" and r["failed"]}
+    expected = MHA_MUTANTS[mutant][1]
+    assert expected in failed, f"{mutant}: failed properties {sorted(failed)} miss {expected}"
+    assert "deterministic" not in failed and "bad_input" not in failed  # each mutant is only wrong
+    # the message a user sees names function and property, and carries a reproducer
+    assert any(f"mha {expected}:" in f["message"] for f in results["failures"]) or \
+        f"mha {expected}:" in proc.stdout
+    assert "reproduce with:" in proc.stdout

@@ -28,6 +28,11 @@ the deviation of ``jax-native`` it repairs:
 
 The exact path is `attnspec.backends._xp_core` with ``jax.numpy`` as its namespace (JAX implements
 the array API standard), also under `jax.jit`; ``return_weights=True`` uses it too.
+
+Inside the caller's own `jax.jit` the finiteness flags cannot be read back, so the choice is made
+on device: `lax.cond` runs the fused kernel for all-finite inputs and the exact path (with the
+full non-finite treatment) otherwise. ``q_lengths``/``kv_lengths`` must then be concrete (NumPy
+or closed-over arrays): they shape the plan.
 """
 
 from __future__ import annotations
@@ -275,6 +280,40 @@ def _finite(q, k, v) -> list[bool]:
     return np.asarray(_finite_flags(q, k, v)).tolist()
 
 
+def _fused_ok(p: SDPAPlan, q) -> bool:
+    """Whether the fused kernel can give the spec's answer for finite inputs of this dtype."""
+    return not (
+        p.dtype == "float64"  # fixes jax.float64-softmax-in-float32
+        # fixes jax.float16-jit-cpu-refused and jax.bfloat16-tiny-dot-cpu-refused
+        or (p.dtype in ("float16", "bfloat16") and _platform(q) == "cpu")
+    )
+
+
+def _traced(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan, want_weights: bool, exact: bool):
+    """sdpa inside the caller's trace, where finiteness cannot be read back to choose a path.
+
+    The exact path with the full non-finite treatment is right for any input; when the fused
+    kernel may be used, ``lax.cond`` picks it on device for all-finite inputs (both branches are
+    compiled, one runs).
+    """
+    def exact_path():
+        out, w = _exact(q, k, v, mask, bias, q_len, kv_len, p=p, nonfinite_v=True, want_weights=want_weights)
+        return (out, w) if want_weights else out
+
+    if exact:
+        return exact_path()
+    return jax.lax.cond(_finite_flags(q, k, v).all(),
+                        lambda: _fused(q, k, v, mask, bias, q_len, kv_len, p=p), exact_path)
+
+
+def _nonfinite(v) -> bool:
+    """Whether v holds NaN/inf; True (the treatment that is right for any v) under jax.jit."""
+    try:
+        return not bool(jnp.all(jnp.isfinite(v)))
+    except jax.errors.TracerBoolConversionError:
+        return True
+
+
 class JaxBackend(JaxArrays):
     """jax.nn.dot_product_attention with the spec's semantics; exact jnp path where it cannot."""
 
@@ -291,7 +330,14 @@ class JaxBackend(JaxArrays):
         q_len, kv_len = lengths_arrays(p)
         has_rules = p.causal or p.window or mask is not None or bias is not None or q_len is not None \
             or kv_len is not None
-        finite_q, finite_k, finite_v = _finite(q, k, v)
+        try:
+            finite_q, finite_k, finite_v = _finite(q, k, v)
+        except jax.errors.TracerArrayConversionError:
+            # traced by the caller's jax.jit: the flags are not known yet, so decide on device
+            result = _traced(q, k, v, mask, bias, q_len, kv_len, p=sp, want_weights=return_weights,
+                             exact=return_weights or not _fused_ok(p, q))
+            self._last = result
+            return result
         if not (finite_k and finite_v) and has_rules:
             # fixes jax.masked-nonfinite-v (and masked keys generally) where it can stay fused
             k, v = _drop_hidden_keys(k, v, mask, bias, q_len, kv_len, p=sp)
@@ -300,9 +346,7 @@ class JaxBackend(JaxArrays):
             return_weights
             # fixes jax.masked-nonfinite-v and jax.neg-inf-logits-attend-masked-keys
             or not (finite_q and finite_k and finite_v)
-            or p.dtype == "float64"  # fixes jax.float64-softmax-in-float32
-            # fixes jax.float16-jit-cpu-refused and jax.bfloat16-tiny-dot-cpu-refused
-            or (p.dtype in ("float16", "bfloat16") and _platform(q) == "cpu")
+            or not _fused_ok(p, q)
         )
         if exact:
             result = _exact(q, k, v, mask, bias, q_len, kv_len, p=sp, nonfinite_v=not finite_v,
@@ -335,7 +379,7 @@ class JaxBackend(JaxArrays):
             kv = _lsh_xp.kv_flat(p)
             result = _lsh(x, v, rotations, None if kv is None else jnp.asarray(kv),
                           p=dataclasses.replace(p, kv_lengths=None),
-                          nonfinite_v=not bool(jnp.all(jnp.isfinite(v))))
+                          nonfinite_v=_nonfinite(v))
         self._last = result
         return result if return_buckets else result[0]
 

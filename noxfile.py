@@ -103,7 +103,7 @@ TARGET_BACKENDS = ("numpy", "array_api-numpy", "torch", "jax")
 @nox.session
 @nox.parametrize("backend", list(BACKENDS))
 def bench(session: nox.Session, backend: str) -> None:
-    """Benchmark each backend in its own env (quick grid and the targets; -- --grid full for all), then render."""
+    """Benchmark each backend in its own env (quick grid, then targets; -- --grid full for all), render."""
     install(session, package(BACKENDS[backend]))
     if backend == "example":
         install(session, str(PLUGIN))

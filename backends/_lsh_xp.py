@@ -75,6 +75,10 @@ def lsh_attention(xp, p: LSHPlan, x, v, rotations, kv, *, nonfinite_v: bool, dev
     pos = xp.arange(Lp, dtype=xp.int64, **on)  # (Lp,)
     n = xp.full((B,), L, dtype=xp.int64, **on) if kv is None else xp.astype(kv, xp.int64)  # (B,)
     valid = pos[None, :] < n[:, None]  # (B, Lp): unpadded (false for the step-9 positions too)
+    # padded positions take no part: zeroed with where, so their content (NaN included) reaches
+    # no gradient either (a NaN query row would give 0 * NaN in the keys' gradient matmul)
+    x = xp.where(valid[..., None], x, 0.0)  # (B, Lp, d)
+    v = xp.where(valid[..., None], v, 0.0)  # (B, Lp, dv)
 
     # step 2: hash in the compute dtype with the given rotations
     r = xp.reshape(xp.astype(rotations, ct), (d, nh * (nb // 2)))  # (d, nh * K)
@@ -97,7 +101,10 @@ def lsh_attention(xp, p: LSHPlan, x, v, rotations, kv, *, nonfinite_v: bool, dev
         got = xp.take(xp.reshape(a, (B * R, f)), flat, axis=0)  # (B * s * w, f)
         return xp.reshape(got, (*idx.shape, f))
 
-    norm = xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True))  # (B, Lp, 1)
+    sq = xp.sum(x * x, axis=-1, keepdims=True)  # (B, Lp, 1)
+    # sqrt's derivative at 0 is inf, and inf * 0 = NaN: the double where keeps the gradient of
+    # x = 0 at the spec's 1 / NORM_EPS (k_hat = x / NORM_EPS there)
+    norm = xp.where(sq > 0, xp.sqrt(xp.where(sq > 0, sq, 1.0)), 0.0)  # (B, Lp, 1)
     k_hat = x / xp.maximum(norm, xp.asarray(NORM_EPS, dtype=ct, **on))  # (B, Lp, d)
     q = rows(x, slot_pos)  # (B, nc, C, d)
     k = rows(k_hat, win_pos)  # (B, nc, 2C, d)

@@ -8,7 +8,12 @@ fix-ups included: a ``where`` that drops a masked key also drops its gradient), 
 backends' gradients are those of the native primitive. The results follow the spec's signatures
 and return conventions (`attnspec.spec.sdpa_vjp`, `mha_vjp`, `lsh_attention_vjp`).
 
-A vjp is offered only where its forward is: ``missing_forward`` gives `supports` the reason.
+A vjp is offered only where its forward is: `with_forwards` keeps the others out of a backend's
+``implements`` and ``missing_forward`` gives `supports` the reason.
+
+Every argument, d_out included, is checked before the forward is traced, with the spec's checks
+under the vjp's own name: bad input raises ``SpecError("torch.mha_vjp: ...")``, never the
+forward's message.
 """
 
 from __future__ import annotations
@@ -17,10 +22,16 @@ from dataclasses import fields
 from typing import Any, Callable
 
 from attnspec._errors import SpecError
+from attnspec.backends import _lsh_xp, _mha
 from attnspec.backends._base import MHAArrays
 
 #: vjp -> the forward method it differentiates
 FORWARD = {"sdpa_vjp": "sdpa", "mha_vjp": "mha", "lsh_attention_vjp": "lsh_attention"}
+
+
+def with_forwards(implements: frozenset[str]) -> frozenset[str]:
+    """``implements`` less the vjps whose forward is not in it (a vjp differentiates its forward)."""
+    return frozenset(fn for fn in implements if FORWARD.get(fn, fn) in implements)
 
 
 def missing_forward(backend, feature: str) -> list[str]:
@@ -31,6 +42,14 @@ def missing_forward(backend, feature: str) -> list[str]:
     return [f"{backend.name}.{feature} needs {forward}, which {backend.name} does not implement yet"]
 
 
+def refusals(backend, feature: str, reasons: list[str]) -> list[str]:
+    """`Backend.supports`'s ``reasons`` with "does not implement <vjp>" replaced by why not."""
+    missing = missing_forward(backend, feature)
+    if not missing:
+        return reasons
+    return missing + [r for r in reasons if not r.endswith(f"does not implement {feature}")]
+
+
 def _need(backend, feature: str) -> None:
     from attnspec.backends._base import Unsupported
 
@@ -38,35 +57,45 @@ def _need(backend, feature: str) -> None:
         raise Unsupported("; ".join(reasons))
 
 
-def _check_d_out(fn: str, backend, out, d_out, first: str) -> None:
+def _check_d_out(fn: str, backend, d_out, shape: tuple[int, ...], dtype: str, first: str) -> None:
     info = backend._info(fn, "d_out", d_out)  # refuses anything but the backend's own arrays
-    shape, dtype = tuple(out.shape), backend.dtype_name(out)
-    if info.shape != shape:
-        raise SpecError(f"{fn}: d_out.shape={info.shape} must equal the output shape {shape}")
+    if info.shape != tuple(shape):
+        raise SpecError(f"{fn}: d_out.shape={info.shape} must equal the output shape {tuple(shape)}")
     if info.dtype != dtype:
         raise SpecError(f"{fn}: d_out.dtype={info.dtype} must equal {first}.dtype={dtype}")
 
 
+def _lengths_to_numpy(backend) -> Callable[[Any], Any]:
+    """q_lengths / kv_lengths as NumPy for the spec's checks: a backend array through to_numpy,
+    anything else (an int, a NumPy array, a wrong type the check will name) as it is."""
+    def convert(x):
+        try:
+            backend._info("", "", x)
+        except SpecError:
+            return x
+        return backend.to_numpy(x)
+
+    return convert
+
+
 # -- the two autodiff engines: (forward, leaves, d_out) -> gradients of every leaf ---------------
 
-def torch_grads(fn: str, backend, forward: Callable, leaves: list, d_out, first: str) -> list:
+def torch_grads(backend, forward: Callable, leaves: list, d_out) -> list:
     import torch
 
     leaves = [x.detach().requires_grad_(True) for x in leaves]
     with torch.enable_grad():
         out = forward(*leaves)
-    _check_d_out(fn, backend, out, d_out, first)
     if not out.requires_grad:  # an empty case: the forward returned constant zeros
         return [torch.zeros_like(x) for x in leaves]
     grads = torch.autograd.grad(out, leaves, grad_outputs=d_out, allow_unused=True)
     return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves)]
 
 
-def jax_grads(fn: str, backend, forward: Callable, leaves: list, d_out, first: str) -> list:
+def jax_grads(backend, forward: Callable, leaves: list, d_out) -> list:
     import jax
 
     out, pullback = jax.vjp(forward, *leaves)
-    _check_d_out(fn, backend, out, d_out, first)
     grads = list(pullback(d_out))
     backend._last = grads[-1]
     return grads
@@ -92,12 +121,9 @@ def sdpa_vjp(backend, engine: str, q, k, v, d_out, *, mask=None, bias=None, caus
     fn = f"{backend.name}.sdpa_vjp"
     _need(backend, "sdpa_vjp")
     p = backend._plan(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths)  # the spec's checks
+    _check_d_out(fn, backend, d_out, p.out_shape, p.dtype, "q")
     leaves = [q, k, v] + ([] if bias is None else [bias])
     if p.n == 0 or p.m == 0 or p.hq == 0:  # nothing is visible: every gradient is 0, no forward to trace
-        info = backend._info(fn, "d_out", d_out)
-        if info.shape != p.out_shape or info.dtype != p.dtype:
-            raise SpecError(f"{fn}: d_out has shape {info.shape} and dtype {info.dtype}; expected the "
-                            f"output's shape {p.out_shape} and q's dtype {p.dtype}")
         return tuple(_zeros_like(engine, x) for x in leaves)  # not x * 0: NaN * 0 is NaN
     options = dict(mask=mask, causal=causal, window=window, scale=scale, q_lengths=q_lengths,
                    kv_lengths=kv_lengths)
@@ -105,7 +131,7 @@ def sdpa_vjp(backend, engine: str, q, k, v, d_out, *, mask=None, bias=None, caus
     def forward(q, k, v, *b):
         return backend.sdpa(q, k, v, bias=b[0] if b else None, **options)
 
-    return tuple(ENGINES[engine](fn, backend, forward, leaves, d_out, "q"))
+    return tuple(ENGINES[engine](backend, forward, leaves, d_out))
 
 
 def mha_vjp(backend, engine: str, query, key, value, params, d_out, *, num_heads, num_kv_heads=None,
@@ -116,9 +142,13 @@ def mha_vjp(backend, engine: str, query, key, value, params, d_out, *, num_heads
     if not isinstance(params, MHAArrays):
         raise SpecError(f"{fn}: params must be an MHAArrays (from {backend.name}.asparams), "
                         f"got {type(params).__name__}")
-    names = [f.name for f in fields(MHAArrays) if getattr(params, f.name) is not None]
     options = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask, causal=causal,
                    window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+    p = _mha.validate(fn, backend._info, _lengths_to_numpy(backend), query, key, value, params, num_heads,
+                      num_kv_heads, mask, bias, dict(causal=causal, window=window, scale=scale,
+                                                     q_lengths=q_lengths, kv_lengths=kv_lengths))
+    _check_d_out(fn, backend, d_out, (*p.batch, p.n, params.embed_dim), p.dtype, "query")
+    names = [f.name for f in fields(MHAArrays) if getattr(params, f.name) is not None]
 
     def forward(query, key, value, *rest):
         p = MHAArrays(**dict(zip(names, rest[:len(names)])))
@@ -126,7 +156,7 @@ def mha_vjp(backend, engine: str, query, key, value, params, d_out, *, num_heads
                            **options)
 
     leaves = [query, key, value] + [getattr(params, n) for n in names] + ([] if bias is None else [bias])
-    grads = ENGINES[engine](fn, backend, forward, leaves, d_out, "query")
+    grads = ENGINES[engine](backend, forward, leaves, d_out)
     d_params = MHAArrays(**dict(zip(names, grads[3:3 + len(names)])))
     return (*grads[:3], d_params, *grads[3 + len(names):])
 
@@ -135,10 +165,13 @@ def lsh_attention_vjp(backend, engine: str, x, v, d_out, *, rotations, chunk_len
                       kv_lengths=None, dedup=False, scale=None) -> tuple:
     fn = f"{backend.name}.lsh_attention_vjp"
     _need(backend, "lsh_attention_vjp")
+    p = _lsh_xp.plan(fn, backend._info, _lengths_to_numpy(backend), x, v, rotations, chunk_length, causal,
+                     kv_lengths, dedup, scale)
+    _check_d_out(fn, backend, d_out, (*p.batch, p.L, p.dv), p.dtype, "x")
     options: dict[str, Any] = dict(rotations=rotations, chunk_length=chunk_length, causal=causal,
                                    kv_lengths=kv_lengths, dedup=dedup, scale=scale)
 
     def forward(x, v):  # buckets and sort come from argmax/argsort: constants of the vjp
         return backend.lsh_attention(x, v, **options)
 
-    return tuple(ENGINES[engine](fn, backend, forward, [x, v], d_out, "x"))
+    return tuple(ENGINES[engine](backend, forward, [x, v], d_out))

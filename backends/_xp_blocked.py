@@ -206,8 +206,9 @@ class _Tiles:
         lo, hi = self.key_range(i0, i1)
         zeros_out = xp.zeros((*p.batch, p.hkv, p.group, r, p.dv), dtype=ct, device=self.device)
         if lo == hi or i0 >= self.q_hi:  # no row of this block sees any key: 0
-            w = xp.zeros((*p.batch, p.hkv, p.group, r, p.m), dtype=ct, device=self.device) if want_weights else None
-            return zeros_out, w
+            if not want_weights:
+                return zeros_out, None
+            return zeros_out, xp.zeros((*p.batch, p.hkv, p.group, r, p.m), dtype=ct, device=self.device)
         qs = self.q5[..., i0:i1, :]  # (..., Hkv, G, r, dk)
         row_max = xp.full((*p.batch, p.hkv, p.group, r, 1), -math.inf, dtype=ct, device=self.device)
         offset = xp.zeros_like(row_max)  # c: acc holds sums of exp(s - c)
@@ -269,7 +270,10 @@ class _Tiles:
         finite part, +inf and -inf from two tiles make NaN, as in the one sum."""
         xp, ct = self.xp, self.ct
         v = self.v_raw[..., j0:j1, :]  # (..., Hkv, 1, t, dv)
-        seen = xp.ones(w.shape, dtype=xp.bool, device=self.device) if vis is None else xp.broadcast_to(vis, w.shape)
+        if vis is None:
+            seen = xp.ones(w.shape, dtype=xp.bool, device=self.device)
+        else:
+            seen = xp.broadcast_to(vis, w.shape)
 
         def hits(rows, keys):  # does any visible key of this kind reach (row, column)?
             return xp.matmul(xp.astype(rows, ct), xp.astype(keys, ct)) > 0

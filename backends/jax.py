@@ -111,8 +111,12 @@ class JaxArrays(Backend):
                         scale, q_lengths, kv_lengths)
 
     # -- gradients: autodiff through this backend's own forward (attnspec.backends._vjp) --------
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.implements = _vjp.with_forwards(cls.implements)  # no vjp without its forward
+
     def supports(self, feature: str, **case) -> list[str]:
-        return super().supports(feature, **case) + _vjp.missing_forward(self, feature)
+        return _vjp.refusals(self, feature, super().supports(feature, **case))
 
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
                  scale=None, q_lengths=None, kv_lengths=None):

@@ -43,7 +43,7 @@ class TorchNativeBackend(TorchArrays):
 
     def supports(self, feature: str, **case) -> list[str]:
         reasons = super().supports(feature, **case)
-        if feature == "mha":
+        if feature in ("mha", "mha_vjp"):  # mha_vjp differentiates the same module call
             return reasons + ([] if case.get("bad_input") else mha_refusals(case))
         if case.get("return_weights"):
             reasons.append("torch SDPA returns no attention weights")

@@ -97,9 +97,16 @@ def lsh_attention_vjp(
     return dx, dv
 
 
-def _lsh_grads(p: LSHPlan, x64, v64, dO, kv, buckets):
-    """float64 (dx (B, L, d), dv (B, L, dv)): the forward of `lsh._lsh_core` with its intermediates
-    kept, then the backward of the module docstring."""
+def _lsh_grads(p: LSHPlan, x64, v64, dO, kv, buckets, rnd=None):
+    """(dx (B, L, d), dv (B, L, dv)): the forward of `lsh._lsh_core` with its intermediates kept,
+    then the backward of the module docstring.
+
+    Arithmetic runs in x64's dtype (float64 for the golden). ``rnd`` rounds every stored
+    intermediate (the gradient tolerance rule's low-precision reference,
+    `attnspec.spec.tolerance_grads.reference_lsh_vjp`); None keeps them exact.
+    """
+    rnd = rnd or (lambda a: a)
+    ct = x64.dtype
     B, L, d, dv = x64.shape[0], p.L, p.d, p.dv
     nh, nb, C, Lp, nc = p.n_hashes, p.n_buckets, p.chunk_length, p.padded_length, p.n_chunks
     # -- forward, as lsh._lsh_core --
@@ -111,17 +118,17 @@ def _lsh_grads(p: LSHPlan, x64, v64, dO, kv, buckets):
     order = np.argsort(eff * Lp + pos, axis=-1)  # (B, nh, Lp)
     slot_pos = order.reshape(B, nc, C)  # (B, nc, C)
     win_pos = np.concatenate([np.roll(slot_pos, 1, axis=1), slot_pos], axis=-1)  # (B, nc, W)
-    x_pad = np.zeros((B, Lp, d))
+    x_pad = np.zeros((B, Lp, d), ct)
     x_pad[:, :L] = x64  # (B, Lp, d)
-    v_pad = np.zeros((B, Lp, dv))
+    v_pad = np.zeros((B, Lp, dv), ct)
     v_pad[:, :L] = v64  # (B, Lp, dv)
-    norm = np.linalg.norm(x_pad, axis=-1, keepdims=True)  # (B, Lp, 1)
-    k_hat = x_pad / np.maximum(norm, NORM_EPS)  # (B, Lp, d)
+    norm = rnd(np.linalg.norm(x_pad, axis=-1, keepdims=True))  # (B, Lp, 1)
+    k_hat = rnd(x_pad / np.maximum(norm, NORM_EPS))  # (B, Lp, d)
     bi = np.arange(B)[:, None, None]
     q = x_pad[bi, slot_pos]  # (B, nc, C, d)
     k = k_hat[bi, win_pos]  # (B, nc, W, d)
     v_win = v_pad[bi, win_pos]  # (B, nc, W, dv)
-    s = p.scale * (q @ np.swapaxes(k, -1, -2))  # (B, nc, C, W)
+    s = rnd(p.scale * (q @ np.swapaxes(k, -1, -2)))  # (B, nc, C, W)
     qp, kp = slot_pos[..., :, None], win_pos[..., None, :]  # (B, nc, C, 1), (B, nc, 1, W)
     vis = valid[bi, slot_pos][..., :, None] & valid[bi, win_pos][..., None, :]  # (B, nc, C, W)
     if p.causal:
@@ -133,57 +140,57 @@ def _lsh_grads(p: LSHPlan, x64, v64, dO, kv, buckets):
     s = np.where(vis, s, -np.inf)
     row_max = s.max(axis=-1, keepdims=True)  # (B, nc, C, 1)
     row_max = np.where(row_max == -np.inf, 0, row_max)
-    e = np.exp(s - row_max)
-    denom = e.sum(axis=-1, keepdims=True)
-    w = np.where(vis, e / np.where(denom == 0, 1, denom), 0)  # (B, nc, C, W)
-    lse = (row_max + np.log(denom))[..., 0]  # (B, nc, C)
-    o = _weighted_values(w, v_win, vis)  # (B, nc, C, dv)
+    e = rnd(np.exp(s - row_max))
+    denom = rnd(e.sum(axis=-1, keepdims=True))
+    w = rnd(np.where(vis, e / np.where(denom == 0, 1, denom), 0))  # (B, nc, C, W)
+    lse = rnd(row_max + np.log(denom))[..., 0]  # (B, nc, C)
+    o = rnd(_weighted_values(w, v_win, vis))  # (B, nc, C, dv)
 
     slot_of = np.argsort(order, axis=-1)  # (B, nh, Lp)
     flat = np.arange(nh)[:, None] * Lp + slot_of  # (B, nh, Lp): slot of (round, position)
     o_r = o.reshape(B, nh * Lp, dv)[bi, flat]  # (B, nh, Lp, dv)
     lse_r = lse.reshape(B, nh * Lp)[bi, flat]  # (B, nh, Lp)
     lse_r = np.where(valid[:, None, :], lse_r, 0)
-    rw = np.exp(lse_r - lse_r.max(axis=1, keepdims=True))
-    rw = rw / rw.sum(axis=1, keepdims=True)  # (B, nh, Lp): c_r
-    out = (rw[..., None] * o_r).sum(axis=1)  # (B, Lp, dv)
+    rw = rnd(np.exp(lse_r - lse_r.max(axis=1, keepdims=True)))
+    rw = rnd(rw / rw.sum(axis=1, keepdims=True))  # (B, nh, Lp): c_r
+    out = rnd((rw[..., None] * o_r).sum(axis=1))  # (B, Lp, dv)
 
     # -- backward --
-    dO_pad = np.zeros((B, Lp, dv))
+    dO_pad = np.zeros((B, Lp, dv), ct)
     dO_pad[:, :L] = dO
     dO_pad = np.where(valid[..., None], dO_pad, 0)  # padded rows produce 0: nothing flows back
     live = valid[:, None, :]  # (B, 1, Lp)
-    do_r = np.where(live[..., None], rw[..., None] * dO_pad[:, None], 0)  # (B, nh, Lp, dv)
+    do_r = rnd(np.where(live[..., None], rw[..., None] * dO_pad[:, None], 0))  # (B, nh, Lp, dv)
     dot_o = np.sum(dO_pad[:, None] * o_r, axis=-1)  # (B, nh, Lp)
     dot_out = np.sum(dO_pad * out, axis=-1)[:, None]  # (B, 1, Lp)
-    dlse_r = np.where(live, rw * (dot_o - dot_out), 0)  # (B, nh, Lp)
+    dlse_r = rnd(np.where(live, rw * (dot_o - dot_out), 0))  # (B, nh, Lp)
     # back to slot layout: slot (r, slot_of[r, t]) holds position t of round r
-    do_s = np.zeros((B, nh * Lp, dv))
+    do_s = np.zeros((B, nh * Lp, dv), ct)
     do_s[bi, flat] = do_r
-    dlse_s = np.zeros((B, nh * Lp))
+    dlse_s = np.zeros((B, nh * Lp), ct)
     dlse_s[bi, flat] = dlse_r
     do_s = do_s.reshape(B, nc, C, dv)  # (B, nc, C, dv)
     dlse_s = dlse_s.reshape(B, nc, C, 1)  # (B, nc, C, 1)
 
     dp = do_s @ np.swapaxes(np.where(np.isfinite(v_win), v_win, 0), -1, -2)  # (B, nc, C, W)
-    dp = dp + _nonfinite_dots(do_s, v_win, vis)  # a visible NaN/inf value reaches its own pairs
+    dp = rnd(dp + _nonfinite_dots(do_s, v_win, vis))  # a visible NaN/inf value reaches its own pairs
     row = np.sum(do_s * o, axis=-1, keepdims=True)  # (B, nc, C, 1)
-    ds = np.where(vis & ~is_self, w * (dp - row + dlse_s), 0)  # (B, nc, C, W)
+    ds = rnd(np.where(vis & ~is_self, w * (dp - row + dlse_s), 0))  # (B, nc, C, W)
 
-    dq = p.scale * _visible_matmul(ds, k, vis)  # (B, nc, C, W) @ (B, nc, W, d) -> (B, nc, C, d)
+    dq = rnd(p.scale * _visible_matmul(ds, k, vis))  # (B, nc, C, W) @ (B, nc, W, d) -> (B, nc, C, d)
     vis_t = np.swapaxes(vis, -1, -2)  # (B, nc, W, C)
-    dk = p.scale * _visible_matmul(np.swapaxes(ds, -1, -2), q, vis_t)  # (B, nc, W, d)
-    dv_win = _visible_matmul(np.swapaxes(w, -1, -2), do_s, vis_t)  # (B, nc, W, dv)
+    dk = rnd(p.scale * _visible_matmul(np.swapaxes(ds, -1, -2), q, vis_t))  # (B, nc, W, d)
+    dv_win = rnd(_visible_matmul(np.swapaxes(w, -1, -2), do_s, vis_t))  # (B, nc, W, dv)
 
-    dx_pad = np.zeros((B, Lp, d))
+    dx_pad = np.zeros((B, Lp, d), ct)
     np.add.at(dx_pad, (bi, slot_pos), dq)  # a position's query rows, one per round
-    dk_hat = np.zeros((B, Lp, d))
+    dk_hat = np.zeros((B, Lp, d), ct)
     np.add.at(dk_hat, (bi, win_pos), dk)  # every window entry that holds the position
-    dv_pad = np.zeros((B, Lp, dv))
+    dv_pad = np.zeros((B, Lp, dv), ct)
     np.add.at(dv_pad, (bi, win_pos), dv_win)
     big = norm > NORM_EPS  # (B, Lp, 1)
-    radial = np.sum(k_hat * dk_hat, axis=-1, keepdims=True)  # (B, Lp, 1)
-    dx_pad += np.where(big, (dk_hat - k_hat * radial) / np.where(big, norm, 1), dk_hat / NORM_EPS)
+    radial = rnd(np.sum(k_hat * dk_hat, axis=-1, keepdims=True))  # (B, Lp, 1)
+    dx_pad = dx_pad + np.where(big, (dk_hat - k_hat * radial) / np.where(big, norm, 1), dk_hat / ct.type(NORM_EPS))
     keep = valid[..., None]  # (B, Lp, 1): padded positions get exactly 0
     return np.where(keep, dx_pad, 0)[:, :L], np.where(keep, dv_pad, 0)[:, :L]
 

@@ -26,6 +26,13 @@ dS = P * (dP - D) cancellation is why S is built from A and not from |dS| itself
 equal terms of size A leave an absolute error of order eps * A whatever their difference is.
 PyTorch's own tests allow backward errors several times the forward's, tuned per dtype; this
 rule derives them per case instead.
+
+mha_vjp (`reference_mha_vjp`, `mha_vjp_allowed`) and lsh_attention_vjp (`reference_lsh_vjp`,
+`lsh_vjp_allowed`) follow the same rule per gradient tensor, allowed_T = K * err_ref_T + floor_T,
+with the reference run through the whole chain (projections, sdpa's backward, the projections'
+backward; or LSH's forward and backward) with every stored intermediate rounded to D. Their
+floors are each function's own first-order error bound, written out in those functions'
+docstrings and on the spec page ("Gradient tolerance").
 """
 
 from __future__ import annotations
@@ -36,12 +43,27 @@ import numpy as np
 
 from attnspec.spec._validate import SDPAPlan
 from attnspec.spec.grads import _attention_vjp, _sdpa_visibility, _sum_to
-from attnspec.spec.sdpa import _with_head
+from attnspec.spec.grads_lsh import _lsh_grads
+from attnspec.spec.grads_mha import _outer_sum, _row_sum
+from attnspec.spec.lsh import NORM_EPS, LSHPlan, _rotated
+from attnspec.spec.mha import MHAParams, _project, merge_heads, split_heads
+from attnspec.spec.mha import _validate as _mha_validate
+from attnspec.spec.sdpa import _with_head, sdpa
 from attnspec.spec.tolerance import _NP, K, _logit_scale, eps, reference_sdpa
+from attnspec.spec.tolerance_mha import _abs_projection
 
-__all__ = ["GRAD_NAMES", "reference_sdpa_vjp", "sdpa_vjp_allowed"]
+__all__ = ["GRAD_NAMES", "LSH_GRAD_NAMES", "MHA_GRAD_NAMES", "lsh_vjp_allowed", "mha_grads_by_name",
+           "mha_vjp_allowed", "reference_lsh_vjp", "reference_mha_vjp", "reference_sdpa_vjp",
+           "sdpa_vjp_allowed"]
 
 GRAD_NAMES = ("dq", "dk", "dv", "dbias")
+#: mha_vjp's gradients by name: the inputs', each parameter's (its MHAParams field), the bias's
+MHA_GRAD_NAMES = ("d_query", "d_key", "d_value", "w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o",
+                  "d_bias")
+PARAM_FIELDS = MHA_GRAD_NAMES[3:11]
+#: lsh_attention_vjp's gradients; dx is judged in two parts, see `lsh_vjp_allowed`
+LSH_GRAD_NAMES = ("dx", "dx_zero_x", "dv")
+_OPTIONS = ("causal", "window", "scale", "q_lengths", "kv_lengths")
 
 
 def reference_sdpa_vjp(plan: SDPAPlan, q, k, v, d_out, mask, bias) -> list[np.ndarray]:
@@ -98,3 +120,263 @@ def sdpa_vjp_allowed(plan: SDPAPlan, q, k, v, d_out, bias, vis: np.ndarray, weig
     e = eps(p.dtype)
     return {name: K * err_ref.get(name, 0.0) + e * S * (1 + math.sqrt(c) + 2 * math.sqrt(p.dk) * L)
             for name, (S, c) in sizes.items()}
+
+
+def _finite_max(x) -> float:
+    x = np.abs(np.asarray(x, dtype=np.float64))
+    return float(x[np.isfinite(x)].max(initial=0.0))
+
+
+def _ratio(err: float, size: float) -> float:
+    return err / size if size > 0 else 0.0
+
+
+# -- mha_vjp ------------------------------------------------------------------------------------
+
+def mha_grads_by_name(grads: tuple) -> dict:
+    """mha_vjp's result as ``{name: array}`` in `MHA_GRAD_NAMES` order (None parameters left out)."""
+    named = dict(zip(MHA_GRAD_NAMES[:3], grads[:3]))
+    named.update({f: getattr(grads[3], f) for f in PARAM_FIELDS if getattr(grads[3], f) is not None})
+    if len(grads) > 4:
+        named["d_bias"] = grads[4]
+    return named
+
+
+def reference_mha_vjp(query, key, value, params: MHAParams, d_out, *, num_heads: int,
+                      num_kv_heads: int | None = None, mask=None, bias=None, **options) -> dict:
+    """mha's backward with every stored intermediate rounded to D (the rule's ``ref_T``).
+
+    The projections and the output projection's backward ``dO W_o`` are rounded to D, sdpa's
+    backward is `reference_sdpa_vjp` on them, then each input's and parameter's gradient is one
+    matmul or sum in the compute dtype, rounded once. d_b_k is ``sum merge(dk)``, as autodiff
+    computes it (the golden's exact 0 is its limit). Returns float64 arrays by name.
+    """
+    opts = {k: options.get(k) for k in _OPTIONS}
+    plan = _mha_validate("reference_mha_vjp", query, key, value, params, num_heads, num_kv_heads, mask,
+                         bias, opts)
+    dt = _NP[plan.dtype]
+    ct = np.float64 if plan.dtype == "float64" else np.float32
+
+    def rnd(x):
+        return x.astype(dt).astype(ct)
+
+    def project(x, w, b):  # (..., L, in) @ (in, out) -> (..., L, out), rounded as stored
+        y = rnd(x.astype(ct) @ w.astype(ct).T)
+        return y if b is None else rnd(y + b.astype(ct))
+
+    p, h = params, num_heads
+    q = split_heads(project(query, p.w_q, p.b_q), h).astype(dt)  # (..., H, n, hd)
+    k = split_heads(project(key, p.w_k, p.b_k), plan.hkv).astype(dt)  # (..., Hkv, m, hd)
+    v = split_heads(project(value, p.w_v, p.b_v), plan.hkv).astype(dt)  # (..., Hkv, m, hd)
+    with np.errstate(all="ignore"):
+        o = reference_sdpa(plan, q, k, v, mask, bias)  # (..., H, n, hd), in D
+        dO = d_out.astype(ct)  # (..., n, E)
+        do = split_heads(rnd(dO @ p.w_o.astype(ct)), h).astype(dt)  # (..., H, n, hd)
+        grads = reference_sdpa_vjp(plan, q, k, v, do, mask, bias)
+        dq, dk, dv = (merge_heads(g).astype(ct) for g in grads[:3])  # (..., n, E), (..., m, P) twice
+        named = {
+            "d_query": dq @ p.w_q.astype(ct), "d_key": dk @ p.w_k.astype(ct), "d_value": dv @ p.w_v.astype(ct),
+            "w_q": _outer_sum(dq, query.astype(ct)), "w_k": _outer_sum(dk, key.astype(ct)),
+            "w_v": _outer_sum(dv, value.astype(ct)), "w_o": _outer_sum(dO, merge_heads(o).astype(ct)),
+            "b_q": _row_sum(dq), "b_k": _row_sum(dk), "b_v": _row_sum(dv), "b_o": _row_sum(dO),
+        }
+    named = {name: g for name, g in named.items() if name not in PARAM_FIELDS or getattr(p, name) is not None}
+    named = {name: rnd(g).astype(np.float64) for name, g in named.items()}
+    named.update({"d_query": named["d_query"].reshape(query.shape), "d_key": named["d_key"].reshape(key.shape),
+                  "d_value": named["d_value"].reshape(value.shape)})
+    if bias is not None:
+        named["d_bias"] = grads[3]
+    return named
+
+
+def mha_vjp_allowed(query, key, value, params: MHAParams, d_out, err_ref: dict, *, num_heads: int,
+                    num_kv_heads: int | None = None, mask=None, bias=None, **options) -> dict:
+    """``allowed_T`` for each gradient of one mha_vjp case: K * err_ref_T + floor_T.
+
+    The floor is the first-order error of an implementation as exact as D allows, u = eps(D),
+    built from three parts (sizes from the float64 golden's projections q, k, v, o and
+    do = split(dO W_o), the upstream gradient of sdpa):
+
+    * Forward errors, as `attnspec.spec.tolerance_mha`: d_q, d_k, d_v = u (1 + sqrt(in)) * max of
+      the projection's |x| |W|^T + |b|; d_L, the logit error; d_o, the attention output's.
+      The backward's own input has d_do = u (1 + sqrt(E)) max(|dO| |W_o|).
+    * sdpa's backward on them: e_T = S_T * (u (1 + sqrt(c_T) + 2 sqrt(hd) L) + rho_T) with S_T,
+      c_T as for sdpa_vjp (A = max|do| max|v|) and rho_T the relative error its inputs carry:
+      dq and dbias d_do/|do| + d_v/|v| (+ d_k/|k| for dq) + 3 d_L, dk the same with d_q/|q|,
+      dv d_do/|do| + 2 d_L. 3 d_L: a logit error d_L moves each weight by 2 d_L relative, so
+      dS = P (dP - D) by 2 d_L * 2A (the P factor) plus 2 d_L * A (through D), per 2A P.
+      Each is multiplied by the number of broadcast copies it is summed over.
+    * The chain back through the projections, each a first-order bound: the input error times
+      the map's gain, plus one rounding of a sum of c terms, u (1 + sqrt(c)) times the result's
+      bound. With colsum(W) = max_c sum_r |W[r, c]| and N_x = max_c sum_rows |x[row, c]|:
+      d_query colsum(W_q) (e_dq + u (1 + sqrt(E)) S_dq), likewise d_key, d_value with P terms;
+      w_q N_query (e_dq + u (1 + sqrt(R_q)) S_dq), likewise w_k, w_v; w_o N_dO (d_o + u (1 +
+      sqrt(R_o)) max|o|); b_q R_q (e_dq + u (1 + sqrt(R_q)) S_dq), likewise b_k, b_v; b_o
+      u (1 + sqrt(R_o)) N_dO; d_bias e_dbias. R_x counts the rows summed (batch * length).
+    """
+    opts = {k: options.get(k) for k in _OPTIONS}
+    plan = _mha_validate("mha_vjp_allowed", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts)
+    u = eps(plan.dtype)
+    pr = params
+    e, hd, hkv, G, n, m = pr.embed_dim, plan.dk, plan.hkv, plan.group, plan.n, plan.m
+    f64 = [np.asarray(x, dtype=np.float64) for x in (query, key, value, d_out)]
+    query64, key64, value64, dO = f64
+    bias64 = None if bias is None else bias.astype(np.float64)
+    wo = pr.w_o.astype(np.float64)
+    q = split_heads(_project(query64, pr.w_q, pr.b_q), num_heads)  # (..., H, n, hd)
+    k = split_heads(_project(key64, pr.w_k, pr.b_k), hkv)  # (..., Hkv, m, hd)
+    v = split_heads(_project(value64, pr.w_v, pr.b_v), hkv)  # (..., Hkv, m, hd)
+    do = split_heads(dO @ wo, num_heads)  # (..., H, n, hd)
+
+    # forward errors, as tolerance_mha's floor
+    a_q = split_heads(_abs_projection(query64, pr.w_q, pr.b_q), num_heads)  # (..., H, n, hd)
+    a_k = split_heads(_abs_projection(key64, pr.w_k, pr.b_k), hkv)  # (..., Hkv, m, hd)
+    d_q = u * (1 + math.sqrt(e)) * float(a_q.max(initial=0.0))
+    d_k = u * (1 + math.sqrt(pr.kdim)) * float(a_k.max(initial=0.0))
+    d_v = u * (1 + math.sqrt(pr.vdim)) * float(_abs_projection(value64, pr.w_v, pr.b_v).max(initial=0.0))
+    d_do = u * (1 + math.sqrt(e)) * float(_abs_projection(dO, wo.T, None).max(initial=0.0))
+    with np.errstate(all="ignore"):
+        o, w = sdpa(q, k, v, mask=mask, bias=bias64, return_weights=True, **opts)  # (..., H, n, hd), (..., H, n, m)
+    vis = _sdpa_visibility(plan, mask, bias64)  # (..., H, n, m)
+    L = _logit_scale(plan, q, k, bias64, vis)
+    d_L = u * ((1 + math.sqrt(e)) * _logit_scale(plan, a_q, k, None, vis)
+               + (1 + math.sqrt(pr.kdim)) * _logit_scale(plan, q, a_k, None, vis))
+    v_max = _finite_max(v)
+    d_o = u * v_max * (1 + math.sqrt(m) + 2 * math.sqrt(hd) * L) + 2 * d_L * v_max + d_v
+
+    # sdpa's backward on the projected q, k, v and do
+    A = _finite_max(do) * v_max
+    wf = np.where(np.isfinite(w), w, 0).reshape(plan.full_weights_shape)
+    pcol = float(wf.reshape(*plan.batch, hkv, G * n, m).sum(axis=-2).max(initial=0.0))
+    batch = math.prod(plan.batch)
+
+    def copies(x) -> int:  # broadcast copies of x's batch dims summed into its gradient
+        return batch // max(math.prod(x.shape[:-2]), 1)
+
+    def base(c):
+        return u * (1 + math.sqrt(c) + 2 * math.sqrt(hd) * L)
+
+    r_do, r_v = _ratio(d_do, _finite_max(do)), _ratio(d_v, v_max)
+    S = {
+        "dq": 2 * A * plan.scale * _finite_max(k) * copies(query64),
+        "dk": 2 * A * plan.scale * _finite_max(q) * pcol * copies(key64),
+        "dv": _finite_max(do) * pcol * copies(value64),
+    }
+    err = {
+        "dq": S["dq"] * (base(m + hd) + r_do + r_v + _ratio(d_k, _finite_max(k)) + 3 * d_L),
+        "dk": S["dk"] * (base(G * n + hd) + r_do + r_v + _ratio(d_q, _finite_max(q)) + 3 * d_L),
+        "dv": S["dv"] * (base(G * n) + r_do + 2 * d_L),
+    }
+
+    def colsum(w_) -> float:
+        return float(np.abs(w_.astype(np.float64)).sum(axis=0).max(initial=0.0))
+
+    def rowsum(x) -> float:
+        return float(np.abs(np.where(np.isfinite(x), x, 0)).reshape(-1, x.shape[-1]).sum(axis=0).max(initial=0.0))
+
+    def rows(x) -> int:
+        return math.prod(x.shape[:-1])
+
+    floor = {
+        "d_query": colsum(pr.w_q) * (err["dq"] + u * (1 + math.sqrt(e)) * S["dq"]),
+        "d_key": colsum(pr.w_k) * (err["dk"] + u * (1 + math.sqrt(pr.kv_dim)) * S["dk"]),
+        "d_value": colsum(pr.w_v) * (err["dv"] + u * (1 + math.sqrt(pr.kv_dim)) * S["dv"]),
+        "w_q": rowsum(query64) * (err["dq"] + u * (1 + math.sqrt(rows(query64))) * S["dq"]),
+        "w_k": rowsum(key64) * (err["dk"] + u * (1 + math.sqrt(rows(key64))) * S["dk"]),
+        "w_v": rowsum(value64) * (err["dv"] + u * (1 + math.sqrt(rows(value64))) * S["dv"]),
+        "w_o": rowsum(dO) * (d_o + u * (1 + math.sqrt(rows(dO))) * _finite_max(o)),
+        "b_q": rows(query64) * (err["dq"] + u * (1 + math.sqrt(rows(query64))) * S["dq"]),
+        "b_k": rows(key64) * (err["dk"] + u * (1 + math.sqrt(rows(key64))) * S["dk"]),
+        "b_v": rows(value64) * (err["dv"] + u * (1 + math.sqrt(rows(value64))) * S["dv"]),
+        "b_o": u * (1 + math.sqrt(rows(dO))) * rowsum(dO),
+    }
+    if bias is not None:
+        n_copies = math.prod(plan.full_weights_shape) // max(math.prod(bias.shape), 1)
+        floor["d_bias"] = n_copies * 2 * A * (base(m + hd) + r_do + r_v + 3 * d_L)
+    return {name: K * err_ref.get(name, 0.0) + f for name, f in floor.items()}
+
+
+# -- lsh_attention_vjp --------------------------------------------------------------------------
+
+def reference_lsh_vjp(plan: LSHPlan, x, v, d_out, rotations) -> dict:
+    """LSH's forward and backward (`grads_lsh._lsh_grads`) with every stored intermediate rounded
+    to D, in float32 for 16-bit and float32 inputs (float64 for float64), on the golden's
+    buckets (the float64 hash). Returns ``{"dx": ..., "dv": ...}``, float64, each in its input's
+    shape, rounded once more to D."""
+    p = plan
+    dt = _NP[p.dtype]
+    ct = np.float64 if p.dtype == "float64" else np.float32
+    B, L = math.prod(p.batch), p.L
+    if B == 0 or L == 0:
+        return {"dx": np.zeros(x.shape), "dv": np.zeros(v.shape)}
+
+    def rnd(a):
+        return a.astype(dt).astype(ct)
+
+    xc = np.broadcast_to(x.astype(ct), (*p.batch, L, p.d)).reshape(B, L, p.d)  # (B, L, d)
+    vc = np.broadcast_to(v.astype(ct), (*p.batch, L, p.dv)).reshape(B, L, p.dv)  # (B, L, dv)
+    dO = d_out.astype(ct).reshape(B, L, p.dv)  # (B, L, dv)
+    kv = np.full(B, L) if p.kv_lengths is None else p.kv_lengths.reshape(B)  # (B,)
+    with np.errstate(invalid="ignore"):
+        buckets = np.argmax(_rotated(xc.astype(np.float64), rotations.astype(np.float64)), axis=-1)
+    with np.errstate(all="ignore"):
+        dx, dv = _lsh_grads(p, xc, vc, dO, kv, buckets, rnd)
+        dx = _sum_to(dx.reshape(*p.batch, L, p.d), x.shape)
+        dv = _sum_to(dv.reshape(*p.batch, L, p.dv), v.shape)
+    return {"dx": rnd(dx).astype(np.float64), "dv": rnd(dv).astype(np.float64)}
+
+
+def lsh_vjp_allowed(plan: LSHPlan, x, v, d_out, err_ref: dict) -> dict:
+    """``allowed_T`` for dx, dx_zero_x and dv of one lsh_attention_vjp case.
+
+    dx is judged in two parts because the normalization's derivative scales with 1 / ||x[t]||:
+    ``dx`` at positions with ||x[t]|| > NORM_EPS, ``dx_zero_x`` at the others (x[t] = 0, where
+    k_hat = x / NORM_EPS and the key path's gradient is dk_hat / NORM_EPS, ~1e12 times larger).
+    With u = eps(D), T = 2C * nh window entries a query reads over all rounds, Pc = min(L, T)
+    (the most total weight one key gets), A = max|dO| max|v|, Lg = scale * max ||x[t]|| and
+    n_min the smallest ||x[t]|| above NORM_EPS, each over unpadded positions:
+
+        |ds| <= 4 A c_r w  (dP - D and dlse each bounded by 2 A c_r)
+        dx query path  S_q = 4 A scale,                 c_q = T + dv
+        dk_hat         S_k = 4 A scale max|x| Pc,       c_k = Pc + dv + d
+        dx     floor = u (S_q b(c_q) + S_k (1 + sqrt(d)) / n_min * b(c_k))
+        dx_zero_x    = u (S_q b(c_q) + S_k / NORM_EPS * b(c_k))
+        dv     floor = u max|dO| Pc b(T)
+        b(c) = 1 + sqrt(c) + 2 sqrt(d) Lg
+
+    (1 + sqrt(d)) / ||x||: the normalization's Jacobian (I - k_hat k_hat^T) / ||x|| applied to
+    dk_hat, whose d-term dot product k_hat . dk_hat adds the sqrt(d). Each floor is multiplied by
+    the broadcast copies summed into its input's gradient.
+    """
+    p = plan
+    u = eps(p.dtype)
+    L, d = p.L, p.d
+    batch = p.batch
+    kv = np.broadcast_to(np.asarray(L if p.kv_lengths is None else p.kv_lengths), batch)
+    unpadded = np.arange(L) < kv[..., None]  # (*batch, L)
+    xb = np.broadcast_to(np.asarray(x, dtype=np.float64), (*batch, L, d))
+    vb = np.broadcast_to(np.asarray(v, dtype=np.float64), (*batch, L, p.dv))
+    xu, vu = xb[unpadded], vb[unpadded]  # (positions, d), (positions, dv)
+    dOu = np.asarray(d_out, dtype=np.float64)[unpadded]
+    norms = np.sqrt((np.where(np.isfinite(xu), xu, 0) ** 2).sum(axis=-1))
+    big = norms[norms > NORM_EPS]
+    n_min = float(big.min()) if big.size else math.inf
+    T = 2 * p.chunk_length * p.n_hashes
+    pc = min(L, T)
+    A = _finite_max(dOu) * _finite_max(vu)
+    Lg = p.scale * float(norms.max(initial=0.0))
+
+    def b(c):
+        return 1 + math.sqrt(c) + 2 * math.sqrt(d) * Lg
+
+    s_q = 4 * A * p.scale
+    s_k = 4 * A * p.scale * _finite_max(xu) * pc
+    total = math.prod(batch)
+    copies_x = total // max(math.prod(x.shape[:-2]), 1)
+    copies_v = total // max(math.prod(v.shape[:-2]), 1)
+    floor = {
+        "dx": copies_x * u * (s_q * b(T + p.dv) + s_k * (1 + math.sqrt(d)) / n_min * b(pc + p.dv + d)),
+        "dx_zero_x": copies_x * u * (s_q * b(T + p.dv) + s_k / NORM_EPS * b(pc + p.dv + d)),
+        "dv": copies_v * u * _finite_max(dOu) * pc * b(T),
+    }
+    return {name: K * err_ref.get(name, 0.0) + f for name, f in floor.items()}

@@ -87,4 +87,5 @@ def control_blocked():
 
 
 def mutant_no_rescale():
-    return type("Mutant_no_rescale", (BlockedNaive,), {"name": "mutant-blocked-no_rescale", "bug": "no_rescale"})()
+    attrs = {"name": "mutant-blocked-no_rescale", "bug": "no_rescale"}
+    return type("Mutant_no_rescale", (BlockedNaive,), attrs)()

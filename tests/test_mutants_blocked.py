@@ -36,7 +36,8 @@ def suite_runs(tmp_path_factory):
     targets = {"control": "mutants_blocked:control_blocked",
                **{m: f"mutants_blocked:mutant_{m}" for m in MUTANTS_BLOCKED}}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(run_blocked_suite, t, tmp / f"{name}.json") for name, t in targets.items()}
+        futures = {name: pool.submit(run_blocked_suite, t, tmp / f"{name}.json")
+                   for name, t in targets.items()}
         return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
 
 

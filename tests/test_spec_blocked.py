@@ -372,8 +372,9 @@ def test_sdpa_computes_tile_by_tile_from_the_threshold_on(monkeypatch, return_we
     monkeypatch.setattr(sdpa_module, "BLOCKED_MIN_LOGITS", 4 * 64 * 64)  # batch * Hq * n * m
     at = sdpa(q, k, v, causal="upper_left", return_weights=return_weights)
     assert calls == [1]
-    # the same bits as sdpa_blocked with its default tiles, and sdpa's values to rounding
-    direct = sdpa_blocked(q, k, v, causal="upper_left", return_weights=return_weights)
+    # the same bits as sdpa_blocked with the golden's tiles, and sdpa's values to rounding
+    bq, bk = sdpa_module.GOLDEN_TILES
+    direct = sdpa_blocked(q, k, v, causal="upper_left", return_weights=return_weights, block_q=bq, block_k=bk)
     for got, want, ref in zip(*(x if return_weights else (x,) for x in (at, direct, below))):
         np.testing.assert_array_equal(got, want)
         np.testing.assert_allclose(got, ref, rtol=0, atol=RTOL * max(1.0, np.abs(v).max()))
@@ -385,8 +386,9 @@ def test_numpy_backend_sdpa_dispatches_like_the_golden(monkeypatch):
     sdpa_module = importlib.import_module("attnspec.spec.sdpa")
     monkeypatch.setattr(sdpa_module, "BLOCKED_MIN_LOGITS", 1)
     q, k, v = qkv()
+    bq, bk = sdpa_module.GOLDEN_TILES
     np.testing.assert_array_equal(get("numpy").sdpa(q, k, v, window=(2, 1)),
-                                  sdpa_blocked(q, k, v, window=(2, 1)))
+                                  sdpa_blocked(q, k, v, window=(2, 1), block_q=bq, block_k=bk))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -327,7 +327,9 @@ class JaxBackend(JaxArrays):
              q_lengths=None, kv_lengths=None, return_weights=False):
         p = self._plan("jax.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths)
         if is_empty(p):
-            result = _xp_core.empty(jnp, p, q.dtype, q.device, return_weights)
+            # a tracer (mha_vjp's jax.vjp through an empty mha) has no device: the default one
+            result = _xp_core.empty(jnp, p, q.dtype, getattr(q, "device", None) if not isinstance(
+                q, jax.core.Tracer) else None, return_weights)
             self._last = result
             return result
         sp = static_plan(p)

@@ -10,6 +10,10 @@ bucket a backend may legitimately compute otherwise: see `attnspec.conformance.l
 left out of the comparison, and the count goes into the verdict's ``reason``. A gradient of an
 input broadcast over batch elements sums over them, so it is compared only where every batch
 element it sums is kept.
+
+Each property runs a third of the profile's examples per dtype (4 in ``dev``, 33 in ``ci``): an
+autodiff backend traces and compiles the whole layer's backward for every new shape (JAX took
+~18 s a property and dtype at the full 12), and the dev profile runs in CI.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import replace
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnspec.conformance import lsh_cases as lc
@@ -43,6 +47,11 @@ from attnspec.spec.tolerance_grads import (
 )
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+
+
+def _fewer(test):
+    """A third of the loaded profile's examples (the plugin loads it before this module is imported)."""
+    return settings(max_examples=max(2, settings.default.max_examples // 3))(test)
 
 
 def _d_out(seed: int, shape, dtype: str) -> np.ndarray:
@@ -141,6 +150,7 @@ def judge_mha_grads(backend, device, prop: str, case: MHACase, d_out, grads, gol
 
 
 @DTYPES
+@_fewer
 @given(data=st.data())
 def test_mha_vjp_matches_golden(attn_backend, attn_device, judge, dtype, data):
     """d_query, d_key, d_value, every parameter's gradient (and d_bias) each equal the golden
@@ -158,6 +168,7 @@ _PADDABLE = ("plain", "no_bias", "kdim_vdim", "gqa", "mqa", "rank2", "causal_low
 
 
 @DTYPES
+@_fewer
 @given(data=st.data())
 def test_mha_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, data):
     """Keys at or beyond kv_length, holding a large finite poison, get d_key = d_value = 0
@@ -176,7 +187,8 @@ def test_mha_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, d
     key = np.where(hidden[..., None], poison, np.broadcast_to(base.k, (*batch, *base.k.shape[-2:])))
     value = np.where(hidden[..., None], poison, np.broadcast_to(base.v, (*batch, *base.v.shape[-2:])))
     poisoned = replace(clean, k=key.astype(base.k.dtype), v=value.astype(base.v.dtype))
-    golden_case = replace(clean, k=np.broadcast_to(base.k, key.shape).copy(), v=np.broadcast_to(base.v, value.shape).copy())
+    golden_case = replace(clean, k=np.broadcast_to(base.k, key.shape).copy(),
+                          v=np.broadcast_to(base.v, value.shape).copy())
 
     def body():
         grads = call_mha_vjp(attn_backend, poisoned, d_out, attn_device)
@@ -194,6 +206,7 @@ def test_mha_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, d
 
 
 @DTYPES
+@_fewer
 @given(data=st.data())
 def test_mha_vjp_empty_rows_zero_and_finite(attn_backend, attn_device, judge, dtype, data):
     """Every gradient is finite, and a query row that sees no key in any head gets d_query = 0."""
@@ -229,12 +242,15 @@ def _differences(backend, a: dict, b: dict) -> list[str]:
             diffs.append(f"{name}: returned by one call only")
             continue
         x, y = _as_float64(backend, a[name]), _as_float64(backend, b[name])
-        if not (x.shape == y.shape and np.array_equal(x, y, equal_nan=True)):
-            diffs.append(f"{name}: max |a - b| = {np.nanmax(np.abs(x - y), initial=0) if x.shape == y.shape else 'shapes differ'}")
+        if x.shape != y.shape:
+            diffs.append(f"{name}: shapes {x.shape} and {y.shape}")
+        elif not np.array_equal(x, y, equal_nan=True):
+            diffs.append(f"{name}: max |a - b| = {np.nanmax(np.abs(x - y), initial=0):.3e}")
     return diffs
 
 
 @DTYPES
+@_fewer
 @given(data=st.data())
 def test_mha_vjp_deterministic(attn_backend, attn_device, judge, dtype, data):
     """Two identical mha_vjp calls give bit-identical gradients (NaN where NaN)."""
@@ -340,6 +356,7 @@ def judge_lsh_grads(backend, device, prop: str, case: LSHCase, d_out, grads, gol
 
 
 @DTYPES
+@_fewer
 @given(data=st.data())
 def test_lsh_attention_vjp_matches_golden(attn_backend, attn_device, judge, dtype, data):
     """dx (the query path and the normalized-key path) and dv each equal the golden within the
@@ -354,6 +371,7 @@ def test_lsh_attention_vjp_matches_golden(attn_backend, attn_device, judge, dtyp
 
 
 @DTYPES
+@_fewer
 @given(data=st.data())
 def test_lsh_attention_vjp_padded_zero_and_finite(attn_backend, attn_device, judge, dtype, data):
     """Positions at or beyond kv_length, whose x, v and d_out hold NaN, inf or 1e4, get dx = dv = 0
@@ -397,6 +415,7 @@ def test_lsh_attention_vjp_padded_zero_and_finite(attn_backend, attn_device, jud
 
 
 @DTYPES
+@_fewer
 @given(data=st.data())
 def test_lsh_attention_vjp_deterministic(attn_backend, attn_device, judge, dtype, data):
     """Two identical lsh_attention_vjp calls give bit-identical gradients (NaN where NaN)."""

@@ -4,14 +4,25 @@
 (float64, every kv head repeated to its query heads, explicit visibility, broadcast gradients
 summed back by hand). With no bug switched on it is the control and must pass. Each mutant
 switches on one bug that hand-written attention backwards have shipped.
+
+`NaiveGradAll` adds mha_vjp (the chain rule through `mutants_mha.NaiveMHA`'s projections by
+hand, around NaiveGrad's sdpa_vjp) and lsh_attention_vjp (`mutants_lsh.NaiveLSH`'s loops run
+backwards, one query row and one round at a time); it is the control of `MHA_LSH_MUTANTS`.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from mutants import Naive, _np_dtype
+from mutants_lsh import NaiveLSH
+from mutants_mha import NaiveMHA, _info
+from attnspec.backends import _mha
+from attnspec.backends._base import MHAArrays
 from attnspec.spec._validate import ArrayInfo, validate_sdpa
+from attnspec.spec.lsh import NORM_EPS, validate_lsh
 
 
 class NaiveGrad(Naive):
@@ -110,3 +121,146 @@ def control():
 
 for _bug in GRAD_MUTANTS:
     globals()[f"mutant_{_bug}"] = (lambda b: (lambda: make(b)()))(_bug)
+
+
+# -- mha_vjp and lsh_attention_vjp ------------------------------------------------------------------
+
+class NaiveGradAll(NaiveGrad, NaiveMHA, NaiveLSH):
+    name = "naive-grad-all"
+    vjp_bug = None
+
+    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
+                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None):
+        options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+        plan = _mha.validate(f"{self.name}.mha_vjp", _info, lambda x: x, query, key, value, params, num_heads,
+                             num_kv_heads, mask, bias, options)
+        h, hkv, hd = plan.hq, plan.hkv, plan.dk
+        p = params
+        f = lambda x: None if x is None else x.astype(np.float64)  # noqa: E731
+
+        def project(x, w, b):
+            y = f(x) @ f(w).T  # (..., L, in) @ (in, out)
+            return y if b is None else y + f(b)
+
+        def split(x, heads):  # (..., L, heads * hd) -> (..., heads, L, hd)
+            return np.swapaxes(x.reshape(*x.shape[:-1], heads, hd), -2, -3)
+
+        def merge(x):  # (..., heads, L, hd) -> (..., L, heads * hd)
+            x = np.swapaxes(x, -2, -3)
+            return x.reshape(*x.shape[:-2], x.shape[-2] * x.shape[-1])
+
+        def outer(d, x):  # sum over rows of d^T x: (..., L, out), (..., L, in) -> (out, in)
+            return d.reshape(-1, d.shape[-1]).T @ x.reshape(-1, x.shape[-1])
+
+        q, k, v = split(project(query, p.w_q, p.b_q), h), split(project(key, p.w_k, p.b_k), hkv), \
+            split(project(value, p.w_v, p.b_v), hkv)
+        o = self.sdpa(q, k, v, mask=mask, bias=f(bias), **options)  # (..., H, n, hd)
+        dO = f(d_out)  # (..., n, E)
+        do = np.ascontiguousarray(split(dO @ f(p.w_o), h))  # (..., H, n, hd)
+        grads = self.sdpa_vjp(q, k, v, do, mask=mask, bias=f(bias), **options)
+        dq, dk, dv = (merge(g) for g in grads[:3])
+        d_w_o = outer(dO, merge(o))  # (E, E)
+        if self.vjp_bug == "w_o_transposed":
+            d_w_o = d_w_o.T
+        d = {"w_q": outer(dq, f(query)), "w_k": outer(dk, f(key)), "w_v": outer(dv, f(value)), "w_o": d_w_o,
+             "b_q": dq.reshape(-1, dq.shape[-1]).sum(0), "b_k": dk.reshape(-1, dk.shape[-1]).sum(0),
+             "b_v": dv.reshape(-1, dv.shape[-1]).sum(0), "b_o": dO.reshape(-1, dO.shape[-1]).sum(0)}
+        d_params = MHAArrays(**{name: None if getattr(p, name) is None else g.astype(getattr(p, name).dtype)
+                                for name, g in d.items()})
+        dt = query.dtype
+        out = (dq @ f(p.w_q), dk @ f(p.w_k), dv @ f(p.w_v))
+        result = [g.reshape(x.shape).astype(dt) for g, x in zip(out, (query, key, value))] + [d_params]
+        return tuple(result) + (() if bias is None else (grads[3].astype(dt),))
+
+    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                          dedup=False, scale=None):
+        fn = f"{self.name}.lsh_attention_vjp"
+        info = lambda a: ArrayInfo(tuple(a.shape), a.dtype.name)  # noqa: E731
+        p = validate_lsh(fn, info(x), info(v), info(rotations), chunk_length=chunk_length, causal=causal,
+                         kv_lengths=kv_lengths, dedup=dedup, scale=scale)
+        L = p.L
+        xs = np.broadcast_to(x.astype(np.float64), (*p.batch, L, p.d))
+        vs = np.broadcast_to(v.astype(np.float64), (*p.batch, L, p.dv))
+        dOs = d_out.astype(np.float64)
+        dx, dv = np.zeros((*p.batch, L, p.d)), np.zeros((*p.batch, L, p.dv))
+        for b in np.ndindex(*p.batch):
+            n = L if p.kv_lengths is None else int(p.kv_lengths[b])
+            if n:
+                dx[b][:n], dv[b][:n] = self._one_vjp(xs[b][:n], vs[b][:n], dOs[b][:n], rotations, n, p)
+        return _unbroadcast(dx, x.shape).astype(x.dtype), _unbroadcast(dv, v.shape).astype(x.dtype)
+
+    def _one_vjp(self, x, v, dO, rotations, n, p):
+        """One batch element's unpadded positions (n, d), (n, dv), (n, dv) -> dx, dv."""
+        _, buckets = self._one(x, v, rotations.astype(np.float64), n, p, n, p.n_hashes, p.n_buckets,
+                               p.chunk_length, p.padded_length)  # NaiveLSH's buckets of the n positions
+        windows = self._windows(buckets, n, p)
+        norm = np.linalg.norm(x, axis=-1)  # (n,)
+        k_hat = x / np.maximum(norm, NORM_EPS)[:, None]  # (n, d)
+        dx, dk_hat, dv = np.zeros_like(x), np.zeros_like(x), np.zeros_like(v)
+        for i in range(n):
+            rounds = []
+            count = {}
+            for r in range(p.n_hashes):
+                for j in windows[r, i]:
+                    count[j] = count.get(j, 0) + 1
+            for r in range(p.n_hashes):
+                keys = [j for j in windows[r, i] if j < n and not (p.causal and j > i)]
+                s = np.array([-5e4 if j == i else p.scale * x[i] @ k_hat[j] for j in keys])
+                if p.dedup:
+                    s = s - np.log([count[j] for j in keys])
+                e = np.exp(s - s.max())
+                w = e / e.sum()
+                rounds.append((keys, w, w @ v[keys], s.max() + math.log(e.sum())))
+            lse = np.array([r[3] for r in rounds])
+            c = np.exp(lse - lse.max())
+            c = c / c.sum()  # the rounds' weights
+            out = sum(c_r * r[2] for c_r, r in zip(c, rounds))
+            for c_r, (keys, w, o_r, _) in zip(c, rounds):
+                do = c_r * dO[i]
+                dlse = c_r * (dO[i] @ o_r - dO[i] @ out)
+                for w_j, j in zip(w, keys):
+                    dv[j] += w_j * do
+                    if j == i:  # the self logit is a constant
+                        continue
+                    ds = w_j * (do @ v[j] - do @ o_r + dlse)
+                    dx[i] += p.scale * ds * k_hat[j]
+                    dk_hat[j] += p.scale * ds * x[i]
+        for j in range(n):
+            if self.vjp_bug == "norm_grad_ignored":  # ||x|| treated as a constant
+                dx[j] += dk_hat[j] / max(norm[j], NORM_EPS)
+            elif norm[j] > NORM_EPS:
+                dx[j] += (dk_hat[j] - k_hat[j] * (k_hat[j] @ dk_hat[j])) / norm[j]
+            else:
+                dx[j] += dk_hat[j] / NORM_EPS
+        return dx, dv
+
+    @staticmethod
+    def _windows(buckets, n, p):
+        """{(round, position): the positions of its window}, from the sort of the spec's steps 3 and 5."""
+        C, Lp, nh = p.chunk_length, p.padded_length, p.n_hashes
+        eff = np.full((nh, Lp), p.n_buckets)
+        eff[:, :n] = buckets[:, :n]
+        order = np.concatenate([np.argsort(eff[r] * Lp + np.arange(Lp), kind="stable") for r in range(nh)])
+        chunks = order.reshape(-1, C)
+        windows = {}
+        for r in range(nh):
+            for slot in range(Lp):
+                c = (r * Lp + slot) // C
+                windows[r, order[r * Lp + slot]] = list(chunks[c - 1]) + list(chunks[c])
+        return windows
+
+
+# mutant name -> (the function it breaks, the property whose failure the suite must report)
+MHA_LSH_MUTANTS = {
+    "w_o_transposed": ("mha_vjp", "matches_golden"),
+    "norm_grad_ignored": ("lsh_attention_vjp", "matches_golden"),
+}
+
+
+def control_all():
+    return NaiveGradAll()
+
+
+for _bug in MHA_LSH_MUTANTS:
+    globals()[f"mutant_{_bug}"] = (lambda b: (lambda: type(f"GradMutant_{b}", (NaiveGradAll,),
+                                                          {"name": f"grad-mutant-{b}", "vjp_bug": b})()))(_bug)

@@ -1,7 +1,8 @@
 """The gradient properties catch every broken backward, name the property, and pass the control.
 
-Each backend runs the real suite (``pytest --pyargs attnspec.conformance -k grads``, the quick
-``dev`` profile) in a subprocess, as a backend author would run it.
+Each backend runs the real suite (``pytest --pyargs attnspec.conformance -k ...``, the quick
+``dev`` profile) in a subprocess, as a backend author would run it: the sdpa_vjp properties for
+`GRAD_MUTANTS`, the mha_vjp or lsh_attention_vjp ones for `MHA_LSH_MUTANTS`.
 """
 
 from __future__ import annotations
@@ -15,31 +16,38 @@ from pathlib import Path
 
 import pytest
 
-from mutants_grads import GRAD_MUTANTS
+from mutants_grads import GRAD_MUTANTS, MHA_LSH_MUTANTS
 
 HERE = Path(__file__).parent
 
 
-def run_suite(target: str, results: Path) -> subprocess.CompletedProcess:
+SDPA_VJP = "grads and not mha_vjp and not lsh_attention_vjp"  # test_grads.py's properties
+MHA_LSH_VJP = "mha_vjp or lsh_attention_vjp"  # test_grads_mha_lsh.py's
+
+
+def run_suite(target: str, results: Path, select: str = SDPA_VJP) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
            "--attn-profile", "dev", "--attn-results", str(results), "-q", "-p", "no:cacheprovider",
-           "-W", "ignore::RuntimeWarning", "-k", "grads"]
+           "-W", "ignore::RuntimeWarning", "-k", select]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=results.parent)
 
 
 @pytest.fixture(scope="module")
 def grad_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grad_mutants")
-    targets = {"control": "mutants_grads:control", **{m: f"mutants_grads:mutant_{m}" for m in GRAD_MUTANTS}}
+    targets = {"control": ("mutants_grads:control", SDPA_VJP),
+               **{m: (f"mutants_grads:mutant_{m}", SDPA_VJP) for m in GRAD_MUTANTS},
+               "control_all": ("mutants_grads:control_all", MHA_LSH_VJP),
+               **{m: (f"mutants_grads:mutant_{m}", fn) for m, (fn, _) in MHA_LSH_MUTANTS.items()}}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(run_suite, t, tmp / f"{name}.json")
-                   for name, t in targets.items()}
+        futures = {name: pool.submit(run_suite, t, tmp / f"{name}.json", select)
+                   for name, (t, select) in targets.items()}
         return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
 
 
-def _vjp_rows(path):
-    return [r for r in json.loads(path.read_text())["rows"] if r["function"] == "sdpa_vjp"]
+def _vjp_rows(path, function: str = "sdpa_vjp"):
+    return [r for r in json.loads(path.read_text())["rows"] if r["function"] == function]
 
 
 def test_control_passes(grad_runs):
@@ -58,4 +66,29 @@ def test_grad_mutant_is_caught_and_property_named(grad_runs, mutant):
     expected = GRAD_MUTANTS[mutant]
     assert expected in failed, f"{mutant}: failing properties {sorted(failed)} miss {expected}"
     assert f"sdpa_vjp {expected}" in proc.stdout  # the message names function and property
+    assert "reproduce with" in proc.stdout
+
+
+def test_mha_lsh_control_passes(grad_runs):
+    proc, path = grad_runs["control_all"]
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    for function, properties in (("mha_vjp", {"matches_golden", "masked_keys_get_zero",
+                                              "empty_rows_zero_and_finite", "deterministic"}),
+                                 ("lsh_attention_vjp", {"matches_golden", "padded_zero_and_finite",
+                                                        "deterministic"})):
+        rows = _vjp_rows(path, function)
+        assert {r["property"] for r in rows} == properties
+        assert sum(r["passed"] for r in rows) >= 10 * len(properties)  # the properties really ran cases
+        assert not any(r["failed"] for r in rows)
+
+
+@pytest.mark.parametrize("mutant", sorted(MHA_LSH_MUTANTS))
+def test_mha_lsh_mutant_is_caught_and_property_named(grad_runs, mutant):
+    proc, path = grad_runs[mutant]
+    function, expected = MHA_LSH_MUTANTS[mutant]
+    assert proc.returncode == 1, f"grad mutant {mutant} survived the suite:\n{proc.stdout[-2000:]}"
+    failed = {r["property"] for r in _vjp_rows(path, function) if r["failed"]}
+    assert expected in failed, f"{mutant}: failing properties {sorted(failed)} miss {expected}"
+    assert "deterministic" not in failed  # the mutant is wrong, not flaky
+    assert f"{function} {expected}" in proc.stdout  # the message names function and property
     assert "reproduce with" in proc.stdout

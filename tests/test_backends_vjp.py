@@ -1,0 +1,153 @@
+"""The autodiff backends' vjps refuse bad input under their own name, and every backend's
+``implements`` agrees with ``supports`` about the vjps.
+
+Each bad call must raise SpecError whose message starts with ``<backend>.<vjp>: `` (not the
+forward's ``<backend>.mha: ``) and says what was received and what was expected, d_out included.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import numpy as np
+import pytest
+
+import attnspec.backends as registry
+from attnspec import SpecError
+from attnspec.backends._base import spec_signature_mismatches
+from attnspec.backends._vjp import FORWARD
+from attnspec.conformance.lsh_cases import LSH_BAD_INPUTS
+from attnspec.conformance.mha_cases import MHA_BAD_INPUTS
+from attnspec.spec.bad_inputs import SDPA_BAD_INPUTS
+from attnspec.spec.lsh import lsh_rotations
+from attnspec.spec.mha import MHAParams
+
+INSTALLED = [n for n, a in registry.available().items() if a.installed and n in registry._BUILTINS]
+AUTODIFF = [n for n in ("torch", "jax") if n in INSTALLED]
+
+
+@functools.cache
+def backend(name):
+    return registry.get(name)
+
+
+def _raises(be, fn: str, match: str, call) -> None:
+    with pytest.raises(SpecError) as info:
+        call()
+    text = str(info.value)
+    assert text.startswith(f"{be.name}.{fn}: "), f"{text!r} does not start with '{be.name}.{fn}: '"
+    assert re.search(match, text), f"{text!r} does not match {match!r}"
+
+
+# -- mha_vjp ------------------------------------------------------------------------------------
+
+def _mha_call(be, query, key, value, params, d_out, options):
+    a = lambda x: be.asarray(x) if isinstance(x, np.ndarray) else x  # noqa: E731
+    return lambda: be.mha_vjp(a(query), a(key), a(value), params, d_out, **{k: a(v) for k, v in options.items()})
+
+
+@pytest.mark.parametrize("name", AUTODIFF)
+@pytest.mark.parametrize("bad", [b for b in MHA_BAD_INPUTS if b.params != "dict"], ids=lambda b: b.id)
+def test_mha_vjp_bad_input_names_the_vjp(name, bad):
+    be = backend(name)
+    (query, key, value), params, options = bad.build()
+    d_out = be.asarray(np.zeros((*query.shape[:-1], 8), np.float32))
+    _raises(be, "mha_vjp", bad.match, _mha_call(be, query, key, value, be.asparams(params, "float32"), d_out, options))
+
+
+def _good_mha():
+    rng = np.random.default_rng(0)
+    x = [rng.standard_normal(s).astype(np.float32) for s in ((2, 4, 8), (2, 6, 8), (2, 6, 8))]
+    return x, MHAParams.init(8, 2, seed=0, dtype=np.float32)
+
+
+@pytest.mark.parametrize("name", AUTODIFF)
+def test_mha_vjp_refuses_a_wrong_d_out(name):
+    be = backend(name)
+    (query, key, value), params = _good_mha()
+    prm = be.asparams(params, "float32")
+    cases = [
+        (np.zeros((2, 4, 6), np.float32), r"d_out\.shape=\(2, 4, 6\) must equal the output shape \(2, 4, 8\)"),
+        (np.zeros((2, 4, 8), np.float64), r"d_out\.dtype=float64 must equal query\.dtype=float32"),
+    ]
+    for d_out, match in cases:
+        _raises(be, "mha_vjp", match, _mha_call(be, query, key, value, prm, be.asarray(d_out), {"num_heads": 2}))
+    _raises(be, "mha_vjp", r"d_out must be a .*, got numpy\.ndarray",
+            _mha_call(be, query, key, value, prm, np.zeros((2, 4, 8), np.float32), {"num_heads": 2}))
+    _raises(be, "mha_vjp", r"params must be an MHAArrays .*got MHAParams",
+            _mha_call(be, query, key, value, params, be.asarray(np.zeros((2, 4, 8), np.float32)), {"num_heads": 2}))
+
+
+# -- lsh_attention_vjp --------------------------------------------------------------------------
+
+def _lsh_call(be, x, v, rot, d_out, options):
+    a = lambda y: be.asarray(y) if isinstance(y, np.ndarray) else y  # noqa: E731
+    return lambda: be.lsh_attention_vjp(a(x), a(v), d_out, rotations=a(rot), **{k: a(o) for k, o in options.items()})
+
+
+@pytest.mark.parametrize("name", AUTODIFF)
+@pytest.mark.parametrize("bad", LSH_BAD_INPUTS, ids=lambda b: b.id)
+def test_lsh_attention_vjp_bad_input_names_the_vjp(name, bad):
+    be = backend(name)
+    (x, v, rot), options = bad.build()
+    d_out = be.asarray(np.zeros(v.shape, np.float32))
+    _raises(be, "lsh_attention_vjp", bad.match, _lsh_call(be, x, v, rot, d_out, options))
+
+
+@pytest.mark.parametrize("name", AUTODIFF)
+def test_lsh_attention_vjp_refuses_a_wrong_d_out(name):
+    be = backend(name)
+    rng = np.random.default_rng(0)
+    x, v = rng.standard_normal((2, 8, 4)).astype(np.float32), rng.standard_normal((2, 8, 3)).astype(np.float32)
+    rot = lsh_rotations(0, 4, 2, 4)
+    opts = {"chunk_length": 4}
+    for d_out, match in [
+        (np.zeros((2, 8, 4), np.float32), r"d_out\.shape=\(2, 8, 4\) must equal the output shape \(2, 8, 3\)"),
+        (np.zeros((2, 8, 3), np.float16), r"d_out\.dtype=float16 must equal x\.dtype=float32"),
+    ]:
+        _raises(be, "lsh_attention_vjp", match, _lsh_call(be, x, v, rot, be.asarray(d_out), opts))
+    _raises(be, "lsh_attention_vjp", r"d_out must be a .*, got numpy\.ndarray",
+            _lsh_call(be, x, v, rot, np.zeros((2, 8, 3), np.float32), opts))
+
+
+# -- sdpa_vjp -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", AUTODIFF)
+@pytest.mark.parametrize("bad", SDPA_BAD_INPUTS, ids=lambda b: b.id)
+def test_sdpa_vjp_bad_input_names_the_vjp(name, bad):
+    be = backend(name)
+    (q, k, v), options = bad.build()
+    a = lambda x: be.asarray(x) if isinstance(x, np.ndarray) else x  # noqa: E731
+    d_out = be.asarray(np.zeros((*q.shape[:-1], v.shape[-1]), np.float32))
+    _raises(be, "sdpa_vjp", bad.match,
+            lambda: be.sdpa_vjp(a(q), a(k), a(v), d_out, **{k_: a(o) for k_, o in options.items()}))
+
+
+@pytest.mark.parametrize("name", AUTODIFF)
+@pytest.mark.parametrize("n", [5, 0])  # 0: the empty case returns zeros without a forward, still checked
+def test_sdpa_vjp_refuses_a_wrong_d_out(name, n):
+    be = backend(name)
+    rng = np.random.default_rng(0)
+    q, k, v = (be.asarray(rng.standard_normal(s).astype(np.float32)) for s in ((2, n, 8), (2, 7, 8), (2, 7, 4)))
+    _raises(be, "sdpa_vjp", rf"d_out\.shape=\(2, {n}, 8\) must equal the output shape \(2, {n}, 4\)",
+            lambda: be.sdpa_vjp(q, k, v, be.asarray(np.zeros((2, n, 8), np.float32))))
+    _raises(be, "sdpa_vjp", r"d_out\.dtype=float64 must equal q\.dtype=float32",
+            lambda: be.sdpa_vjp(q, k, v, be.asarray(np.zeros((2, n, 4), np.float64))))
+
+
+# -- implements vs supports ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", INSTALLED)
+def test_vjps_in_implements_exactly_when_supported(name):
+    """A vjp is in ``implements`` iff its forward is, and then `supports` accepts it; otherwise
+    `supports` gives a reason that names the vjp."""
+    be = backend(name)
+    for vjp, forward in FORWARD.items():
+        reasons = be.supports(vjp)
+        if vjp in be.implements:
+            assert forward in be.implements, f"{name} lists {vjp} without {forward}"
+            assert reasons == [], f"{name} lists {vjp} in implements, but supports refuses it: {reasons}"
+        else:
+            assert reasons and any(vjp in r for r in reasons), f"{name}.supports({vjp!r}) = {reasons}"
+    assert spec_signature_mismatches(be) == []

@@ -84,7 +84,13 @@ def lsh_attention(xp, p: LSHPlan, x, v, rotations, kv, *, nonfinite_v: bool, dev
     r = xp.reshape(xp.astype(rotations, ct), (d, nh * (nb // 2)))  # (d, nh * K)
     proj = xp.reshape(xp.matmul(x, r), (B, Lp, nh, nb // 2))  # (B, Lp, nh, K)
     proj = xp.permute_dims(proj, (0, 2, 1, 3))  # (B, nh, Lp, K)
-    buckets = xp.argmax(xp.concat([proj, -proj], axis=-1), axis=-1)  # (B, nh, Lp), first on ties
+    # argmax(concat(proj, -proj)) without building the (B, nh, Lp, 2K) concat, which cost more
+    # than the attention itself at large L: the first half wins ties (max == -min), and
+    # argmax/argmin each take the first index of a tie within their half; a NaN row takes its first
+    # NaN, in the first half, as argmax of the concat does
+    top, bottom = xp.max(proj, axis=-1), xp.min(proj, axis=-1)  # (B, nh, Lp)
+    buckets = xp.where((top >= -bottom) | xp.isnan(top), xp.argmax(proj, axis=-1),
+                       xp.argmin(proj, axis=-1) + nb // 2)  # (B, nh, Lp)
     # step 3: padded positions take bucket nb, after every real one
     eff = xp.where(valid[:, None, :], xp.astype(buckets, xp.int64), nb)  # (B, nh, Lp)
     order = xp.argsort(eff * Lp + pos, axis=-1, stable=True)  # (B, nh, Lp): position of each slot

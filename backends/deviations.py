@@ -345,7 +345,9 @@ assert out.isnan().all()  # the spec: finite, key 4 is absent
         spec_says="NaN propagates: a row whose logits are NaN gives NaN",
         native_does="without attn_mask, the CPU flash kernel (chosen for rank-4 inputs with "
                     "dk == dv) returns 0 for a query row whose logits are all NaN (a NaN or inf "
-                    "in q), as if the row saw no key; with a mask, or in the math kernel, NaN",
+                    "in q), as if the row saw no key; with a mask, or in the math kernel, NaN. Which rows "
+                    "zero depends on how the keys split into the CPU's vector lanes: on AVX2 "
+                    "float32 with few keys zeroes, float64 gives NaN; AVX-512 zeroed float64 too",
         reproducer=_TORCH + """\
 q, k, v = q[None], k[None], v[None]  # rank 4: the flash kernel
 q[0, 0, 1, 0] = float("nan")

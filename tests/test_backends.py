@@ -240,6 +240,12 @@ NATIVE_CASES += [(name, "float64", f) for name in NATIVE
                  for f in (FEATURES if name == "torch-native" else ["plain"])]
 
 
+# Cells where a declared deviation depends on the CPU: torch's CPU flash kernel zeroes a NaN query
+# row or propagates the NaN depending on how the keys split into vector lanes, so float64 deviates
+# on AVX-512 machines and matches the golden on AVX2 ones. Matching the golden is accepted there.
+CPU_DEPENDENT = {("torch-native", "float64", "nonfinite_q")}
+
+
 @pytest.mark.parametrize(("name", "dtype", "feature"), NATIVE_CASES)
 def test_native_matches_golden_unless_a_deviation_is_declared(name, dtype, feature):
     declared = NATIVE_DEVIATES.get((name, feature)) or NATIVE_DEVIATES.get((name, dtype))
@@ -249,6 +255,8 @@ def test_native_matches_golden_unless_a_deviation_is_declared(name, dtype, featu
             _check(name, feature, dtype)
         except (AssertionError, Unsupported):
             pytest.xfail(f"declared deviation {declared}")
+        if (name, dtype, feature) in CPU_DEPENDENT:
+            return  # this CPU takes the conforming kernel path
         pytest.fail(f"{name} [{feature}, {dtype}] now matches the golden: is {declared} stale here?")
     _check(name, feature, dtype)
 

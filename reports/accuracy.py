@@ -65,34 +65,33 @@ def _summary(results: Results) -> str:
     return table(headers, rows, "lll" + "r" * 8 + "l")
 
 
-def _gradient_summary(results: Results) -> str:
-    """One row per run and gradient function: passed/run and worst budget used, per dtype."""
+def _matrix(results: Results, gradients: bool) -> str:
+    """One row per run and function (forward ones, or the ``*_vjp`` ones), one cell per dtype:
+    cases passed of those run, declared deviations, and the worst budget used."""
     dtypes = ("float16", "bfloat16", "float32", "float64")
     rows = []
     for doc in sorted(results.conformance, key=run_key):
-        fns = sorted({r["function"] for r in doc["rows"] if str(r["function"]).endswith("_vjp")},
+        fns = sorted({r["function"] for r in doc["rows"] if str(r["function"]).endswith("_vjp") == gradients},
                      key=_function_key)
         for fn in fns:
             mine = [r for r in doc["rows"] if r["function"] == fn]
             cells = []
             for dt in dtypes:
                 rs = [r for r in mine if r["dtype"] == dt]
-                run = sum(int(r["run"]) for r in rs)
-                if not run:
+                t = {c: sum(int(r.get(c, 0)) for r in rs) for c in COUNTS}
+                if not t["run"]:
                     cells.append(DASH)
-                    continue
-                passed = sum(int(r["passed"]) for r in rs)
-                unsupported = sum(int(r["unsupported"]) for r in rs)
-                if unsupported == run:
+                elif t["unsupported"] == t["run"]:
                     cells.append("unsupported")
-                    continue
-                worst = _max(r.get("max_budget_used") for r in rs)
-                cells.append(f"{passed}/{run}, budget {num(worst)}")
+                else:
+                    worst = _max(r.get("max_budget_used") for r in rs)
+                    deviated = f" + {t['deviation']} dev." if t["deviation"] else ""
+                    cells.append(f"{t['passed']}/{t['run']}{deviated}, budget {num(worst)}")
             t = {c: sum(int(r.get(c, 0)) for r in mine) for c in COUNTS}
-            rows.append([doc["backend"], doc["device"], fn, *cells, t["failed"], t["deviation"]])
+            rows.append([doc["backend"], doc["device"], fn, *cells, t["failed"] + t["crashed"] + t["timeout"]])
     if not rows:
         return ""
-    return table(["backend", "device", "function", *dtypes, "failed", "deviation"], rows, "lll" + "l" * 4 + "rr")
+    return table(["backend", "device", "function", *dtypes, "failed"], rows, "lll" + "l" * 4 + "r")
 
 
 def _notes(row: dict[str, Any]) -> str:
@@ -160,13 +159,16 @@ def accuracy_page(results: Results, plots: list[tuple[str, str]] | None = None) 
         "is taken only over elements whose golden magnitude exceeds their allowed error (nearer 0 a",
         "relative error measures nothing; results written before this rule may show absurd values).",
         "", "## Summary", "", _summary(results),
+        "", "## By function and dtype", "",
+        "Each cell: cases passed of those run (the rest failed, were unsupported or showed a",
+        "declared deviation, counted as *dev.*) and the worst budget used.", "",
+        _matrix(results, gradients=False),
     ]
-    grads = _gradient_summary(results)
+    grads = _matrix(results, gradients=True)
     if grads:
         lines += ["", "## Gradients", "",
-                  "Gradient functions (`*_vjp`) per backend and dtype: cases passed of those run (the",
-                  "rest failed, were unsupported or showed a declared deviation) and the worst budget",
-                  "used over the gradient tensors (`attnspec.spec.tolerance_grads`).", "", grads]
+                  "Gradient functions (`*_vjp`), cells as above; the budget is the worst over the",
+                  "gradient tensors (`attnspec.spec.tolerance_grads`).", "", grads]
     entries = [(doc, r) for doc in results.conformance for r in doc["rows"]]
     for fn in sorted({r["function"] for _, r in entries}, key=_function_key):
         mine = sorted((e for e in entries if e[1]["function"] == fn),

@@ -151,3 +151,43 @@ def test_vjps_in_implements_exactly_when_supported(name):
         else:
             assert reasons and any(vjp in r for r in reasons), f"{name}.supports({vjp!r}) = {reasons}"
     assert spec_signature_mismatches(be) == []
+
+
+# -- torch's own kernels on rows with no visible key --------------------------------------------
+
+@pytest.mark.parametrize("kind", ["bool_mask", "neg_inf_bias"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("kernel", ["MATH", "FLASH_ATTENTION"])
+def test_torch_kernels_give_the_spec_gradients_for_a_row_with_no_visible_key(kernel, dtype, kind):
+    """Each CPU kernel of F.scaled_dot_product_attention, forced with sdpa_kernel, matches the
+    golden sdpa_vjp on a row that sees no key and a key no row sees: zero dq for the row, zero
+    dk/dv for the key, nothing NaN. (JAX does not: jax.empty-row-grad-into-masked-values and
+    jax.neg-inf-bias-row-nan-grads.) Were a kernel to regress, this names it; torch-native's
+    conformance run only sees the kernel torch picks."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from attnspec.spec import sdpa_vjp
+
+    rng = np.random.default_rng(1)
+    q, k, v, d_out = (rng.standard_normal(s) for s in ((1, 2, 4, 8), (1, 2, 6, 8), (1, 2, 6, 8), (1, 2, 4, 8)))
+    visible = np.ones((4, 6), bool)
+    visible[1] = False  # query 1 sees nothing
+    visible[:, 5] = False  # key 5 is seen by nobody
+    spec_opts = {"mask": visible} if kind == "bool_mask" else {"bias": np.where(visible, 0.0, -np.inf)}
+    golden = sdpa_vjp(q, k, v, d_out, **spec_opts)[:3]
+
+    t = {name: torch.tensor(a, dtype=getattr(torch, dtype), requires_grad=True)
+         for name, a in (("q", q), ("k", k), ("v", v))}
+    attn_mask = torch.tensor(visible) if kind == "bool_mask" else torch.tensor(spec_opts["bias"], dtype=getattr(torch, dtype))
+    with sdpa_kernel([getattr(SDPBackend, kernel)]):
+        out = torch.nn.functional.scaled_dot_product_attention(t["q"], t["k"], t["v"], attn_mask=attn_mask)
+        out.backward(torch.tensor(d_out, dtype=getattr(torch, dtype)))
+    # each gradient entry sums at most m * d = 48 products of O(1) terms (|q|, |k|, |v|, |d_out| < 5
+    # here): 64 ulps of the dtype bounds the accumulated rounding with room to spare
+    tol = 64 * np.finfo(dtype).eps
+    for name, want in zip("qkv", golden):
+        got = t[name].grad.double().numpy()
+        assert np.isfinite(got).all(), f"{kernel} {dtype}: d{name} has NaN/inf"
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"{kernel} {dtype} d{name}")
+    assert (t["q"].grad[0, :, 1] == 0).all() and (t["k"].grad[0, :, 5] == 0).all() and (t["v"].grad[0, :, 5] == 0).all()

@@ -98,12 +98,16 @@ def conformance(session: nox.Session, backend: str) -> None:
 #: the backends `attnspec.reports.bench_targets.TARGETS` measures: a plain `nox -s bench` also
 #: runs their targets (--targets-only, its own results file)
 TARGET_BACKENDS = ("numpy", "array_api-numpy", "torch", "jax")
+#: backend -> implementations a plain `nox -s bench` times on the "lsh" grid (L = 1024 ... 65536,
+#: B=1 H=1 d=64): LSH against torch's fused and adapted full attention, and against the blocked
+#: float64 golden; cases predicted over the grid's per-call limit are skipped with the reason
+SCALING = {"torch": ("adapter,native,lsh", "float32"), "numpy": ("blocked,lsh", "float64")}
 
 
 @nox.session
 @nox.parametrize("backend", list(BACKENDS))
 def bench(session: nox.Session, backend: str) -> None:
-    """Benchmark each backend in its own env (quick grid, then targets; -- --grid full for all), render."""
+    """Benchmark each backend in its own env (quick grid, targets, LSH scaling; -- --grid full for all), render."""
     install(session, package(BACKENDS[backend]))
     if backend == "example":
         install(session, str(PLUGIN))
@@ -113,6 +117,11 @@ def bench(session: nox.Session, backend: str) -> None:
     if not session.posargs and backend in TARGET_BACKENDS:  # the quick grid holds no target shape
         session.run("python", "-m", "attnspec.reports.bench", "--backend", backend, "--targets-only",
                     "--out", f"reports/results/bench-{backend}-cpu-targets.json",
+                    env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
+    if not session.posargs and backend in SCALING:
+        impls, dtypes = SCALING[backend]
+        session.run("python", "-m", "attnspec.reports.bench", "--backend", backend, "--grid", "lsh",
+                    "--impls", impls, "--dtypes", dtypes, "--out", f"reports/results/bench-{backend}-cpu-lsh.json",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     if backend == "numpy":  # the LSH approximation study is NumPy-only and takes seconds
         session.run("python", "-m", "attnspec.reports.lsh_quality",

@@ -19,6 +19,7 @@ Checking for non-finite values reads three flags back from the device (a sync), 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import ml_dtypes
@@ -90,7 +91,12 @@ class TorchArrays(Backend):
         cls.implements = _vjp.with_forwards(cls.implements)  # no vjp without its forward
 
     def supports(self, feature: str, **case) -> list[str]:
-        return _vjp.refusals(self, feature, super().supports(feature, **case))
+        reasons = _vjp.refusals(self, feature, super().supports(feature, **case))
+        if (feature in ("lsh_attention", "lsh_attention_vjp") and feature in self.implements
+                and importlib.util.find_spec("array_api_compat") is None):
+            reasons.append(f"{self.name}.{feature} runs on array-api-compat's torch namespace, which is "
+                           "not installed (pip install 'attnspec[torch]')")
+        return reasons
 
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
                  scale=None, q_lengths=None, kv_lengths=None):

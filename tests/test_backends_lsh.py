@@ -143,3 +143,27 @@ def test_memory_is_linear_in_L(namespace):
         assert 0 < rec.largest[0] <= bound, rec.largest
         assert bound * 16 <= L * L
         assert tuple(out.shape) == (B, L, dv)  # values: test_matches_spec_float64 and the suite
+
+
+def test_torch_extra_installs_what_torch_lsh_imports():
+    """The torch backend's lsh_attention runs on array_api_compat.torch, so `attnspec[torch]` must
+    bring array-api-compat (a torch-only environment once failed every LSH case with
+    ModuleNotFoundError, which the dev venv with every extra had hidden)."""
+    import tomllib
+    from pathlib import Path
+
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(req.startswith("array-api-compat") for req in extras["torch"]), extras["torch"]
+
+
+def test_torch_lsh_without_array_api_compat_is_unsupported_with_a_reason(monkeypatch):
+    pytest.importorskip("torch")
+    import importlib.util
+
+    be = registry.get("torch")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "array_api_compat" else real(name, *a))
+    for feature in ("lsh_attention", "lsh_attention_vjp"):
+        reasons = be.supports(feature)
+        assert any("array-api-compat" in r and "attnspec[torch]" in r for r in reasons), reasons
+    assert be.supports("sdpa") == []

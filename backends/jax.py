@@ -328,8 +328,8 @@ class JaxBackend(JaxArrays):
         p = self._plan("jax.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths)
         if is_empty(p):
             # a tracer (mha_vjp's jax.vjp through an empty mha) has no device: the default one
-            result = _xp_core.empty(jnp, p, q.dtype, getattr(q, "device", None) if not isinstance(
-                q, jax.core.Tracer) else None, return_weights)
+            device = None if isinstance(q, jax.core.Tracer) else q.device
+            result = _xp_core.empty(jnp, p, q.dtype, device, return_weights)
             self._last = result
             return result
         sp = static_plan(p)

@@ -51,7 +51,11 @@ def verdict(doc: dict[str, Any]) -> str:
 
 
 def totals(doc: dict[str, Any]) -> dict[str, int]:
-    return {c: sum(int(r.get(c, 0)) for r in doc["rows"]) for c in COUNTS}
+    return _counts(doc["rows"])
+
+
+def _counts(rows) -> dict[str, int]:
+    return {c: sum(int(r.get(c, 0)) for r in rows) for c in COUNTS}
 
 
 def _summary(results: Results) -> str:
@@ -78,7 +82,7 @@ def _matrix(results: Results, gradients: bool) -> str:
             cells = []
             for dt in dtypes:
                 rs = [r for r in mine if r["dtype"] == dt]
-                t = {c: sum(int(r.get(c, 0)) for r in rs) for c in COUNTS}
+                t = _counts(rs)
                 if not t["run"]:
                     cells.append(DASH)
                 elif t["unsupported"] == t["run"]:
@@ -87,7 +91,7 @@ def _matrix(results: Results, gradients: bool) -> str:
                     worst = _max(r.get("max_budget_used") for r in rs)
                     deviated = f" + {t['deviation']} dev." if t["deviation"] else ""
                     cells.append(f"{t['passed']}/{t['run']}{deviated}, budget {num(worst)}")
-            t = {c: sum(int(r.get(c, 0)) for r in mine) for c in COUNTS}
+            t = _counts(mine)
             rows.append([doc["backend"], doc["device"], fn, *cells, t["failed"] + t["crashed"] + t["timeout"]])
     if not rows:
         return ""

@@ -191,3 +191,18 @@ def test_torch_kernels_give_the_spec_gradients_for_a_row_with_no_visible_key(ker
         assert np.isfinite(got).all(), f"{kernel} {dtype}: d{name} has NaN/inf"
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"{kernel} {dtype} d{name}")
     assert (t["q"].grad[0, :, 1] == 0).all() and (t["k"].grad[0, :, 5] == 0).all() and (t["v"].grad[0, :, 5] == 0).all()
+
+
+@pytest.mark.parametrize("name", AUTODIFF)
+def test_mha_vjp_with_no_query_rows_gives_zero_gradients(name):
+    """n = 0 query rows: the forward's empty case runs under the framework's autodiff (under
+    jax.vjp its inputs are tracers, which have no device); gradients are zeros of the inputs' shapes."""
+    be = backend(name)
+    params = MHAParams.init(8, 2, seed=0, dtype=np.float32)
+    query = be.asarray(np.zeros((2, 0, 8), np.float32))
+    kv = be.asarray(np.ones((2, 3, 8), np.float32))
+    d_query, d_key, d_value, d_params = be.mha_vjp(query, kv, kv, be.asparams(params, "float32"),
+                                                   be.asarray(np.zeros((2, 0, 8), np.float32)), num_heads=2)[:4]
+    assert be.to_numpy(d_query).shape == (2, 0, 8)
+    for g in (d_key, d_value, d_params.w_q, d_params.w_o):
+        assert not be.to_numpy(g).any()

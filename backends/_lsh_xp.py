@@ -8,7 +8,9 @@ only standard functions are used (``take``, ``argsort(stable=True)``, ``roll``, 
 
 Memory: nothing is larger than O(nh * Lp * max(2C, d, dv)) per batch element. Queries of one
 chunk and the 2C keys of their window are gathered, so the logits are (B, nc, C, 2C); no L x L
-array is built. dedup adds nh * nh passes over arrays of that same size.
+array is built. The hash projections, (rows, nh * n_buckets / 2), are made for a block of rows at
+a time (`HASH_BLOCK_ELEMENTS`), since n_buckets usually grows with L. dedup adds nh * nh passes
+over arrays of the logits' size.
 
 Precision: float32 for float16/bfloat16/float32 inputs and float64 for float64 inputs
 (`compute_dtype_name`), hashing included, then one rounding to the input dtype. A float32 hash
@@ -29,6 +31,11 @@ from attnspec.backends._common import InfoFn, compute_dtype_name
 from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, LSHPlan, validate_lsh
 
 __all__ = ["empty", "lsh_attention", "plan"]
+
+#: rows are hashed in blocks whose (B, nh, rows, n_buckets / 2) projection holds about this many
+#: elements (at least one chunk of rows): with n_buckets ~ L / C, hashing all L rows at once would
+#: hold O(L^2 / C) values, 268 MB in float32 at L = 65536, C = 64
+HASH_BLOCK_ELEMENTS = 1 << 22
 
 
 def plan(fn: str, info: InfoFn, lengths_to_numpy, x, v, rotations, chunk_length, causal,
@@ -82,15 +89,9 @@ def lsh_attention(xp, p: LSHPlan, x, v, rotations, kv, *, nonfinite_v: bool, dev
 
     # step 2: hash in the compute dtype with the given rotations
     r = xp.reshape(xp.astype(rotations, ct), (d, nh * (nb // 2)))  # (d, nh * K)
-    proj = xp.reshape(xp.matmul(x, r), (B, Lp, nh, nb // 2))  # (B, Lp, nh, K)
-    proj = xp.permute_dims(proj, (0, 2, 1, 3))  # (B, nh, Lp, K)
-    # argmax(concat(proj, -proj)) without building the (B, nh, Lp, 2K) concat, which cost more
-    # than the attention itself at large L: the first half wins ties (max == -min), and
-    # argmax/argmin each take the first index of a tie within their half; a NaN row takes its first
-    # NaN, in the first half, as argmax of the concat does
-    top, bottom = xp.max(proj, axis=-1), xp.min(proj, axis=-1)  # (B, nh, Lp)
-    buckets = xp.where((top >= -bottom) | xp.isnan(top), xp.argmax(proj, axis=-1),
-                       xp.argmin(proj, axis=-1) + nb // 2)  # (B, nh, Lp)
+    rows_per_block = max(C, HASH_BLOCK_ELEMENTS // (B * nh * (nb // 2)))
+    buckets = xp.concat([_hash(xp, x[:, start:min(start + rows_per_block, Lp), :], r, nh, nb)
+                         for start in range(0, Lp, rows_per_block)], axis=-1)  # (B, nh, Lp)
     # step 3: padded positions take bucket nb, after every real one
     eff = xp.where(valid[:, None, :], xp.astype(buckets, xp.int64), nb)  # (B, nh, Lp)
     order = xp.argsort(eff * Lp + pos, axis=-1, stable=True)  # (B, nh, Lp): position of each slot
@@ -151,6 +152,21 @@ def lsh_attention(xp, p: LSHPlan, x, v, rotations, kv, *, nonfinite_v: bool, dev
     out = xp.where(valid[..., None], out, 0.0)[:, :L, :]  # (B, L, dv)
     out = xp.reshape(xp.astype(out, dtype), (*p.batch, L, dv))
     return out, xp.reshape(eff[:, :, :L], (*p.batch, nh, L))
+
+
+def _hash(xp, x, r, nh: int, nb: int):
+    """Buckets (B, nh, l) of the rows x (B, l, d): argmax(concat(p, -p)) with p = x R per round.
+
+    Without building the (B, nh, l, nb) concat: the first half wins ties (max == -min), and
+    argmax/argmin each take the first index of a tie within their half; a NaN row takes its
+    first NaN, in the first half, as argmax of the concat does.
+    """
+    B, l = x.shape[0], x.shape[1]
+    proj = xp.reshape(xp.matmul(x, r), (B, l, nh, nb // 2))  # (B, l, nh, K)
+    proj = xp.permute_dims(proj, (0, 2, 1, 3))  # (B, nh, l, K)
+    top, bottom = xp.max(proj, axis=-1), xp.min(proj, axis=-1)  # (B, nh, l)
+    return xp.where((top >= -bottom) | xp.isnan(top), xp.argmax(proj, axis=-1),
+                    xp.argmin(proj, axis=-1) + nb // 2)  # (B, nh, l)
 
 
 def _window_counts(xp, p: LSHPlan, slot_of, slot_pos, win_pos, rows, on):

@@ -62,6 +62,28 @@ def test_matches_spec_float64(backend_name, case_name):
     assert err <= allowed, f"{backend_name} {case_name}: max err {err:.3e} > allowed {allowed:.3e}"
 
 
+@pytest.mark.parametrize("rows", ["one_chunk", "chunk_and_a_half"])
+@pytest.mark.parametrize("case_name", ["ragged", "everything", "kv_lengths"])
+@pytest.mark.parametrize("backend_name", [b for b in BACKENDS if b != "numpy"])  # numpy: the spec itself
+def test_hashing_in_blocks_of_rows_changes_nothing(backend_name, case_name, rows, monkeypatch):
+    """`_lsh_xp` hashes HASH_BLOCK_ELEMENTS at a time; blocks of C rows, or of 1.5 C (the last block
+    short), still give the spec's buckets and output."""
+    batch, _, _, _, nh, nb, C, *_ = CASES[case_name]
+    per_row = int(np.prod(batch)) * nh * (nb // 2)
+    monkeypatch.setattr(_lsh_xp, "HASH_BLOCK_ELEMENTS", per_row * (C if rows == "one_chunk" else C + C // 2))
+    if backend_name == "jax":  # drop functions compiled with the default block size
+        import jax
+
+        jax.clear_caches()
+    try:
+        test_matches_spec_float64(backend_name, case_name)
+    finally:
+        if backend_name == "jax":
+            import jax
+
+            jax.clear_caches()
+
+
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_float32_hash_uses_the_given_rotations(backend_name):
     """float32 inputs hash in float32 with the given rotations: buckets equal the spec's away

@@ -82,10 +82,14 @@ def lsh_attention(xp, p: LSHPlan, x, v, rotations, kv, *, nonfinite_v: bool, dev
     pos = xp.arange(Lp, dtype=xp.int64, **on)  # (Lp,)
     n = xp.full((B,), L, dtype=xp.int64, **on) if kv is None else xp.astype(kv, xp.int64)  # (B,)
     valid = pos[None, :] < n[:, None]  # (B, Lp): unpadded (false for the step-9 positions too)
-    # padded positions take no part: zeroed with where, so their content (NaN included) reaches
-    # no gradient either (a NaN query row would give 0 * NaN in the keys' gradient matmul)
-    x = xp.where(valid[..., None], x, 0.0)  # (B, Lp, d)
-    v = xp.where(valid[..., None], v, 0.0)  # (B, Lp, dv)
+    # with no padded position (decided from shapes, so static under jit) the visibility gathers
+    # and the where passes below are skipped: ~1/3 of the time at large L
+    padded = kv is not None or Lp > L
+    if padded:
+        # padded positions take no part: zeroed with where, so their content (NaN included)
+        # reaches no gradient either (a NaN query row would give 0 * NaN in the keys' gradient)
+        x = xp.where(valid[..., None], x, 0.0)  # (B, Lp, d)
+        v = xp.where(valid[..., None], v, 0.0)  # (B, Lp, dv)
 
     # step 2: hash in the compute dtype with the given rotations
     r = xp.reshape(xp.astype(rotations, ct), (d, nh * (nb // 2)))  # (d, nh * K)
@@ -119,13 +123,16 @@ def lsh_attention(xp, p: LSHPlan, x, v, rotations, kv, *, nonfinite_v: bool, dev
 
     # step 6: visibility by original positions
     qp, kp = slot_pos[..., :, None], win_pos[..., None, :]  # (B, nc, C, 1), (B, nc, 1, 2C)
-    vis = rows(valid[..., None], slot_pos) & xp.matrix_transpose(rows(valid[..., None], win_pos))  # (B, nc, C, 2C)
+    vis = None  # (B, nc, C, 2C) or None: every key visible
+    if padded:
+        vis = rows(valid[..., None], slot_pos) & xp.matrix_transpose(rows(valid[..., None], win_pos))
     if p.causal:
-        vis = vis & (kp <= qp)
+        vis = (kp <= qp) if vis is None else vis & (kp <= qp)
     s = xp.where(kp == qp, xp.asarray(SELF_LOGIT, dtype=ct, **on), s)
     if p.dedup:
         s = s - xp.log(xp.astype(_window_counts(xp, p, slot_of, slot_pos, win_pos, rows, on), ct))
-    s = xp.where(vis, s, -math.inf)  # absent keys: their x (even NaN) is dropped here
+    if vis is not None:
+        s = xp.where(vis, s, -math.inf)  # absent keys: their x (even NaN) is dropped here
 
     # step 7: per-row softmax and logsumexp
     row_max = xp.max(s, axis=-1, keepdims=True)  # (B, nc, C, 1)
@@ -135,21 +142,25 @@ def lsh_attention(xp, p: LSHPlan, x, v, rotations, kv, *, nonfinite_v: bool, dev
     w = e / xp.where(denom == 0, 1.0, denom)  # (B, nc, C, 2C)
     lse = (row_max + xp.log(xp.where(denom == 0, 1.0, denom)))[..., 0]  # (B, nc, C); padded rows: 0
     v_win = rows(v, win_pos)  # (B, nc, 2C, dv)
-    finite = xp.isfinite(v_win)
-    o = xp.matmul(w, xp.where(finite, v_win, 0.0))  # (B, nc, C, dv)
-    if nonfinite_v:
-        o = _nonfinite_values(xp, w, v_win, vis, o, ct)
+    if nonfinite_v:  # zeroed for the matmul (0 * inf = NaN would reach rows not seeing the key)
+        o = xp.matmul(w, xp.where(xp.isfinite(v_win), v_win, 0.0))  # (B, nc, C, dv)
+        every = xp.ones(s.shape, dtype=xp.bool, **on)
+        o = _nonfinite_values(xp, w, v_win, every if vis is None else vis, o, ct)
+    else:
+        o = xp.matmul(w, v_win)  # (B, nc, C, dv)
 
     # undo the sort, combine the rounds with softmax(lse)
     flat = xp.reshape(xp.arange(nh, dtype=xp.int64, **on) * Lp, (1, nh, 1)) + slot_of  # (B, nh, Lp)
     o = rows(xp.reshape(o, (B, nh * Lp, dv)), flat)  # (B, nh, Lp, dv)
     lse = rows(xp.reshape(lse, (B, nh * Lp, 1)), flat)[..., 0]  # (B, nh, Lp)
-    lse = xp.where(valid[:, None, :], lse, 0.0)  # padded rows: any finite value, zeroed below
+    if padded:
+        lse = xp.where(valid[:, None, :], lse, 0.0)  # padded rows: any finite value, zeroed below
     top = xp.max(lse, axis=1, keepdims=True)  # (B, 1, Lp)
     rw = xp.exp(lse - top)
     rw = rw / xp.sum(rw, axis=1, keepdims=True)  # (B, nh, Lp)
     out = xp.sum(rw[..., None] * o, axis=1)  # (B, Lp, dv)
-    out = xp.where(valid[..., None], out, 0.0)[:, :L, :]  # (B, L, dv)
+    if padded:
+        out = xp.where(valid[..., None], out, 0.0)[:, :L, :]  # (B, L, dv)
     out = xp.reshape(xp.astype(out, dtype), (*p.batch, L, dv))
     return out, xp.reshape(eff[:, :, :L], (*p.batch, nh, L))
 

@@ -238,7 +238,15 @@ class TorchBackend(TorchArrays):
 
 
 def _finite(*xs: torch.Tensor) -> list[bool]:
-    return torch.stack([torch.isfinite(x).all() for x in xs]).tolist()  # one device sync
+    """Whether each tensor is all finite, read back in one device sync.
+
+    Tested on the sum (float32 or wider accumulation): a NaN or inf always makes it non-finite,
+    and it is one pass with no bool temporary (isfinite(x).all() cost ~6 ms of a 17 ms call at
+    (1, 8, 1024, 64)). Finite values whose sum overflows read as non-finite: that only sends the
+    call to the exact path, which is right for any input.
+    """
+    sums = [x.sum(dtype=torch.float64 if x.dtype == torch.float64 else torch.float32) for x in xs]
+    return torch.stack([s.double() for s in sums]).isfinite().tolist()
 
 
 def _drop_hidden_keys(p: SDPAPlan, vis: torch.Tensor, k: torch.Tensor, v: torch.Tensor):

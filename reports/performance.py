@@ -64,10 +64,12 @@ def _targets(results: Results) -> str:
     for doc in sorted(results.bench, key=bench_key):
         for t in sorted(doc.get("targets") or [], key=lambda t: t["name"]):
             rows.append([doc["backend"], doc["device"], t["name"], num(t.get("value")),
-                         num(t.get("target")), _met(t), t.get("detail")])
+                         num(t.get("target")), _met(t), f"`{doc['_file']}`", t.get("detail")])
     if not rows:
         return "No targets were recorded."
-    return table(["backend", "device", "name", "value", "target", "met", "detail"], rows, "lllrrll")
+    # a target can be evaluated by several runs (the targets run, and a grid holding its cases)
+    return table(["backend", "device", "name", "value", "target", "met", "results file", "detail"], rows,
+                 "lllrrlll")
 
 
 def _machines(results: Results) -> str:

@@ -171,7 +171,10 @@ def lsh_scaling(doc: dict[str, Any]) -> list[str]:
         for impl in full_impls:
             pts = crossover.get(impl, [])
             wins = [n for i, (n, _) in enumerate(pts) if all(w for _, w in pts[i:])]
-            first.append(f"{impl}: L = {wins[0]}" if wins else f"{impl}: none measured")
+            if len(pts) < 2:  # one L says who is faster there, not where they cross
+                first.append(f"{impl}: needs two or more L" if pts else f"{impl}: none measured")
+            else:
+                first.append(f"{impl}: L = {wins[0]}" if wins else f"{impl}: none measured")
         r0 = rows[0]
         out += ["", f"### LSH scaling: {doc['backend']} / {doc['device']} / {dtype}", "",
                 f"B={r0['B']} H={r0['H']} d={r0['d']}, lsh chunk_length="

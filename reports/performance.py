@@ -171,10 +171,9 @@ def lsh_scaling(doc: dict[str, Any]) -> list[str]:
         for impl in full_impls:
             pts = crossover.get(impl, [])
             wins = [n for i, (n, _) in enumerate(pts) if all(w for _, w in pts[i:])]
-            if len(pts) < 2:  # one L says who is faster there, not where they cross
-                first.append(f"{impl}: needs two or more L" if pts else f"{impl}: none measured")
-            else:
-                first.append(f"{impl}: L = {wins[0]}" if wins else f"{impl}: none measured")
+            # one L says who is faster there, not where they cross
+            found = "needs two or more L" if len(pts) == 1 else f"L = {wins[0]}" if wins else "none measured"
+            first.append(f"{impl}: {found}")
         r0 = rows[0]
         out += ["", f"### LSH scaling: {doc['backend']} / {doc['device']} / {dtype}", "",
                 f"B={r0['B']} H={r0['H']} d={r0['d']}, lsh chunk_length="

@@ -71,16 +71,14 @@ def test_hashing_in_blocks_of_rows_changes_nothing(backend_name, case_name, rows
     batch, _, _, _, nh, nb, C, *_ = CASES[case_name]
     per_row = int(np.prod(batch)) * nh * (nb // 2)
     monkeypatch.setattr(_lsh_xp, "HASH_BLOCK_ELEMENTS", per_row * (C if rows == "one_chunk" else C + C // 2))
-    if backend_name == "jax":  # drop functions compiled with the default block size
-        import jax
-
+    # jax: drop the functions compiled with the default block size, before and after
+    jax = pytest.importorskip("jax") if backend_name == "jax" else None
+    if jax:
         jax.clear_caches()
     try:
         test_matches_spec_float64(backend_name, case_name)
     finally:
-        if backend_name == "jax":
-            import jax
-
+        if jax:
             jax.clear_caches()
 
 

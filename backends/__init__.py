@@ -1,6 +1,8 @@
 """Backends by name: the built-in adapters, registered factories and third-party plugins.
 
     get(name, **options) -> Backend       build one (options go to its factory)
+    load(target) -> Backend               a name, "module:Class", or "module:function@convention"
+    from_function(fn, convention) -> Backend   check a plain attention function
     available() -> {name: Availability}   what can be built here, and why not
     names() -> [name, ...]                every known name
     register(name, factory)               add one at runtime
@@ -26,17 +28,28 @@ from importlib import metadata
 from typing import Callable, Union
 
 from attnspec._errors import SpecError
-from attnspec.backends._base import Backend, Unsupported
+from attnspec.backends._base import Backend, MHAArrays, Unsupported
+from attnspec.backends.conventions import CONVENTIONS, Convention, get_convention, register_convention
+from attnspec.backends.function import FunctionBackend, from_function
 
 __all__ = [
+    "CONVENTIONS",
     "ENTRY_POINT_GROUP",
     "Availability",
     "Backend",
+    "Convention",
+    "FunctionBackend",
+    "MHAArrays",
     "Unsupported",
     "available",
+    "from_function",
     "get",
+    "get_convention",
+    "load",
+    "load_object",
     "names",
     "register",
+    "register_convention",
 ]
 
 ENTRY_POINT_GROUP = "attnspec.backends"
@@ -128,6 +141,78 @@ def get(name: str, **options) -> Backend:
         raise SpecError(f"backends.get: the factory of {name!r} returned {type(backend).__name__}, "
                         "not an attnspec.backends.Backend")
     return backend
+
+
+def load_object(target: str):
+    """The object ``"module:attr"`` names; the module may be a ``path/to/file.py``.
+
+    Raises:
+        SpecError: the target is malformed, its module does not import, or the attribute is
+            missing; the message names which.
+    """
+    module, sep, attr = target.partition(":")
+    if not sep or not module or not attr:
+        raise SpecError(f"load: {target!r} must be MODULE:ATTRIBUTE (or path/to/file.py:ATTRIBUTE)")
+    try:
+        if module.endswith(".py") or "/" in module:
+            obj = _import_path(module)
+        else:
+            obj = importlib.import_module(module)
+    except SpecError:
+        raise
+    except BaseException as e:  # SystemExit and friends from a module's top level too
+        raise SpecError(f"load: module {module!r} does not import: {type(e).__name__}: {e}") from e
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise SpecError(f"load: {module!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def load(target: str, **options) -> Backend:
+    """The backend a target string names, as ``attnspec check`` and ``--attn-backend`` take it.
+
+    - ``NAME``: a registered backend (`get`).
+    - ``module:Class`` or ``module:factory``: a Backend subclass or a callable returning one.
+    - ``module:function@convention`` or ``module:function@convention/arrays``: a plain function
+      (`from_function`, named by the target itself so reproducers can rebuild it).
+    ``module`` may be a path to a ``.py`` file.
+    """
+    if not isinstance(target, str) or not target:
+        raise SpecError(f"load: target={target!r} must be a non-empty str")
+    if "@" in target:
+        where, _, how = target.rpartition("@")
+        convention, _, arrays = how.partition("/")
+        fn = load_object(where)
+        if not callable(fn):
+            raise SpecError(f"load: {where!r} is a {type(fn).__name__}, not a callable")
+        return from_function(fn, convention, name=target, arrays=arrays or None, **options)
+    if ":" not in target:
+        return get(target, **options)
+    obj = load_object(target)
+    if not callable(obj):
+        raise SpecError(f"load: {target!r} is a {type(obj).__name__}, not a Backend class or factory")
+    backend = obj(**options)
+    if not isinstance(backend, Backend):
+        raise SpecError(f"load: {target!r} returned {type(backend).__name__}, not an attnspec.backends.Backend "
+                        "(for a plain function, add @CONVENTION)")
+    return backend
+
+
+def _import_path(path: str):
+    import os
+
+    file = os.path.abspath(path)
+    if not os.path.isfile(file):
+        raise SpecError(f"load: no file {path!r}")
+    name = os.path.splitext(os.path.basename(file))[0]
+    if os.path.dirname(file) not in sys.path:
+        sys.path.insert(0, os.path.dirname(file))  # so the file's own sibling imports work
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 # -- internals ------------------------------------------------------------------------------

@@ -17,6 +17,9 @@ def attn_backend(attn_backend_name, pytestconfig):
         backend = resolve_backend(attn_backend_name)
     except Exception as exc:  # an unusable backend is the user's first question: say why
         pytest.fail(f"backend {attn_backend_name!r} is not usable: {type(exc).__name__}: {exc}", pytrace=False)
+    if ":" in attn_backend_name and "@" not in attn_backend_name:
+        # a path-loaded class: failures and reproducers name it as the user did
+        backend.name = attn_backend_name
     if hasattr(backend, "numerics_policy"):
         backend.numerics_policy()  # sets TF32 off / highest matmul precision, and reports it
     rec = pytestconfig._attn_recorder
@@ -36,7 +39,7 @@ def judge(attn_backend, attn_device, pytestconfig, request):
     rec = pytestconfig._attn_recorder
     nodeid = request.node.nodeid
     name = rec.backend_name
-    deviations = declared_deviations(name)
+    deviations = declared_deviations(name, attn_backend)
 
     def run(function: str, prop: str, case, body, feature_case: dict | None = None) -> None:
         base = {"function": function, "property": prop, "feature": case.feature, "dtype": case.dtype,
@@ -57,8 +60,9 @@ def judge(attn_backend, attn_device, pytestconfig, request):
         except SpecError as exc:
             verdict = _raised(name, function, prop, case, attn_device, f"raised SpecError on a valid input: {exc}")
         except Exception as exc:
+            # the innermost frames: where inside the implementation it failed
             verdict = _raised(name, function, prop, case, attn_device,
-                              f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}")
+                              f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}")
         if verdict.status == "failed" and applicable:
             # every declared deviation whose conditions the case meets is credited with it
             verdict.status, verdict.deviation_id = "deviation", ",".join(dev_id(d) for d in applicable)
@@ -86,5 +90,6 @@ def _raised(name, function, prop, case, device, text: str):
     from attnspec.conformance.pytest_helpers import Verdict, repro
 
     snippet = "\n".join("    " + line for line in repro(name, case, device).splitlines())
-    return Verdict("failed", message=f"[{name}] {function} {prop}: {case.describe()} device={device}\n"
-                                     f"  {text}\n  reproduce with:\n{snippet}")
+    first, _, rest = text.partition("\n")
+    return Verdict("failed", message=f"[{name}] {function} {prop}: {first}\n  case: {case.describe()} "
+                                     f"device={device}\n  {rest}\n  reproduce with:\n{snippet}")

@@ -38,6 +38,8 @@ def pytest_addoption(parser) -> None:
     group.addoption("--attn-profile", default=None, choices=PROFILES,
                     help="Hypothesis profile: dev (fast), ci (default: derandomized, 100 examples "
                          "a property), thorough")
+    group.addoption("--attn-dtype", action="append", default=None, metavar="DTYPE",
+                    help="run only the cases of these dtypes (repeatable; default every dtype)")
     group.addoption("--attn-results", default=None, metavar="PATH",
                     help="write the aggregated results JSON here (one backend per run)")
     group.addoption("--attn-journal", default=None, metavar="PATH",
@@ -68,6 +70,15 @@ def pytest_collection_modifyitems(config, items) -> None:
     import pytest
 
     if config.getoption("--attn-backend"):
+        dtypes = config.getoption("--attn-dtype")
+        if dtypes:
+            keep, drop = [], []
+            for item in items:
+                params = getattr(getattr(item, "callspec", None), "params", {})
+                (drop if params.get("dtype", dtypes[0]) not in dtypes else keep).append(item)
+            if drop:
+                config.hook.pytest_deselected(items=drop)
+                items[:] = keep
         return
     skip = pytest.mark.skip(reason="the conformance suite needs --attn-backend NAME")
     for item in items:

@@ -7,7 +7,6 @@ reproduces the call.
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,13 +39,11 @@ class Verdict:
 
 
 def resolve_backend(name: str):
-    """A registered backend name, or ``module:attribute`` naming a Backend class or factory."""
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        return getattr(importlib.import_module(module), attr)()
+    """A registered backend name, ``module:attribute`` naming a Backend class or factory, or
+    ``module:function@convention`` (see `attnspec.backends.load`)."""
     import attnspec.backends
 
-    return attnspec.backends.get(name)
+    return attnspec.backends.load(name)
 
 
 def to_backend(backend, case: SDPACase, device: str | None, options: dict[str, Any] | None = None):
@@ -158,9 +155,12 @@ def repro(backend_name: str, case: SDPACase, device: str | None, fn: str = "sdpa
 
 def failure_message(backend_name: str, prop: str, case: SDPACase, device: str | None,
                     comparisons: dict[str, Comparison], problems: list[str], fn: str = "sdpa",
-                    **extra: Any) -> str:
-    head = f"[{backend_name}] {fn} {prop}: {case.describe()} device={device}"
-    lines = [head]
+                    causes: list[str] | None = None, **extra: Any) -> str:
+    """The failure, its cause first: ``[backend] fn prop: CAUSE`` (when one is known), then the
+    case, the problems and comparisons, and the reproducer."""
+    cause = "; ".join(causes or [])
+    head = f"[{backend_name}] {fn} {prop}: " + (f"{cause}\n  case: " if cause else "")
+    lines = [f"{head}{case.describe()} device={device}"]
     lines += [f"  {p}" for p in problems]
     for name, c in comparisons.items():
         if c.ok:

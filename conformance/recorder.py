@@ -86,6 +86,7 @@ class Recorder:
             self.test_finished(node, "incomplete")
         rows: dict[tuple, dict[str, Any]] = {}
         failures = []
+        failed_keys: set[tuple[str, str, str]] = set()  # the first failure of each (function, feature, dtype) is kept
         for r in self.records:
             key = (r["function"], r["property"], r["feature"], r["dtype"])
             row = rows.setdefault(key, {
@@ -105,7 +106,9 @@ class Recorder:
             for did in (r.get("deviation_id") or "").split(","):
                 if did and did not in row["deviation_ids"]:
                     row["deviation_ids"].append(did)
-            if r["status"] in ("failed", "crashed", "timeout") and len(failures) < MAX_FAILURES_KEPT:
+            first_of_key = (key[0], key[2], key[3]) not in failed_keys
+            if r["status"] in ("failed", "crashed", "timeout") and (first_of_key or len(failures) < MAX_FAILURES_KEPT):
+                failed_keys.add((key[0], key[2], key[3]))
                 failures.append({k: r.get(k) for k in ("function", "property", "feature", "dtype", "status")}
                                 | {"message": r.get("message", ""), "repro": r.get("repro", "")})
         observed: dict[str, int] = defaultdict(int)
@@ -114,13 +117,13 @@ class Recorder:
                 if did:
                     observed[did] += 1
         deviations = []
-        for dev in declared_deviations(self.backend_name):
+        for dev in declared_deviations(self.backend_name, self.backend):
             did = dev_id(dev)
             status = ("observed" if observed[did] else
                       "stale" if self.deviation_exercised[did] else "not_exercised")
             deviations.append({"id": did, "status": status, "observed": observed[did],
                                "exercised": self.deviation_exercised[did]})
-        return {
+        results = {
             "schema": "attnspec.conformance/1",
             "backend": self.backend_name,
             "device": self.device,
@@ -130,6 +133,11 @@ class Recorder:
             "failures": failures,
             "deviations": deviations,
         }
+        # a function checked through a convention: what was called, and what the probe found
+        if hasattr(self.backend, "describe") and hasattr(self.backend, "capabilities"):
+            results["implementation"] = self.backend.describe()
+            results["capabilities"] = self.backend.capabilities.as_json()
+        return results
 
     def environment(self) -> dict[str, Any]:
         policy = {}
@@ -153,12 +161,15 @@ class Recorder:
         write_json_atomic(path, self.results())
 
 
-def declared_deviations(backend_name: str) -> list:
+def declared_deviations(backend_name: str, backend=None) -> list:
+    """The deviations declared for ``backend_name``, or for the backend whose deviations
+    ``backend`` says it shares (``backend.deviations_of``, e.g. a wrapper of torch's SDPA)."""
     try:
         from attnspec.backends.deviations import DEVIATIONS
     except ImportError:
         return []
-    return [d for d in DEVIATIONS if d.backend == backend_name]
+    name = getattr(backend, "deviations_of", None) or backend_name
+    return [d for d in DEVIATIONS if d.backend == name]
 
 
 def dev_id(dev) -> str:

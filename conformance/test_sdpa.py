@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnspec import SpecError
+from attnspec.conformance.causes import sdpa_causes
 from attnspec.conformance.hypothesis_helpers import SDPACase, _tag_visibility, full_visibility, sdpa_cases
 from attnspec.conformance.pytest_helpers import (
     Verdict,
@@ -41,8 +42,15 @@ def _judge_output(backend, device, prop, case, result, golden_case=None, **extra
                      check_metadata(backend, weights, g.weights.shape, case.dtype, device)]
         comparisons["weights"] = compare(backend.to_numpy(weights).astype(np.float64), g.weights, g.allowed_w)
     if problems or not all(c.ok for c in comparisons.values()):
+        causes = problems[:1]
+        if not problems:
+            got_w = None if weights is None else backend.to_numpy(weights).astype(np.float64)
+            causes = sdpa_causes(_plan(case), full_visibility(_plan(golden_case or case), (golden_case or case).options),
+                                 case.q, case.k, case.v, backend.to_numpy(out).astype(np.float64), g.out,
+                                 g.allowed_out, got_w)
         return Verdict("failed", comparisons,
-                       failure_message(backend.name, prop, case, device, comparisons, problems, **extra))
+                       failure_message(backend.name, prop, case, device, comparisons, problems, causes=causes,
+                                       **extra))
     return Verdict("passed", comparisons)
 
 

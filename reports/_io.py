@@ -302,7 +302,8 @@ def as_float(x: Any) -> float | None:
 
 # -- environment shared by every results JSON ---------------------------------------------------
 FRAMEWORKS = ("numpy", "ml_dtypes", "torch", "jax", "jaxlib", "array-api-compat", "array-api-strict",
-              "cupy-cuda12x", "cupy-cuda13x", "hypothesis")
+              "cupy-cuda12x", "cupy-cuda13x", "hypothesis", "mlx", "tinygrad", "keras", "flax",
+              "transformers", "reformer-pytorch")
 
 
 def framework_versions() -> dict[str, str]:

@@ -1,0 +1,319 @@
+"""Array libraries: moving NumPy data in and out of a framework, and the few layout operations
+an adapter needs, behind one interface.
+
+    array_library("torch") -> ArrayLibrary      by name (imports the framework on first use)
+    library_of(x) -> ArrayLibrary               the library an array belongs to
+
+An `ArrayLibrary` is what `attnspec.backends.from_function` needs to know about a framework to
+check a plain function: how to build its arrays from NumPy (``asarray``, rounding once in NumPy
+so the golden and the function see the same bits), how to read them back (``to_numpy``,
+bfloat16 included), their dtype and device names, and ``permute`` / ``reshape`` /
+``broadcast_to`` / ``repeat`` for layout changes. Layout operations move data and change no
+value. Built in: ``numpy``, ``torch``, ``jax``, ``mlx``, ``tinygrad``. Add one with
+`register_array_library`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any, Callable
+
+import ml_dtypes
+import numpy as np
+
+from attnspec._errors import SpecError
+from attnspec.backends._common import to_reference
+
+__all__ = ["ArrayLibrary", "array_libraries", "array_library", "library_of", "register_array_library"]
+
+
+class ArrayLibrary:
+    """One framework's arrays as attnspec needs them. Subclasses override what differs from NumPy."""
+
+    name: str = "numpy"
+    #: the top-level module whose arrays this library handles (``type(x).__module__`` prefix)
+    module: str = "numpy"
+
+    def is_array(self, x: object) -> bool:
+        return isinstance(x, np.ndarray)
+
+    def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> Any:
+        return np.array(to_reference(x, dtype))  # a copy
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return np.asarray(x)
+
+    def dtype_name(self, x: Any) -> str:
+        return np.dtype(x.dtype).name
+
+    def device_of(self, x: Any) -> str:
+        return "cpu"
+
+    def devices(self) -> list[str]:
+        return ["cpu"]
+
+    def synchronize(self) -> None:
+        """Block until queued work is done (timing reads the clock after this)."""
+
+    def numerics_policy(self) -> dict[str, Any]:
+        """Switch off reduced-precision matmul shortcuts, as the built-in backends do; report them."""
+        return {}
+
+    # -- layout: these move data and change no value ----------------------------------------
+    def permute(self, x: Any, axes: tuple[int, ...]) -> Any:
+        return np.transpose(x, axes)
+
+    def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
+        return np.reshape(x, shape)
+
+    def broadcast_to(self, x: Any, shape: tuple[int, ...]) -> Any:
+        return np.broadcast_to(x, shape)
+
+    def repeat(self, x: Any, repeats: int, axis: int) -> Any:
+        """Each element ``repeats`` times in a row along ``axis`` (NumPy's repeat; torch's repeat_interleave)."""
+        return np.repeat(x, repeats, axis=axis)
+
+    def __repr__(self) -> str:
+        return f"<attnspec array library {self.name!r}>"
+
+
+class TorchLibrary(ArrayLibrary):
+    name = module = "torch"
+
+    def __init__(self) -> None:
+        import torch
+
+        from attnspec.backends.torch import TorchArrays
+
+        self._torch, self._hooks = torch, TorchArrays()
+
+    def is_array(self, x: object) -> bool:
+        return isinstance(x, self._torch.Tensor)
+
+    def asarray(self, x, dtype=None, device=None):
+        return self._hooks.asarray(x, dtype, device)
+
+    def to_numpy(self, x):
+        return self._hooks.to_numpy(x)
+
+    def dtype_name(self, x):
+        return self._hooks.dtype_name(x)
+
+    def device_of(self, x):
+        return str(x.device)
+
+    def devices(self):
+        return self._hooks.devices()
+
+    def synchronize(self):
+        self._hooks.synchronize()
+
+    def numerics_policy(self):
+        return self._hooks.numerics_policy()
+
+    def permute(self, x, axes):
+        return x.permute(*axes)
+
+    def reshape(self, x, shape):
+        return x.reshape(shape)
+
+    def broadcast_to(self, x, shape):
+        return x.expand(*shape)
+
+    def repeat(self, x, repeats, axis):
+        return x.repeat_interleave(repeats, dim=axis)
+
+
+class JaxLibrary(ArrayLibrary):
+    name = module = "jax"
+
+    def __init__(self) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        from attnspec.backends.jax import JaxArrays
+
+        self._jax, self._jnp, self._hooks = jax, jnp, JaxArrays()
+
+    def is_array(self, x: object) -> bool:
+        return isinstance(x, self._jax.Array)
+
+    def asarray(self, x, dtype=None, device=None):
+        return self._hooks.asarray(x, dtype, device)
+
+    def to_numpy(self, x):
+        return self._hooks.to_numpy(x)
+
+    def device_of(self, x):
+        from attnspec.backends.jax import device_name
+
+        return device_name(x) or "traced"
+
+    def devices(self):
+        return self._hooks.devices()
+
+    def synchronize(self):
+        self._hooks.synchronize()
+
+    def numerics_policy(self):
+        return self._hooks.numerics_policy()
+
+    def permute(self, x, axes):
+        return self._jnp.transpose(x, axes)
+
+    def reshape(self, x, shape):
+        return self._jnp.reshape(x, shape)
+
+    def broadcast_to(self, x, shape):
+        return self._jnp.broadcast_to(x, shape)
+
+    def repeat(self, x, repeats, axis):
+        return self._jnp.repeat(x, repeats, axis=axis)
+
+
+class MlxLibrary(ArrayLibrary):
+    """MLX arrays (``pip install 'mlx[cpu]'`` on Linux). bfloat16 travels through float32."""
+
+    name = module = "mlx"
+
+    def __init__(self) -> None:
+        import mlx.core as mx
+
+        self._mx = mx
+
+    def is_array(self, x: object) -> bool:
+        return isinstance(x, self._mx.array)
+
+    def asarray(self, x, dtype=None, device=None):
+        x = to_reference(x, dtype)
+        if x.dtype == ml_dtypes.bfloat16:  # float32 holds every bfloat16 exactly
+            return self._mx.array(x.astype(np.float32)).astype(self._mx.bfloat16)
+        return self._mx.array(np.array(x))
+
+    def to_numpy(self, x):
+        if x.dtype == self._mx.bfloat16:
+            return np.array(x.astype(self._mx.float32)).astype(ml_dtypes.bfloat16)
+        return np.array(x)
+
+    def dtype_name(self, x):
+        return str(x.dtype).rsplit(".", 1)[-1]
+
+    def permute(self, x, axes):
+        return self._mx.transpose(x, axes)
+
+    def reshape(self, x, shape):
+        return self._mx.reshape(x, shape)
+
+    def broadcast_to(self, x, shape):
+        return self._mx.broadcast_to(x, shape)
+
+    def repeat(self, x, repeats, axis):
+        return self._mx.repeat(x, repeats, axis=axis)
+
+    def synchronize(self):
+        self._mx.synchronize()
+
+
+class TinygradLibrary(ArrayLibrary):
+    """tinygrad Tensors on their default device. bfloat16 travels through float32."""
+
+    name = module = "tinygrad"
+
+    def __init__(self) -> None:
+        import tinygrad
+
+        self._tg = tinygrad
+
+    def is_array(self, x: object) -> bool:
+        return isinstance(x, self._tg.Tensor)
+
+    def asarray(self, x, dtype=None, device=None):
+        x = to_reference(x, dtype)
+        if x.dtype == ml_dtypes.bfloat16:
+            return self._tg.Tensor(x.astype(np.float32)).cast(self._tg.dtypes.bfloat16).realize()
+        return self._tg.Tensor(np.array(x)).realize()
+
+    def to_numpy(self, x):
+        if x.dtype == self._tg.dtypes.bfloat16:
+            return x.cast(self._tg.dtypes.float32).numpy().astype(ml_dtypes.bfloat16)
+        return x.numpy()
+
+    def dtype_name(self, x):
+        name = x.dtype.name
+        return {"half": "float16", "float": "float32", "double": "float64", "__bf16": "bfloat16",
+                "bfloat16": "bfloat16", "char": "int8", "int": "int32", "long": "int64"}.get(name, name)
+
+    def permute(self, x, axes):
+        return x.permute(*axes)
+
+    def reshape(self, x, shape):
+        return x.reshape(shape)
+
+    def broadcast_to(self, x, shape):
+        return x.expand(*shape)
+
+    def repeat(self, x, repeats, axis):
+        return x.repeat_interleave(repeats, dim=axis)
+
+
+_LIBRARIES: dict[str, Callable[[], ArrayLibrary]] = {
+    "numpy": ArrayLibrary,
+    "torch": TorchLibrary,
+    "jax": JaxLibrary,
+    "mlx": MlxLibrary,
+    "tinygrad": TinygradLibrary,
+}
+_built: dict[str, ArrayLibrary] = {}
+
+
+def register_array_library(name: str, factory: Callable[[], ArrayLibrary]) -> None:
+    """Make ``array_library(name)`` build ``factory()`` (an `ArrayLibrary` subclass or a callable)."""
+    if not isinstance(name, str) or not name:
+        raise SpecError(f"register_array_library: name={name!r} must be a non-empty str")
+    _LIBRARIES[name] = factory
+    _built.pop(name, None)
+
+
+def array_libraries() -> list[str]:
+    """Every known library name (whether or not its framework is installed)."""
+    return list(_LIBRARIES)
+
+
+def array_library(name: str | ArrayLibrary) -> ArrayLibrary:
+    """The library called ``name`` (built once); an `ArrayLibrary` is returned as it is.
+
+    Raises:
+        SpecError: the name is unknown, or its framework does not import here.
+    """
+    if isinstance(name, ArrayLibrary):
+        return name
+    if name not in _LIBRARIES:
+        raise SpecError(f"array_library: arrays={name!r} is not one of {', '.join(_LIBRARIES)}")
+    if name not in _built:
+        try:
+            _built[name] = _LIBRARIES[name]()
+        except ImportError as e:
+            raise SpecError(f"array_library: arrays={name!r} needs a framework that does not import here: "
+                            f"{type(e).__name__}: {e}") from e
+    return _built[name]
+
+
+def library_of(x: object) -> ArrayLibrary:
+    """The library whose arrays include ``x``, judged by the module of its type (imports nothing new).
+
+    Raises:
+        SpecError: ``x`` is not an array of any known library.
+    """
+    top = type(x).__module__.split(".")[0]
+    if top in ("jaxlib",):
+        top = "jax"
+    for name in _LIBRARIES:
+        if name in _built and _built[name].is_array(x):
+            return _built[name]
+    if top in _LIBRARIES and importlib.util.find_spec(top) is not None:
+        lib = array_library(top)
+        if lib.is_array(x):
+            return lib
+    raise SpecError(f"library_of: {type(x).__module__}.{type(x).__name__} is not an array of a known "
+                    f"library ({', '.join(_LIBRARIES)})")

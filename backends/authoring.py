@@ -1,0 +1,206 @@
+"""Everything a backend author needs, under public names.
+
+    from attnspec.backends.authoring import Backend, Unsupported, plan_sdpa, attend_mask, ...
+
+The contract: `Backend`, `Unsupported`, `MHAArrays`, `FLOAT_DTYPES`. Validation: `plan_sdpa`
+checks one sdpa call on any framework's arrays with the spec's rules (so the spec's `SpecError`
+messages) and returns an `SDPAPlan`; `validate_sdpa` + `ArrayInfo` do the same from shapes and
+dtype names alone. Visibility: the spec's mask builders (`causal_mask`, `window_mask`,
+`padding_mask`, `query_padding_mask`), and `attend_mask` / `additive_mask`, which fold every rule
+of a call into the one mask an implementation takes. Layout: `to_blhd` / `to_bhld`,
+`expand_kv_heads` (GQA: query head h reads kv head h // G), `flatten_batch` / `unflatten_batch`
+(rank-2 inputs and broadcast batch dims -> one batch axis, and back).
+
+Shape letters as in `attnspec.spec.sdpa`: ``batch`` the broadcast leading dims (flattened: B),
+Hq / Hkv heads, G = Hq // Hkv, n queries, m keys, dk / dv head dims.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from attnspec._errors import SpecError
+from attnspec.backends._base import FLOAT_DTYPES, Backend, MHAArrays, Unsupported
+from attnspec.backends.arrays import ArrayLibrary, array_library, library_of
+from attnspec.spec._validate import ArrayInfo, SDPAPlan, validate_sdpa
+from attnspec.spec.masks import causal_mask, padding_mask, query_padding_mask, visibility, window_mask
+
+__all__ = [
+    "FLOAT_DTYPES",
+    "ArrayInfo",
+    "ArrayLibrary",
+    "Backend",
+    "MHAArrays",
+    "SDPAPlan",
+    "SpecError",
+    "Unsupported",
+    "additive_mask",
+    "array_library",
+    "attend_mask",
+    "causal_mask",
+    "expand_kv_heads",
+    "flatten_batch",
+    "flatten_mask",
+    "library_of",
+    "padding_mask",
+    "plan_sdpa",
+    "query_padding_mask",
+    "to_bhld",
+    "to_blhd",
+    "unflatten_batch",
+    "validate_sdpa",
+    "window_mask",
+]
+
+
+def plan_sdpa(fn: str, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+              q_lengths=None, kv_lengths=None, library: ArrayLibrary | str | None = None) -> SDPAPlan:
+    """Validate one sdpa call on a framework's arrays by the spec's rules; return its plan.
+
+    ``fn`` names the caller in messages (``"mine.sdpa"``). q, k, v, mask and bias must be arrays
+    of one library (``library``, default: q's); lengths may be that library's integer arrays,
+    NumPy arrays or ints. Nothing is converted silently: an array of another library is refused.
+
+    Raises:
+        SpecError: the first problem, worded as the spec words it.
+    """
+    lib = array_library(library) if library is not None else _library(fn, "q", q)
+
+    def info(name: str, x: object) -> ArrayInfo:
+        if not lib.is_array(x):
+            raise SpecError(f"{fn}: {name} must be a {lib.name} array, got {type(x).__module__}."
+                            f"{type(x).__name__}")
+        return ArrayInfo(tuple(int(s) for s in x.shape), lib.dtype_name(x))
+
+    def lengths(x: object) -> object:
+        return lib.to_numpy(x) if lib.is_array(x) else x
+
+    return validate_sdpa(
+        fn, info("q", q), info("k", k), info("v", v),
+        mask=None if mask is None else info("mask", mask),
+        bias=None if bias is None else info("bias", bias),
+        causal=causal, window=window, scale=scale,
+        q_lengths=lengths(q_lengths), kv_lengths=lengths(kv_lengths),
+    )
+
+
+def _library(fn: str, name: str, x: object) -> ArrayLibrary:
+    try:
+        return library_of(x)
+    except SpecError:
+        raise SpecError(f"{fn}: {name} must be an array, got {type(x).__module__}.{type(x).__name__}") from None
+
+
+def _numpy(x):
+    return None if x is None else (x if isinstance(x, np.ndarray) else library_of(x).to_numpy(x))
+
+
+def attend_mask(plan: SDPAPlan, mask=None, bias=None, *, structure: bool = True, lengths: bool = True,
+                full: bool = False):
+    """The one boolean "may attend" mask of a call (NumPy, True = attend), or None if all visible.
+
+    Folds in, with AND: causal and window on the plan's alignment (``structure``), q/kv lengths
+    (``lengths``), the explicit ``mask``, and ``bias != -inf``. Pass ``structure=False`` or
+    ``lengths=False`` for what an implementation takes through arguments of its own.
+    The result broadcasts against (*batch, Hq, n, m) -- for rank-2 inputs it is (n, m), the
+    shape of their scores -- or has exactly ``plan.weights_shape`` with ``full``.
+    ``mask`` and ``bias`` may be any library's arrays; they are read, never modified.
+    """
+    vis = visibility(plan.n, plan.m, causal=plan.causal if structure else None,
+                     window=plan.window if structure else None,
+                     q_lengths=plan.q_lengths if lengths else None,
+                     kv_lengths=plan.kv_lengths if lengths else None)
+    mask, bias = _numpy(mask), _numpy(bias)
+    if mask is not None:
+        vis = mask if vis is None else vis & mask
+    if bias is not None:
+        finite = bias != -np.inf
+        vis = finite if vis is None else vis & finite
+    if full and vis is None:
+        vis = np.ones((), bool)
+    if vis is not None and (full or plan.squeeze_head):
+        vis = np.broadcast_to(vis, plan.full_weights_shape).reshape(plan.weights_shape)
+    return vis
+
+
+def additive_mask(plan: SDPAPlan, mask=None, bias=None, *, structure: bool = True, lengths: bool = True,
+                  dtype: str | None = None):
+    """The call as one additive float mask (NumPy): ``bias`` (or 0) where visible, -inf elsewhere.
+
+    None when nothing is masked and there is no bias. ``dtype`` defaults to the plan's (q's)
+    dtype; -inf is exact in every float dtype. Broadcasts against (*batch, Hq, n, m).
+    """
+    from attnspec.backends._common import numpy_dtype
+
+    vis = attend_mask(plan, mask, None, structure=structure, lengths=lengths)
+    b = _numpy(bias)
+    if vis is None and b is None:
+        return None
+    b = np.zeros((), np.float64) if b is None else b
+    out = np.where(True if vis is None else vis, b, -np.inf)
+    if plan.squeeze_head:
+        out = np.broadcast_to(out, plan.full_weights_shape).reshape(plan.weights_shape)
+    return out.astype(numpy_dtype(dtype or plan.dtype))
+
+
+def to_blhd(x):
+    """(..., H, L, d) -> (..., L, H, d): swaps the head and length axes (FlashAttention's, JAX's layout)."""
+    lib = library_of(x)
+    axes = tuple(range(x.ndim - 3)) + (x.ndim - 2, x.ndim - 3, x.ndim - 1)
+    return lib.permute(x, axes)
+
+
+def to_bhld(x):
+    """(..., L, H, d) -> (..., H, L, d), the inverse of `to_blhd` (the spec's layout)."""
+    return to_blhd(x)  # the swap is its own inverse
+
+
+def expand_kv_heads(x, group: int):
+    """(..., Hkv, L, d) -> (..., Hkv * group, L, d), kv head j repeated for query heads
+    j * G ... j * G + G - 1, so query head h reads kv head h // G (the spec's GQA mapping)."""
+    if group == 1:
+        return x
+    return library_of(x).repeat(x, group, axis=x.ndim - 3)
+
+
+def flatten_batch(plan: SDPAPlan, x, heads: int, length: int):
+    """q, k or v -> (B, H, L, d): a rank-2 input gets its head axis, batch dims are broadcast to the
+    plan's and flattened into one axis B = prod(batch) (1 when there are none)."""
+    lib = library_of(x)
+    if x.ndim == 2:
+        x = lib.reshape(x, (1, *x.shape))  # (1, L, d): one head
+    x = lib.broadcast_to(x, (*plan.batch, heads, length, x.shape[-1]))  # (*batch, H, L, d)
+    return lib.reshape(x, (math.prod(plan.batch), heads, length, x.shape[-1]))  # (B, H, L, d)
+
+
+def flatten_mask(plan: SDPAPlan, x, *, keep_heads: bool = True):
+    """A mask or bias broadcasting to (*batch, Hq, n, m) -> (B, Hq or 1, n, m).
+
+    With ``keep_heads=False`` a per-head mask is refused (SpecError) rather than flattened,
+    for implementations whose mask has no head axis.
+    """
+    lib = library_of(x)
+    heads = x.shape[-3] if x.ndim >= 3 else 1
+    if heads != 1 and not keep_heads:
+        raise SpecError(f"flatten_mask: a mask with {heads} heads cannot drop its head axis")
+    x = lib.broadcast_to(x, (*plan.batch, heads, plan.n, plan.m))  # (*batch, Hq or 1, n, m)
+    return lib.reshape(x, (math.prod(plan.batch), heads, plan.n, plan.m))  # (B, Hq or 1, n, m)
+
+
+def unflatten_batch(plan: SDPAPlan, out, *, layout: str = "bhld"):
+    """An output (B, Hq, n, dv) -- or (B, n, Hq, dv) with ``layout="blhd"`` -- back to the spec's
+    ``plan.out_shape``: (*batch, Hq, n, dv), or (n, dv) for rank-2 inputs."""
+    lib = library_of(out)
+    if layout == "blhd":
+        out = to_bhld(out)  # (B, Hq, n, dv)
+    elif layout != "bhld":
+        raise SpecError(f"unflatten_batch: layout={layout!r} must be 'bhld' or 'blhd'")
+    return lib.reshape(out, plan.out_shape)
+
+
+def numpy_dtype_name(x: Any) -> str:
+    """The canonical dtype name of any known library's array (``float32``, ``bfloat16``, ``bool``...)."""
+    return library_of(x).dtype_name(x)

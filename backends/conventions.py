@@ -1,0 +1,293 @@
+"""Calling conventions: how a plain attention function is called, so the kit can check it.
+
+A `Convention` knows one family of signatures. Given a validated spec call it builds the
+arguments the function takes, calls it once, and brings the result back to the spec's layout.
+Every spec option the convention can carry is expressed (rules the function has no argument
+for are folded into its mask, when it has one); what it cannot carry is refused with a reason
+naming the convention, before the function is called. Keyword arguments are passed only when
+they differ from the signature's default, so a function that lacks an optional argument still
+runs every case that does not need it (and the capability probe records the rest).
+
+Built in (``CONVENTIONS``):
+
+``torch_sdpa``  ``fn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                scale=None, enable_gqa=False)`` on (..., H, L, D) arrays (torch's
+                ``F.scaled_dot_product_attention``). ``is_causal`` is upper-left; ``attn_mask``
+                is bool (True = attend) or an additive float mask. Lower-right causal, windows
+                and lengths go into ``attn_mask``; a bias makes it a float mask with -inf where
+                not visible. No weights.
+``flash``       ``fn(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1))`` on
+                (B, L, H, D) arrays (FlashAttention's ``flash_attn_func``). ``causal`` and
+                ``window_size`` are lower-right aligned; kv head h // G serves query head h. No
+                mask, bias or lengths; upper-left alignment only when n == m. No weights.
+``jax``         ``fn(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
+                query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None)``
+                on (B, T, N, H) arrays (``jax.nn.dot_product_attention``). ``is_causal`` and
+                ``local_window_size`` are upper-left; lower-right causal goes into ``mask``.
+                No weights.
+``tutorial``    ``fn(Q, K, V, mask=None) -> (output, weights)`` on (..., H, L, D) arrays, mask
+                1/True = keep, scale fixed at 1/sqrt(dk) (the tutorials in ``shared/seeds``).
+                Every rule goes into ``mask``; GQA by repeating kv heads (h // G). No bias, no
+                scale.
+
+Add one with `register_convention` (a `Convention` subclass instance).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from attnspec._errors import SpecError
+from attnspec.backends.arrays import ArrayLibrary
+from attnspec.backends.authoring import (
+    additive_mask,
+    attend_mask,
+    expand_kv_heads,
+    flatten_batch,
+    flatten_mask,
+    to_blhd,
+    unflatten_batch,
+)
+from attnspec.spec._validate import SDPAPlan
+
+__all__ = ["CONVENTIONS", "Call", "Convention", "call_needs", "get_convention", "register_convention"]
+
+#: what a call can ask of an implementation, beyond its dtype: the names the probe and the
+#: conventions' refusals use
+NEEDS = (
+    "gqa", "dk_ne_dv", "rank2", "batch_broadcast", "empty", "scale", "mask", "bias",
+    "causal_upper_left", "causal_lower_right", "window", "window_lower_right",
+    "q_lengths", "kv_lengths", "return_weights",
+)
+
+
+@dataclass(frozen=True)
+class Call:
+    """What one sdpa call needs (a subset of `NEEDS`) and its sizes."""
+
+    needs: frozenset[str]
+    n: int
+    m: int
+
+
+def call_needs(q_shape, k_shape, v_shape, options: dict[str, Any]) -> Call:
+    """The needs of a call with these shapes and spec keywords (``mask``, ``causal``...)."""
+    def heads(s):
+        return s[-3] if len(s) >= 3 else 1
+
+    needs = set()
+    if heads(q_shape) != heads(k_shape):
+        needs.add("gqa")
+    if q_shape[-1] != v_shape[-1]:
+        needs.add("dk_ne_dv")
+    if len(q_shape) == 2:
+        needs.add("rank2")
+    if len({tuple(s[:-3]) for s in (q_shape, k_shape, v_shape)}) > 1:
+        needs.add("batch_broadcast")
+    n, m = int(q_shape[-2]), int(k_shape[-2])
+    if n == 0 or m == 0 or heads(q_shape) == 0:
+        needs.add("empty")
+    for name in ("scale", "mask", "bias", "q_lengths", "kv_lengths"):
+        if options.get(name) is not None:
+            needs.add(name)
+    if options.get("return_weights"):
+        needs.add("return_weights")
+    causal = options.get("causal")
+    if causal is not None:
+        needs.add(f"causal_{causal}")
+    if options.get("window") is not None:
+        needs.add("window_lower_right" if causal == "lower_right" else "window")
+    return Call(frozenset(needs), n, m)
+
+
+class Convention:
+    """One family of attention signatures. Subclasses set the class attributes and `call`."""
+
+    name: str = ""
+    #: the exact signature the function must have, as documented
+    signature: str = ""
+    #: the array library its arguments come from by default (`attnspec.backends.arrays`)
+    arrays: str = "numpy"
+    #: needs it cannot carry -> why (a static refusal, before any call)
+    cannot: dict[str, str] = {}
+
+    def refusals(self, call: Call) -> list[str]:
+        """Why this convention cannot express ``call`` (empty when it can)."""
+        return [f"the {self.name} convention {why}" for need, why in self.cannot.items() if need in call.needs]
+
+    def call(self, fn: Callable, lib: ArrayLibrary, p: SDPAPlan, q, k, v, options: dict[str, Any]):
+        """Call ``fn`` for the validated call ``p``; return (out in ``p.out_shape``, weights or None)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<attnspec convention {self.name!r}: {self.signature}>"
+
+
+def _device(lib: ArrayLibrary, x) -> str | None:
+    try:
+        return lib.device_of(x)
+    except Exception:  # a library that cannot say: its default device
+        return None
+
+
+def _first(result):
+    """The output of a function that may return (output, extras...)."""
+    return result[0] if isinstance(result, (tuple, list)) else result
+
+
+class TorchSDPA(Convention):
+    name = "torch_sdpa"
+    signature = ("fn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, "
+                 "enable_gqa=False) on (..., H, L, D) arrays")
+    arrays = "torch"
+    cannot = {"return_weights": "returns no attention weights"}
+
+    def call(self, fn, lib, p, q, k, v, options):
+        kw: dict[str, Any] = {}
+        if options.get("scale") is not None:
+            kw["scale"] = p.scale
+        if p.group > 1:
+            kw["enable_gqa"] = True
+        rules = (options.get(o) is not None for o in ("mask", "bias", "window", "q_lengths", "kv_lengths"))
+        if p.causal == "upper_left" and not any(rules):
+            kw["is_causal"] = True  # is_causal is upper-left
+        elif options.get("bias") is not None:
+            kw["attn_mask"] = lib.asarray(additive_mask(p, options.get("mask"), options["bias"]),
+                                          device=_device(lib, q))
+        else:
+            vis = attend_mask(p, options.get("mask"))
+            if vis is not None:
+                kw["attn_mask"] = lib.asarray(vis, device=_device(lib, q))
+        return _first(fn(q, k, v, **kw)), None
+
+
+class Flash(Convention):
+    name = "flash"
+    signature = ("fn(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1)) on (B, L, H, D) "
+                 "arrays, causal and window lower-right aligned")
+    arrays = "torch"
+    cannot = {
+        "mask": "has no mask argument",
+        "bias": "has no bias argument",
+        "q_lengths": "has no sequence lengths (varlen is another function)",
+        "kv_lengths": "has no sequence lengths (varlen is another function)",
+        "return_weights": "returns no attention weights",
+    }
+
+    def refusals(self, call: Call) -> list[str]:
+        why = super().refusals(call)
+        if call.n != call.m and "causal_upper_left" in call.needs:
+            why.append("the flash convention's causal is lower-right: upper-left differs when n != m")
+        if call.n != call.m and "window" in call.needs:
+            why.append("the flash convention anchors windows lower-right: an upper-left window differs "
+                       "when n != m")
+        return why
+
+    def call(self, fn, lib, p, q, k, v, options):
+        qf = to_blhd(flatten_batch(p, q, p.hq, p.n))  # (B, n, Hq, dk)
+        kf = to_blhd(flatten_batch(p, k, p.hkv, p.m))  # (B, m, Hkv, dk)
+        vf = to_blhd(flatten_batch(p, v, p.hkv, p.m))  # (B, m, Hkv, dv)
+        kw: dict[str, Any] = {}
+        if p.causal is not None:
+            kw["causal"] = True
+        if p.window is not None:
+            kw["window_size"] = p.window
+        if options.get("scale") is not None:
+            kw["softmax_scale"] = p.scale
+        out = _first(fn(qf, kf, vf, **kw))  # (B, n, Hq, dv)
+        return unflatten_batch(p, out, layout="blhd"), None
+
+
+class Jax(Convention):
+    name = "jax"
+    signature = ("fn(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False, "
+                 "query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None) on "
+                 "(B, T, N, H) arrays, is_causal and local_window_size upper-left")
+    arrays = "jax"
+    cannot = {"return_weights": "returns no attention weights"}
+
+    def call(self, fn, lib, p, q, k, v, options):
+        qf = to_blhd(flatten_batch(p, q, p.hq, p.n))  # (B, n, Hq, dk)
+        kf = to_blhd(flatten_batch(p, k, p.hkv, p.m))  # (B, m, Hkv, dk)
+        vf = to_blhd(flatten_batch(p, v, p.hkv, p.m))  # (B, m, Hkv, dv)
+        dev = _device(lib, q)
+        upper = p.causal != "lower_right"
+        kw: dict[str, Any] = {}
+        if p.causal == "upper_left":
+            kw["is_causal"] = True
+        if p.window is not None and upper:
+            kw["local_window_size"] = p.window
+        # lower-right causal (and its window) has no argument: it joins the mask
+        vis = attend_mask(p, options.get("mask"), structure=not upper, lengths=False)
+        if vis is not None:
+            kw["mask"] = lib.asarray(np.ascontiguousarray(_flat(p, vis)), device=dev)  # (B, Hq or 1, n, m)
+        if options.get("bias") is not None:
+            kw["bias"] = flatten_mask(p, options["bias"])  # (B, Hq or 1, n, m)
+        for spec_name, name in (("q_lengths", "query_seq_lengths"), ("kv_lengths", "key_value_seq_lengths")):
+            lengths = getattr(p, spec_name)
+            if lengths is not None:
+                kw[name] = lib.asarray(np.reshape(lengths, (-1,)).astype(np.int32), device=dev)  # (B,)
+        if options.get("scale") is not None:
+            kw["scale"] = p.scale
+        out = _first(fn(qf, kf, vf, **kw))  # (B, n, Hq, dv)
+        return unflatten_batch(p, out, layout="blhd"), None
+
+
+def _flat(p: SDPAPlan, x: np.ndarray) -> np.ndarray:
+    heads = x.shape[-3] if x.ndim >= 3 else 1
+    return np.broadcast_to(x, (*p.batch, heads, p.n, p.m)).reshape(-1, heads, p.n, p.m)
+
+
+class Tutorial(Convention):
+    name = "tutorial"
+    signature = ("fn(Q, K, V, mask=None) -> (output, weights) on (..., H, L, D) arrays, mask 1/True = "
+                 "keep, scale fixed at 1/sqrt(dk)")
+    arrays = "torch"
+    cannot = {
+        "bias": "has no bias argument",
+        "scale": "fixes the scale at 1/sqrt(dk)",
+    }
+
+    def call(self, fn, lib, p, q, k, v, options):
+        if p.group > 1:  # query head h reads kv head h // G
+            k, v = expand_kv_heads(k, p.group), expand_kv_heads(v, p.group)
+        vis = attend_mask(p, options.get("mask"))
+        args = (q, k, v) if vis is None else (q, k, v, lib.asarray(vis, device=_device(lib, q)))
+        result = fn(*args)
+        if isinstance(result, (tuple, list)) and len(result) == 2:
+            return result[0], result[1]
+        return result, None
+
+
+CONVENTIONS: dict[str, Convention] = {c.name: c for c in (TorchSDPA(), Flash(), Jax(), Tutorial())}
+
+
+def register_convention(convention: Convention, *, replace: bool = False) -> None:
+    """Add a convention under ``convention.name``."""
+    if not isinstance(convention, Convention) or not convention.name:
+        raise SpecError(f"register_convention: expected a named Convention instance, got {convention!r}")
+    if convention.name in CONVENTIONS and not replace:
+        raise SpecError(f"register_convention: convention {convention.name!r} exists (pass replace=True)")
+    CONVENTIONS[convention.name] = convention
+
+
+def get_convention(name: str | Convention) -> Convention:
+    """The convention called ``name``; a `Convention` is returned as it is."""
+    if isinstance(name, Convention):
+        return name
+    if name not in CONVENTIONS:
+        raise SpecError(f"convention={name!r} is not one of {', '.join(CONVENTIONS)}")
+    return CONVENTIONS[name]
+
+
+def describe(fn: Callable) -> str:
+    """``module.qualname(signature)`` of a function, for reports."""
+    try:
+        sig = str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        sig = "(...)"
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}{sig}"

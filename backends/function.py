@@ -1,0 +1,144 @@
+"""`from_function`: a plain attention function, called by a convention, as a Backend.
+
+    from attnspec.backends import from_function
+    import torch.nn.functional as F
+    b = from_function(F.scaled_dot_product_attention, convention="torch_sdpa")
+
+The backend validates every call by the spec's rules (bad input raises the spec's `SpecError`
+before the function is called), refuses what the convention cannot carry, and otherwise calls
+the function once, exactly as the convention says (`attnspec.backends.conventions`). What it
+returns is what the function returned, moved back to the spec's layout: a measurement, never a
+fix. `supports` is derived from the convention and from the capability probe
+(`attnspec.backends.probe`), run on first use or read from ``ATTNSPEC_CAPABILITIES``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+from attnspec._errors import SpecError
+from attnspec.backends._base import FLOAT_DTYPES, Backend, Unsupported
+from attnspec.backends.arrays import ArrayLibrary, array_library
+from attnspec.backends.authoring import plan_sdpa
+from attnspec.backends.conventions import Convention, call_needs, describe, get_convention
+from attnspec.backends.probe import Capabilities, probe
+
+__all__ = ["FunctionBackend", "from_function"]
+
+#: env var naming a JSON file {backend name: probe findings}, written by `attnspec check`
+CAPABILITIES_ENV = "ATTNSPEC_CAPABILITIES"
+
+
+class FunctionBackend(Backend):
+    """A function called through a `Convention` on an `ArrayLibrary`'s arrays (sdpa only)."""
+
+    implements = frozenset({"sdpa"})
+
+    def __init__(self, fn: Callable, convention: str | Convention, *, name: str | None = None,
+                 dtypes: tuple[str, ...] | None = None, device: str | None = None,
+                 arrays: str | ArrayLibrary | None = None, capabilities: Capabilities | None = None,
+                 deviations: str | None = None) -> None:
+        if not callable(fn):
+            raise SpecError(f"from_function: fn must be callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.convention = get_convention(convention)
+        self.arrays = array_library(arrays or self.convention.arrays)
+        self.name = name or f"{getattr(fn, '__qualname__', 'fn')}@{self.convention.name}"
+        if dtypes is not None:
+            bad = [d for d in dtypes if d not in FLOAT_DTYPES]
+            if bad or not dtypes:
+                raise SpecError(f"from_function: dtypes={tuple(dtypes)!r} must be a non-empty subset of "
+                                f"{', '.join(FLOAT_DTYPES)}")
+        self.dtypes = tuple(dtypes) if dtypes else FLOAT_DTYPES
+        self.device = device
+        self._capabilities = capabilities
+        #: a backend name whose declared deviations this one shares (e.g. "torch-native")
+        self.deviations_of = deviations
+
+    # -- arrays --------------------------------------------------------------------------------
+    def devices(self) -> list[str]:
+        return [self.device] if self.device else self.arrays.devices()
+
+    def asarray(self, x, dtype=None, device=None):
+        return self.arrays.asarray(x, dtype, device or self.device)
+
+    def to_numpy(self, x):
+        return self.arrays.to_numpy(x)
+
+    def dtype_name(self, x) -> str:
+        return self.arrays.dtype_name(x)
+
+    def device_of(self, x) -> str:
+        return self.arrays.device_of(x)
+
+    def synchronize(self) -> None:
+        self.arrays.synchronize()
+
+    def numerics_policy(self) -> dict[str, Any]:
+        return self.arrays.numerics_policy()
+
+    # -- capability ----------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> Capabilities:
+        """The probe's findings: from ``ATTNSPEC_CAPABILITIES`` if it has this backend, else probed now."""
+        if self._capabilities is None:
+            path = os.environ.get(CAPABILITIES_ENV)
+            found = json.loads(open(path).read()).get(self.name) if path and os.path.exists(path) else None
+            self._capabilities = Capabilities.from_json(found) if found is not None else probe(self)
+        return self._capabilities
+
+    def supports(self, feature: str, **case: Any) -> list[str]:
+        reasons = super().supports(feature, **case)
+        if reasons or feature != "sdpa" or case.get("bad_input"):
+            return reasons  # bad input is refused by the spec's validation, before the function
+        call = call_needs(case["q_shape"], case["k_shape"], case["v_shape"], case)
+        return self.convention.refusals(call) + self.capabilities.refusals(case.get("dtype"), call)
+
+    def describe(self) -> dict[str, str]:
+        """What the report shows about this backend."""
+        return {"function": describe(self.fn), "convention": self.convention.name,
+                "signature": self.convention.signature, "arrays": self.arrays.name}
+
+    # -- the spec's function -------------------------------------------------------------------
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+             q_lengths=None, kv_lengths=None, return_weights=False):
+        fn = f"{self.name}.sdpa"
+        p = plan_sdpa(fn, q, k, v, mask=mask, bias=bias, causal=causal, window=window, scale=scale,
+                      q_lengths=q_lengths, kv_lengths=kv_lengths, library=self.arrays)
+        options = {"mask": mask, "bias": bias, "causal": causal, "window": window, "scale": scale,
+                   "q_lengths": q_lengths, "kv_lengths": kv_lengths, "return_weights": return_weights}
+        refused = self.convention.refusals(call_needs(q.shape, k.shape, v.shape, options))
+        if refused:
+            raise Unsupported(f"{fn}: " + "; ".join(refused))
+        out, weights = self.convention.call(self.fn, self.arrays, p, q, k, v, options)
+        if not return_weights:
+            return out
+        if weights is None:
+            raise Unsupported(f"{fn}: the function returned no attention weights")
+        return out, weights
+
+
+def from_function(fn: Callable, convention: str | Convention, *, name: str | None = None,
+                  dtypes: tuple[str, ...] | None = None, device: str | None = None,
+                  arrays: str | ArrayLibrary | None = None, deviations: str | None = None) -> FunctionBackend:
+    """A Backend that checks ``fn`` called by ``convention``.
+
+    Args:
+        fn: the attention function.
+        convention: a name from `attnspec.backends.conventions.CONVENTIONS` (``torch_sdpa``,
+            ``flash``, ``jax``, ``tutorial``) or a `Convention`.
+        name: the backend's name in reports (default ``qualname@convention``).
+        dtypes: the dtypes to check (default all four floats; the probe drops those it refuses).
+        device: the device to put arrays on (default the array library's first).
+        arrays: the array library the function takes (default the convention's: torch for
+            torch_sdpa, flash and tutorial, jax for jax); ``"numpy"`` for a NumPy function.
+        deviations: a backend name whose declared deviations apply to this function too
+            (``"torch-native"`` for a wrapper of torch's SDPA).
+
+    Raises:
+        SpecError: an unknown convention or array library, or a bad dtype.
+    """
+    return FunctionBackend(fn, convention, name=name, dtypes=dtypes, device=device, arrays=arrays,
+                           deviations=deviations)

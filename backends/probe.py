@@ -1,0 +1,276 @@
+"""Capability probing: what an implementation accepts, found by calling it on tiny cases.
+
+`probe(backend)` calls ``backend.sdpa`` once per dtype on a plain case, then once per need of
+`attnspec.backends.conventions.NEEDS` (GQA, dk != dv, rank 2, each mask kind, returned
+weights...) in the first dtype that worked. A call that raises (or that the convention refuses)
+makes that need unsupported, with the exception as the reason; a call that returns anything
+makes it supported. Whether the result is *right* is the conformance suite's business, never
+the probe's.
+
+``python -m attnspec.backends.probe TARGET --out FILE`` probes in a child process, one probe at
+a time: a probe that crashes the interpreter or hangs is recorded as ``crashed`` / ``timeout``
+and the rest still run (`probe_isolated`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from attnspec.backends._base import FLOAT_DTYPES, Backend
+from attnspec.backends.conventions import NEEDS, Call
+
+__all__ = ["Capabilities", "ProbeResult", "probe", "probe_isolated", "PROBE_CASES"]
+
+#: dtypes in the order a feature probe prefers them
+PREFERRED = ("float32", "float64", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    need: str  # "dtype" for the plain dtype probes, else a name from NEEDS
+    dtype: str
+    status: str  # ok | refused | crashed | timeout
+    reason: str = ""
+
+
+@dataclass
+class Capabilities:
+    """The probe's findings; `refusals` turns them into a case's unsupported reasons."""
+
+    results: list[ProbeResult]
+
+    def _by(self) -> dict[tuple[str, str], ProbeResult]:
+        return {(r.need, r.dtype): r for r in self.results}
+
+    def refusals(self, dtype: str | None, call: Call) -> list[str]:
+        by, why = self._by(), []
+        plain = by.get(("dtype", dtype)) if dtype else None
+        if plain is not None and plain.status != "ok":
+            why.append(f"probe: a plain {dtype} call {_said(plain)}")
+        for r in self.results:
+            if r.need in call.needs and r.status != "ok":
+                why.append(f"probe: a call with {r.need} {_said(r)}")
+        return why
+
+    def as_json(self) -> list[dict[str, Any]]:
+        return [asdict(r) for r in self.results]
+
+    @classmethod
+    def from_json(cls, rows: list[dict[str, Any]]) -> "Capabilities":
+        return cls([ProbeResult(**r) for r in rows])
+
+
+def _said(r: ProbeResult) -> str:
+    verb = {"refused": "raised", "crashed": "crashed the interpreter", "timeout": "hung"}[r.status]
+    return f"{verb}: {r.reason}" if r.reason and r.status == "refused" else verb
+
+
+def _arrays(rng, q_shape, k_shape, v_shape):
+    return tuple(rng.standard_normal(s) for s in (q_shape, k_shape, v_shape))
+
+
+def _case(need: str) -> tuple[tuple, tuple, tuple, dict[str, Any]]:
+    """(q_shape, k_shape, v_shape, options) of the tiny case probing ``need`` (n=3, m=4)."""
+    q, k, v = (1, 2, 3, 4), (1, 2, 4, 4), (1, 2, 4, 4)
+    opts: dict[str, Any] = {}
+    if need == "gqa":
+        q = (1, 4, 3, 4)
+    elif need == "dk_ne_dv":
+        v = (1, 2, 4, 6)
+    elif need == "rank2":
+        q, k, v = (3, 4), (4, 4), (4, 4)
+    elif need == "batch_broadcast":
+        q = (2, 2, 3, 4)
+    elif need == "empty":
+        q = (1, 2, 0, 4)
+    elif need == "scale":
+        opts["scale"] = 0.5
+    elif need == "mask":
+        opts["mask"] = np.array([[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 0, 1]], bool)
+    elif need == "bias":
+        opts["bias"] = np.linspace(-1, 1, 12).reshape(3, 4)
+    elif need in ("causal_upper_left", "causal_lower_right"):
+        opts["causal"] = need.removeprefix("causal_")
+    elif need == "window":
+        opts["window"] = (1, 1)
+    elif need == "window_lower_right":
+        opts["window"], opts["causal"] = (1, 1), "lower_right"
+    elif need == "q_lengths":
+        opts["q_lengths"] = np.array([2])
+    elif need == "kv_lengths":
+        opts["kv_lengths"] = np.array([3])
+    elif need == "return_weights":
+        opts["return_weights"] = True
+    return q, k, v, opts
+
+
+#: need -> its tiny case; "plain" is the dtype probe
+PROBE_CASES = {need: _case(need) for need in ("plain", *NEEDS)}
+
+
+def probe_one(backend: Backend, need: str, dtype: str, device: str | None = None) -> ProbeResult:
+    """Call ``backend.sdpa`` on the tiny case of ``need`` in ``dtype``; ok, or refused with why."""
+    qs, ks, vs, opts = PROBE_CASES[need]
+    rng = np.random.default_rng(0)
+    q, k, v = (backend.asarray(x, dtype, device) for x in _arrays(rng, qs, ks, vs))
+    conv = {}
+    for name, value in opts.items():
+        if isinstance(value, np.ndarray):
+            value = value.astype(dtype) if value.dtype.kind == "f" else value
+            value = backend.asarray(value, None if value.dtype.kind != "f" else dtype, device)
+        conv[name] = value
+    try:
+        backend.sdpa(q, k, v, **conv)
+    except Exception as e:  # any refusal is a finding
+        text = " ".join(str(e).split())
+        return ProbeResult(need if need != "plain" else "dtype", dtype, "refused",
+                           f"{type(e).__name__}: {text[:300]}")
+    return ProbeResult(need if need != "plain" else "dtype", dtype, "ok")
+
+
+def plan(dtypes: tuple[str, ...]) -> list[tuple[str, str | None]]:
+    """The probes to run, in order: (need, dtype); dtype None = the first dtype that worked."""
+    return [("plain", d) for d in dtypes] + [(need, None) for need in NEEDS]
+
+
+def probe(backend: Backend, dtypes: tuple[str, ...] | None = None, device: str | None = None,
+          skip: dict[tuple[str, str | None], str] | None = None,
+          on_event: Callable[[dict], None] | None = None) -> Capabilities:
+    """Probe ``backend`` in-process. ``skip`` marks probes as crashed/timeout without running them."""
+    dtypes = tuple(dtypes or getattr(backend, "dtypes", FLOAT_DTYPES))
+    results: list[ProbeResult] = []
+    feature_dtype: str | None = None
+    for need, dtype in plan(dtypes):
+        if dtype is None:
+            if feature_dtype is None:
+                ok = [r.dtype for r in results if r.need == "dtype" and r.status == "ok"]
+                feature_dtype = next((d for d in PREFERRED if d in ok), "")
+            if not feature_dtype:
+                results.append(ProbeResult(need, "", "refused", "no dtype worked on a plain call"))
+                continue
+            dtype = feature_dtype
+        if on_event:
+            on_event({"event": "start", "need": need, "dtype": dtype})
+        if skip and f"{need}/{dtype}" in skip:
+            r = ProbeResult(need if need != "plain" else "dtype", dtype, skip[f"{need}/{dtype}"])
+        else:
+            r = probe_one(backend, need, dtype, device)
+        results.append(r)
+        if on_event:
+            on_event({"event": "done", **asdict(r), "probe": f"{need}/{dtype}"})
+    return Capabilities(results)
+
+
+def probe_isolated(target: str, out: Path, dtypes: tuple[str, ...] | None = None, device: str | None = None,
+                   timeout: float = 120.0, env: dict[str, str] | None = None) -> Capabilities:
+    """Probe ``target`` (anything `attnspec.backends.load` takes) in a child process.
+
+    A probe that kills the child or runs past ``timeout`` seconds is recorded as crashed /
+    timeout, and the child restarts after it. The findings are written to ``out`` as JSON.
+    """
+    journal, log = out.with_suffix(".jsonl"), out.with_suffix(".log")
+    journal.unlink(missing_ok=True)
+    skip: dict[str, str] = {}
+    for _ in range(len(plan(tuple(dtypes or FLOAT_DTYPES))) + 1):
+        cmd = [sys.executable, "-m", "attnspec.backends.probe", target, "--journal", str(journal),
+               "--skip", json.dumps(skip)]
+        if dtypes:
+            cmd += ["--dtypes", ",".join(dtypes)]
+        if device:
+            cmd += ["--device", device]
+        with open(log, "w") as err:
+            proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+                                    stderr=err, start_new_session=True)
+            status = _wait(proc, journal, timeout)
+        events = _events(journal)
+        if status is None:
+            if proc.returncode != 0:  # it could not even load the target
+                lines = log.read_text(errors="replace").strip().splitlines()
+                raise RuntimeError(lines[-1] if lines else f"probe child exited with {proc.returncode}")
+            break
+        started = [e for e in events if e["event"] == "start"]
+        if not started:
+            raise RuntimeError(f"the probe child {status} before its first probe")
+        last = started[-1]
+        skip[f"{last['need']}/{last['dtype']}"] = status
+        journal.unlink(missing_ok=True)
+    done = [e for e in _events(journal) if e["event"] == "done"]
+    caps = Capabilities([ProbeResult(e["need"], e["dtype"], e["status"], e["reason"]) for e in done])
+    out.write_text(json.dumps(caps.as_json(), indent=1))
+    journal.unlink(missing_ok=True)
+    log.unlink(missing_ok=True)
+    return caps
+
+
+def _wait(proc: subprocess.Popen, journal: Path, timeout: float) -> str | None:
+    last, size = time.time(), -1
+    while True:
+        code = proc.poll()
+        if code is not None:
+            return "crashed" if code < 0 else None
+        now_size = journal.stat().st_size if journal.exists() else 0
+        if now_size != size:
+            size, last = now_size, time.time()
+        if time.time() - last > timeout:
+            import signal
+
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return "timeout"
+        time.sleep(0.05)
+
+
+def _events(journal: Path) -> list[dict]:
+    if not journal.exists():
+        return []
+    out = []
+    for line in journal.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m attnspec.backends.probe", description=__doc__.splitlines()[0])
+    ap.add_argument("target", help="backend name, module:Class, or module:function@convention[/arrays]")
+    ap.add_argument("--dtypes", default=None)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--journal", default=None)
+    ap.add_argument("--skip", default="{}")
+    ap.add_argument("--out", default=None, help="write the findings here (JSON); isolated in a child")
+    args = ap.parse_args(argv)
+    dtypes = tuple(args.dtypes.split(",")) if args.dtypes else None
+    if args.out:
+        caps = probe_isolated(args.target, Path(args.out), dtypes, args.device)
+        for r in caps.results:
+            print(f"{r.need:20} {r.dtype:9} {r.status:8} {r.reason}")
+        return 0
+    import attnspec.backends
+
+    backend = attnspec.backends.load(args.target)
+    journal = open(args.journal, "a", buffering=1) if args.journal else None
+
+    def log(event: dict) -> None:
+        if journal:
+            journal.write(json.dumps(event) + "\n")
+            journal.flush()
+            os.fsync(journal.fileno())
+
+    probe(backend, dtypes, args.device, skip=json.loads(args.skip), on_event=log)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Naming the semantic cause of a failed sdpa case, so a failure says *why* before *how much*.
+
+`sdpa_causes` compares a backend's output (and weights) with the golden row by row and names
+the rules of the spec the difference lands on:
+
+- "row with no visible key: expected 0, got NaN" (or "got mean(V)", "got values up to X");
+- "a hidden key's NaN/inf reached visible row (...)";
+- "visible weights leak to hidden keys".
+
+An empty list means no rule-specific cause was found (a plain numerical difference).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["sdpa_causes"]
+
+#: rows named in a message, at most
+SHOWN = 3
+
+
+def _rows(idx: np.ndarray) -> str:
+    shown = ", ".join(str(tuple(int(i) for i in row)) for row in idx[:SHOWN])
+    more = f" and {len(idx) - SHOWN} more" if len(idx) > SHOWN else ""
+    return f"{shown}{more}"
+
+
+def _mean_v(v: np.ndarray, group: int, full_shape: tuple[int, ...]) -> np.ndarray:
+    """mean over all m keys of each query head's values: (*batch, Hq, 1, dv)."""
+    v = v.astype(np.float64)
+    if v.ndim == 2:
+        v = v[None]
+    with np.errstate(invalid="ignore", over="ignore"):
+        mean = v.mean(axis=-2, keepdims=True)  # (..., Hkv, 1, dv)
+    mean = np.repeat(mean, group, axis=-3)  # (..., Hq, 1, dv)
+    return np.broadcast_to(mean, (*full_shape[:-2], 1, mean.shape[-1]))
+
+
+def sdpa_causes(plan, vis: np.ndarray, q, k, v, got: np.ndarray, golden: np.ndarray, allowed: float,
+                got_w: np.ndarray | None = None) -> list[str]:
+    """Causes for one sdpa case. ``vis`` is the case's visibility (*batch, Hq, n, m); ``got`` and
+    ``golden`` are outputs in float64 (any shape holding (*batch, Hq, n, dv) elements)."""
+    full = (*vis.shape[:-1], plan.dv)
+    if got.size != int(np.prod(full)) or golden.size != got.size:
+        return []
+    got, golden = got.reshape(full), golden.reshape(full)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(got - golden)
+        bad = (err > allowed) | (np.isfinite(golden) != np.isfinite(got)) | (np.isnan(got) & ~np.isnan(golden))
+    bad_rows = bad.any(axis=-1)  # (*batch, Hq, n)
+    empty = ~vis.any(axis=-1)  # (*batch, Hq, n)
+    causes = []
+    hit = bad_rows & empty
+    if hit.any():
+        rows = got[hit]  # (rows, dv)
+        idx = np.argwhere(hit)
+        if np.isnan(rows).any():
+            what = "NaN"
+        else:
+            mean = _mean_v(v, plan.group, vis.shape)
+            mean = np.broadcast_to(mean, full)[hit]
+            with np.errstate(invalid="ignore", over="ignore"):
+                close = np.abs(rows - mean) <= allowed + 1e-2 * np.abs(mean)
+            what = "mean(V) over all keys" if close.all() else f"values up to {np.abs(rows).max():.3g}"
+        causes.append(f"row with no visible key: expected 0, got {what} (rows {_rows(idx)} of (*batch, Hq, n))")
+    hidden_nonfinite = _hidden_nonfinite(plan, vis, k, v)
+    leak = bad_rows & ~empty & ~np.isfinite(got).all(axis=-1) & np.isfinite(golden).all(axis=-1)
+    if hidden_nonfinite and leak.any():
+        causes.append(f"a hidden key's NaN/inf reached visible row {_rows(np.argwhere(leak))}")
+    if got_w is not None and got_w.size == vis.size:
+        w = got_w.reshape(vis.shape)
+        with np.errstate(invalid="ignore"):
+            leaks = (~vis & (w != 0)).any(axis=-1) & ~empty
+        if leaks.any():
+            causes.append(f"visible weights leak to hidden keys (rows {_rows(np.argwhere(leaks))})")
+    return causes
+
+
+def _hidden_nonfinite(plan, vis: np.ndarray, k, v) -> bool:
+    """Whether some key hidden from some row holds NaN or inf in k or v."""
+    kv = np.concatenate([np.asarray(k, np.float64), np.asarray(v, np.float64)], axis=-1) if k.shape[:-1] == v.shape[:-1] \
+        else np.asarray(k, np.float64)
+    bad_key = ~np.isfinite(kv).all(axis=-1)  # (..., Hkv, m)
+    return bool(bad_key.any() and (~vis).any())

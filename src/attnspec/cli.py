@@ -1,0 +1,311 @@
+"""The ``attnspec`` command (also ``python -m attnspec``).
+
+    attnspec check MODULE:FUNCTION --convention NAME [--arrays LIB] [--profile P] [--dtype D ...] [--out DIR]
+    attnspec check NAME | MODULE:Class                [--profile P] [--dtype D ...] [--out DIR]
+    attnspec backends                                  every known backend, installed or not and why
+    attnspec conventions                               the calling conventions and their signatures
+
+``check`` probes what the implementation accepts, runs the conformance suite on it through the
+crash-isolating runner, prints a feature x dtype table and one line per failing feature (with
+the cause and where its reproducer is), and writes the results JSON, the reproducers and the
+rendered Markdown report under ``--out``. Exit status: 0 conforms (declared deviations aside),
+1 something failed, crashed, hung or nothing could run, 2 usage error, 130/143 interrupted.
+MODULE may be a path to a ``.py`` file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+PROFILES = ("dev", "ci", "thorough")
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+class UsageError(Exception):
+    """Bad input on the command line: one line to the user, exit 2."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return args.run(args)
+    except UsageError as e:
+        print(f"attnspec {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"attnspec {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="attnspec", description="Check attention implementations against "
+                                 "attnspec's executable specification.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    check = sub.add_parser("check", help="probe and run the conformance suite on one implementation",
+                           description=__doc__.split("\n\n")[2])
+    check.add_argument("target", help="MODULE:FUNCTION (with --convention), a backend NAME, or MODULE:Class")
+    check.add_argument("--convention", default=None,
+                       help="how to call a plain function: torch_sdpa, flash, jax, tutorial, ...")
+    check.add_argument("--arrays", default=None, help="the array library the function takes "
+                       "(default: the convention's; numpy, torch, jax, mlx, tinygrad)")
+    check.add_argument("--profile", default="dev", choices=PROFILES,
+                       help="dev (default: about a minute), ci (100 examples a property), thorough")
+    check.add_argument("--dtype", action="append", choices=DTYPES, default=None,
+                       help="check only these dtypes (repeatable; default all four)")
+    check.add_argument("--device", default=None, help="device (default: the array library's first)")
+    check.add_argument("--out", default="attnspec-report", help="output directory (default ./attnspec-report)")
+    check.add_argument("--case-timeout", type=float, default=120.0,
+                       help="seconds without progress before a case counts as hung (default 120)")
+    check.add_argument("-k", dest="keyword", default=None, help="only the properties matching this pytest -k expression")
+    check.set_defaults(run=_check)
+    backends = sub.add_parser("backends", help="list every known backend, installed or not and why")
+    backends.set_defaults(run=_backends)
+    conventions = sub.add_parser("conventions", help="list the calling conventions and their signatures")
+    conventions.set_defaults(run=_conventions)
+    return ap
+
+
+# -- check ----------------------------------------------------------------------------------
+
+def _target(args) -> tuple[str, bool]:
+    """(the target string the suite's child process loads, whether it is a plain function)."""
+    import attnspec.backends as ab
+    from attnspec import SpecError
+
+    target = args.target
+    if args.convention is None:
+        if args.arrays:
+            raise UsageError("--arrays applies to a function checked with --convention")
+        if "@" in target:
+            return _absolute(target), True
+        try:
+            ab.load(_absolute(target))
+        except SpecError as e:
+            hint = "" if ":" not in target else " (for a plain function, give --convention NAME)"
+            raise UsageError(f"{e}{hint}") from None
+        except Exception as e:  # a backend constructor that fails: the user's first question
+            raise UsageError(f"{target!r} could not be built: {type(e).__name__}: {e}") from None
+        return _absolute(target), False
+    if ":" not in target or "@" in target:
+        raise UsageError(f"with --convention, the target must be MODULE:FUNCTION, got {target!r}")
+    try:
+        ab.get_convention(args.convention)
+        obj = ab.load_object(_absolute(target))
+    except SpecError as e:
+        raise UsageError(str(e)) from None
+    if not callable(obj):
+        raise UsageError(f"{target!r} is a {type(obj).__name__}, not a callable")
+    if args.arrays:
+        from attnspec.backends.arrays import array_libraries
+
+        if args.arrays not in array_libraries():
+            raise UsageError(f"--arrays={args.arrays!r} is not one of {', '.join(array_libraries())}")
+    spec = f"{_absolute(target)}@{args.convention}" + (f"/{args.arrays}" if args.arrays else "")
+    return spec, True
+
+
+def _absolute(target: str) -> str:
+    """A ``path/to/file.py:attr`` target with its path made absolute (the child runs elsewhere)."""
+    module, sep, rest = target.partition(":")
+    if sep and (module.endswith(".py") or "/" in module):
+        return f"{os.path.abspath(module)}:{rest}"
+    return target
+
+
+def _check(args) -> int:
+    from attnspec.backends import load
+    from attnspec.backends.probe import probe_isolated
+    from attnspec.conformance.run import Interrupted, run_suite, slug, summary
+
+    sys.path.insert(0, os.getcwd())  # MODULE:FUNCTION resolves from here, as `python -m` does
+    os.environ["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])
+    spec, is_function = _target(args)
+    out = Path(args.out)
+    if _inside_package(out):
+        raise UsageError(f"--out={str(out)!r} is inside the installed attnspec package or the repo's reports/: "
+                         "choose another directory")
+    (out / "results").mkdir(parents=True, exist_ok=True)
+    env: dict[str, str] = {}
+    t0 = time.time()
+    if is_function:
+        print(f"attnspec check: probing {spec} ...", file=sys.stderr)
+        try:
+            caps = probe_isolated(spec, out / "probe.json", tuple(args.dtype) if args.dtype else None, args.device)
+        except RuntimeError as e:
+            raise UsageError(f"cannot probe {spec}: {e}") from None
+        (out / "capabilities.json").write_text(json.dumps({spec: caps.as_json()}, indent=1))
+        (out / "probe.json").unlink(missing_ok=True)
+        env["ATTNSPEC_CAPABILITIES"] = str((out / "capabilities.json").resolve())
+        refused = [f"{r.need}{'/' + r.dtype if r.need == 'dtype' else ''}" for r in caps.results if r.status != "ok"]
+        print(f"attnspec check: probe done in {time.time() - t0:.0f} s; unsupported: {', '.join(refused) or 'nothing'}",
+              file=sys.stderr)
+        os.environ.update(env)
+    backend = load(spec)
+    device = args.device or backend.devices()[0]
+    short = spec.rpartition("/")[2] if "@" in spec or ":" in spec else spec  # drop a file's directory
+    results_path = out / "results" / f"conformance-{slug(short)[:80]}-{slug(device)}.json"
+    pytest_args = [a for d in (args.dtype or []) for a in ("--attn-dtype", d)]
+    if args.keyword:
+        pytest_args += ["-k", args.keyword]
+    try:
+        results = run_suite(spec, backend, device, args.profile, results_path, args.case_timeout, pytest_args,
+                            device_given=args.device is not None, env=env)
+    except Interrupted as e:
+        return 128 + e.signum
+    _render(out)
+    table, failing = feature_table(results)
+    print("\n" + table, file=sys.stderr)
+    repro_dir = out / "repro"
+    lines = failure_lines(results, repro_dir)
+    for line in lines:
+        print(line, file=sys.stderr)
+    s = summary(results)
+    nothing = s["totals"]["passed"] + s["totals"]["deviation"] == 0
+    if nothing:
+        print("attnspec check: no case ran to a verdict: every case was unsupported (see the probe above)",
+              file=sys.stderr)
+    verdict = "FAILS" if s["bad"] or nothing else "CONFORMS"
+    print(f"\n{verdict}: {s['text']}\nreport: {out / 'index.md'}\nresults: {results_path}", file=sys.stderr)
+    return 1 if s["bad"] or nothing else 0
+
+
+def _inside_package(out: Path) -> bool:
+    import attnspec
+
+    resolved = out.resolve()
+    roots = [Path(attnspec.__file__).resolve().parent]
+    import attnspec.reports
+
+    roots.append(Path(attnspec.reports.__file__).resolve().parent)
+    return any(resolved == r or r in resolved.parents for r in roots)
+
+
+def _render(out: Path) -> None:
+    from attnspec.reports.render import main as render
+
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        render(["--results", str(out / "results"), "--out", str(out)])
+
+
+def feature_table(results: dict) -> tuple[str, list[str]]:
+    """The feature x dtype summary: each cell passed/run, FAIL n/run, unsupported or deviation,
+    with the worst budget used; and the failing features."""
+    cells: dict[tuple[str, str], dict] = {}
+    for r in results["rows"]:
+        feature = r["feature"] if r["function"] == "sdpa" else f"{r['function']}:{r['feature']}"
+        c = cells.setdefault((feature, r["dtype"]), {"run": 0, "passed": 0, "bad": 0, "unsupported": 0,
+                                                     "deviation": 0, "budget": None})
+        c["run"] += r["run"]
+        c["passed"] += r["passed"]
+        c["bad"] += r["failed"] + r.get("crashed", 0) + r.get("timeout", 0)
+        c["unsupported"] += r["unsupported"]
+        c["deviation"] += r.get("deviation", 0)
+        if r.get("max_budget_used") is not None:
+            c["budget"] = max(c["budget"] or 0.0, r["max_budget_used"])
+    # a function with no case run to a verdict is one line, not a row per feature
+    unsupported_fns = sorted({r["function"] for r in results["rows"]} - {
+        r["function"] for r in results["rows"] if r["run"] > r["unsupported"]})
+    features = sorted({f for f, _ in cells if f.split(":")[0] not in unsupported_fns or ":" not in f})
+    if "sdpa" in unsupported_fns:
+        features = [f for f in features if ":" in f]
+    dtypes = [d for d in DTYPES if any((f, d) for f in features if (f, d) in cells)]
+    extra = sorted({d for _, d in cells} - set(DTYPES))
+
+    def cell(c: dict | None) -> str:
+        if c is None:
+            return "-"
+        if c["bad"]:
+            return f"FAIL {c['bad']}/{c['run']}"
+        if c["passed"] == 0 and c["deviation"] == 0:
+            return "unsupported"
+        text = f"{c['passed']}/{c['run']}"
+        if c["deviation"]:
+            text += f" +{c['deviation']}dev"
+        if c["budget"] is not None:
+            text += f" b{c['budget']:.2g}"
+        return text
+
+    cols = dtypes + extra
+    rows = [["feature", *cols]] + [[f, *(cell(cells.get((f, d))) for d in cols)] for f in features]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    text = "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+    legend = ("cells: passed/run (+n declared deviations) and bWORST, the worst budget used "
+              "(error / allowed error, 1 = the edge); FAIL failed+crashed+hung/run")
+    failing = [f for f in features if any(cells.get((f, d), {}).get("bad") for d in cols)]
+    if unsupported_fns:
+        legend += "\nunsupported throughout (no row above): " + ", ".join(unsupported_fns)
+    return text + "\n" + legend, failing
+
+
+def failure_lines(results: dict, repro_dir: Path) -> list[str]:
+    """One line per failing (function, feature): the first failure's cause and its repro file."""
+    seen: set[tuple[str, str]] = set()
+    lines = []
+    for i, f in enumerate(results.get("failures", [])):
+        key = (f.get("function") or "", f.get("feature") or "")
+        if key in seen:
+            continue
+        seen.add(key)
+        message = f.get("message") or ""
+        head, _, snippet = message.partition("reproduce with:\n")
+        cause = _cause(head)
+        path = repro_dir / f"{len(seen):02d}-{key[0]}-{key[1]}-{f.get('dtype')}.py"
+        if snippet.strip():
+            repro_dir.mkdir(parents=True, exist_ok=True)
+            body = "\n".join(line[4:] if line.startswith("    ") else line for line in snippet.splitlines())
+            path.write_text(f"# {head.splitlines()[0] if head else key}\n{body}\n")
+            where = f"repro: {path}"
+        else:
+            where = "no reproducer (see the report)"
+        feature = key[1] if key[0] == "sdpa" else f"{key[0]}:{key[1]}"
+        lines.append(f"FAIL {feature} ({f.get('dtype')}, {f.get('property')}, {f.get('status')}): {cause}; {where}")
+    return lines
+
+
+def _cause(head: str) -> str:
+    """The cause from a failure message's first line, else its first detail line."""
+    lines = [line.strip() for line in head.splitlines() if line.strip()]
+    if lines and lines[0].startswith("[") and ": " in lines[0] and len(lines) > 1 and lines[1].startswith("case: "):
+        return lines[0].split(": ", 1)[1]
+    return lines[1] if len(lines) > 1 else "see the report"
+
+
+# -- backends, conventions ------------------------------------------------------------------
+
+def _backends(args) -> int:
+    import attnspec.backends as ab
+
+    rows = [["backend", "installed", "why not"]]
+    for name, a in ab.available().items():
+        rows.append([name, "yes" if a.installed else "no", a.reason])
+    print(_table(rows))
+    return 0
+
+
+def _conventions(args) -> int:
+    from attnspec.backends.conventions import CONVENTIONS
+
+    for c in CONVENTIONS.values():
+        print(f"{c.name}: {c.signature} (arrays: {c.arrays})")
+    return 0
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,9 @@ Feature names used by `supports` (the conformance suite asks with these, and rep
     sdpa                 any sdpa call (the case carries the options used)
     sdpa_vjp, mha, mha_vjp, lsh_attention, lsh_attention_vjp, sdpa_blocked
 The ``case`` keywords are the call's own options plus ``dtype`` (a name from FLOAT_DTYPES),
-``device`` and the shapes ``q_shape``, ``k_shape``, ``v_shape``.
+``device`` and the shapes ``q_shape``, ``k_shape``, ``v_shape``; ``bad_input=True`` marks a case
+that must be refused by validation, ``no_call=True`` one that inspects the backend without
+calling it (the signature check).
 """
 
 from __future__ import annotations

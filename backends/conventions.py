@@ -36,6 +36,7 @@ Add one with `register_convention` (a `Convention` subclass instance).
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -230,7 +231,7 @@ class Jax(Convention):
         for spec_name, name in (("q_lengths", "query_seq_lengths"), ("kv_lengths", "key_value_seq_lengths")):
             lengths = getattr(p, spec_name)
             if lengths is not None:
-                kw[name] = lib.asarray(np.reshape(lengths, (-1,)).astype(np.int32), device=dev)  # (B,)
+                kw[name] = lib.asarray(np.reshape(lengths, (math.prod(p.batch),)).astype(np.int32), device=dev)  # (B,)
         if options.get("scale") is not None:
             kw["scale"] = p.scale
         out = _first(fn(qf, kf, vf, **kw))  # (B, n, Hq, dv)
@@ -239,7 +240,7 @@ class Jax(Convention):
 
 def _flat(p: SDPAPlan, x: np.ndarray) -> np.ndarray:
     heads = x.shape[-3] if x.ndim >= 3 else 1
-    return np.broadcast_to(x, (*p.batch, heads, p.n, p.m)).reshape(-1, heads, p.n, p.m)
+    return np.broadcast_to(x, (*p.batch, heads, p.n, p.m)).reshape(math.prod(p.batch), heads, p.n, p.m)
 
 
 class Tutorial(Convention):

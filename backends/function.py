@@ -91,7 +91,7 @@ class FunctionBackend(Backend):
 
     def supports(self, feature: str, **case: Any) -> list[str]:
         reasons = super().supports(feature, **case)
-        if reasons or feature != "sdpa" or case.get("bad_input"):
+        if reasons or feature != "sdpa" or case.get("bad_input") or case.get("no_call"):
             return reasons  # bad input is refused by the spec's validation, before the function
         call = call_needs(case["q_shape"], case["k_shape"], case["v_shape"], case)
         return self.convention.refusals(call) + self.capabilities.refusals(case.get("dtype"), call)

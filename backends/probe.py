@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from attnspec.backends._base import FLOAT_DTYPES, Backend
+from attnspec.backends._base import FLOAT_DTYPES, Backend, Unsupported
 from attnspec.backends.conventions import NEEDS, Call
 
 __all__ = ["Capabilities", "ProbeResult", "probe", "probe_isolated", "PROBE_CASES"]
@@ -39,7 +39,7 @@ PREFERRED = ("float32", "float64", "bfloat16", "float16")
 class ProbeResult:
     need: str  # "dtype" for the plain dtype probes, else a name from NEEDS
     dtype: str
-    status: str  # ok | refused | crashed | timeout
+    status: str  # ok | refused | convention (refused by the convention itself) | crashed | timeout
     reason: str = ""
 
 
@@ -58,7 +58,7 @@ class Capabilities:
         if plain is not None and plain.status != "ok":
             why.append(f"probe: a plain {dtype} call {_said(plain)}")
         for r in self.results:
-            if r.need in call.needs and r.status != "ok":
+            if r.need in call.needs and r.status not in ("ok", "convention"):
                 why.append(f"probe: a call with {r.need} {_said(r)}")
         return why
 
@@ -133,7 +133,9 @@ def probe_one(backend: Backend, need: str, dtype: str, device: str | None = None
         backend.sdpa(q, k, v, **conv)
     except Exception as e:  # any refusal is a finding
         text = " ".join(str(e).split())
-        return ProbeResult(need if need != "plain" else "dtype", dtype, "refused",
+        # the convention's own refusal is known without calling: recorded, not repeated as a reason
+        status = "convention" if isinstance(e, Unsupported) and "convention" in text else "refused"
+        return ProbeResult(need if need != "plain" else "dtype", dtype, status,
                            f"{type(e).__name__}: {text[:300]}")
     return ProbeResult(need if need != "plain" else "dtype", dtype, "ok")
 

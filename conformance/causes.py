@@ -68,6 +68,9 @@ def sdpa_causes(plan, vis: np.ndarray, q, k, v, got: np.ndarray, golden: np.ndar
     leak = bad_rows & ~empty & ~np.isfinite(got).all(axis=-1) & np.isfinite(golden).all(axis=-1)
     if hidden_nonfinite and leak.any():
         causes.append(f"a hidden key's NaN/inf reached visible row {_rows(np.argwhere(leak))}")
+    if not causes and plan.group > 1 and plan.hkv > 1 and _matches_tiled(plan, q, k, v, vis, got, allowed):
+        causes.append("GQA heads tiled: query head h reads kv head h % Hkv; the spec's is h // G "
+                      f"(G = Hq / Hkv = {plan.group})")
     if got_w is not None and got_w.size == vis.size:
         w = got_w.reshape(vis.shape)
         with np.errstate(invalid="ignore"):
@@ -83,3 +86,17 @@ def _hidden_nonfinite(plan, vis: np.ndarray, k, v) -> bool:
         else np.asarray(k, np.float64)
     bad_key = ~np.isfinite(kv).all(axis=-1)  # (..., Hkv, m)
     return bool(bad_key.any() and (~vis).any())
+
+
+def _matches_tiled(plan, q, k, v, vis, got, allowed) -> bool:
+    """Whether ``got`` is the golden of the same call with kv heads tiled (h reads h % Hkv)."""
+    from attnspec.spec import sdpa
+
+    if k.ndim < 3:
+        return False
+    heads = np.arange(plan.hq) % plan.hkv  # the tiled mapping
+    kt, vt = (np.take(x.astype(np.float64), heads, axis=-3) for x in (k, v))  # (..., Hq, m, d)
+    with np.errstate(invalid="ignore", over="ignore"):
+        tiled = sdpa(q.astype(np.float64), kt, vt, mask=vis)
+        diff = np.abs(tiled.reshape(got.shape) - got)
+    return bool(np.all((diff <= allowed) | (np.isnan(tiled.reshape(got.shape)) & np.isnan(got))))

@@ -70,7 +70,9 @@ def sdpa_cases(draw, dtype: str, features: tuple[str, ...] = SDPA_FEATURES) -> S
 
     batch = draw(st.sampled_from([(), (2,), (1, 3)]))
     hkv = draw(st.sampled_from([1, 2]))
-    group = draw(st.sampled_from([1, 2, 3] if feature in ("gqa", "combined") else [1]))
+    group = draw(st.sampled_from([1, 2, 3] if feature == "combined" else [1]))
+    if feature == "gqa":  # several kv heads, each shared by G > 1 query heads: h // G and h % Hkv differ
+        hkv, group = draw(st.sampled_from([2, 3])), draw(st.sampled_from([2, 3]))
     if feature == "mqa":
         hkv, group = 1, draw(st.sampled_from([2, 4]))
     hq = hkv * group

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_suite(target: str, backend, device: str, profile: str, out: Path, case_timeout: float = 300.0,
               pytest_args: list[str] | None = None, *, device_given: bool = True,
-              env: dict[str, str] | None = None, quiet: bool = False) -> dict:
+              env: dict[str, str] | None = None, quiet: bool = False, log_tail: bool = True) -> dict:
     """Run the suite on ``target`` with crash isolation; write and return the results.
 
     Raises:
@@ -135,7 +135,7 @@ def run_suite(target: str, backend, device: str, profile: str, out: Path, case_t
     if not quiet:
         where = f"\nlogs: {logs}" if logs.exists() else ""
         print(f"\n[{target} {device}] {s['text']}\nresults: {out}{where}", file=sys.stderr)
-        if s["bad"] and logs.exists():
+        if s["bad"] and logs.exists() and log_tail:
             print((logs / f"pytest-{attempt}.log").read_text()[-4000:], file=sys.stderr)
     if interrupted:
         print(f"[{target}] stopped by {signal.Signals(interrupted[0]).name}; the finished cases are in {out}",

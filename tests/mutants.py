@@ -148,3 +148,14 @@ class Hanger(Naive):
 
             time.sleep(3600)
         return super().sdpa(q, k, v, **kw)
+
+
+class SignatureDrift(Naive):
+    """Correct numbers, but sdpa grew a keyword the spec does not have: its own run must fail."""
+
+    name = "signature-drift"
+
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+             q_lengths=None, kv_lengths=None, return_weights=False, dropout_p=0.0):
+        return super().sdpa(q, k, v, mask=mask, bias=bias, causal=causal, window=window, scale=scale,
+                            q_lengths=q_lengths, kv_lengths=kv_lengths, return_weights=return_weights)

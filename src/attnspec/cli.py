@@ -93,7 +93,8 @@ def _target(args) -> tuple[str, bool]:
             hint = "" if ":" not in target else " (for a plain function, give --convention NAME)"
             raise UsageError(f"{e}{hint}") from None
         except Exception as e:  # a backend constructor that fails: the user's first question
-            raise UsageError(f"{target!r} could not be built: {type(e).__name__}: {e}") from None
+            hint = "; for a plain function, give --convention NAME" if ":" in target else ""
+            raise UsageError(f"{target!r} could not be built: {type(e).__name__}: {e}{hint}") from None
         return _absolute(target), False
     if ":" not in target or "@" in target:
         raise UsageError(f"with --convention, the target must be MODULE:FUNCTION, got {target!r}")
@@ -145,7 +146,8 @@ def _check(args) -> int:
         (out / "capabilities.json").write_text(json.dumps({spec: caps.as_json()}, indent=1))
         (out / "probe.json").unlink(missing_ok=True)
         env["ATTNSPEC_CAPABILITIES"] = str((out / "capabilities.json").resolve())
-        refused = [f"{r.need}{'/' + r.dtype if r.need == 'dtype' else ''}" for r in caps.results if r.status != "ok"]
+        refused = [f"{r.need}{'/' + r.dtype if r.need == 'dtype' else ''}" + ("" if r.status in ("refused", "convention")
+                   else f" ({r.status})") for r in caps.results if r.status != "ok"]
         print(f"attnspec check: probe done in {time.time() - t0:.0f} s; unsupported: {', '.join(refused) or 'nothing'}",
               file=sys.stderr)
         os.environ.update(env)
@@ -158,7 +160,7 @@ def _check(args) -> int:
         pytest_args += ["-k", args.keyword]
     try:
         results = run_suite(spec, backend, device, args.profile, results_path, args.case_timeout, pytest_args,
-                            device_given=args.device is not None, env=env)
+                            device_given=args.device is not None, env=env, log_tail=False)
     except Interrupted as e:
         return 128 + e.signum
     _render(out)

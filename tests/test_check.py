@@ -1,0 +1,305 @@
+"""`attnspec check` and the public authoring API: checking functions nobody registered.
+
+The CLI runs as a user runs it (a subprocess, the ``dev`` profile) on functions written by hand
+in `check_subjects` (correct ones and broken ones), on the tutorials' functions in
+``examples/tutorial``, and on torch's and JAX's own primitives wrapped in a line each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).parent
+SEEDS = HERE.parent / "examples" / "tutorial" / "seed_attention.py"
+
+
+def check(*args: str, cwd: Path = HERE, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "attnspec", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=cwd)
+
+
+def results_of(out: Path) -> dict:
+    (path,) = (out / "results").glob("conformance-*.json")
+    return json.loads(path.read_text())
+
+
+RUNS = {
+    "correct": ("check_subjects:correct_torch_sdpa", "--convention", "torch_sdpa"),
+    "tiled_gqa": ("check_subjects:tiled_gqa_sdpa", "--convention", "torch_sdpa"),
+    "flash_numpy": ("check_subjects:flash_numpy", "--convention", "flash", "--arrays", "numpy"),
+    "torch_raw": ("torch.nn.functional:scaled_dot_product_attention", "--convention", "torch_sdpa",
+                  "-k", "matches_golden or masked_keys"),
+    "torch_declared": ("check_subjects:torch_sdpa_backend",),
+    "jax_declared": ("check_subjects:jax_sdpa_backend", "--dtype", "float32", "--dtype", "float64",
+                     "-k", "matches_golden or masked_keys"),
+    "float32_only": ("check_subjects:float32_only", "--convention", "torch_sdpa", "-k", "matches_golden"),
+    "seed_nan_to_num": (f"{SEEDS}:fill_neg_1e9_nan_to_num", "--convention", "tutorial", "-k", "matches_golden"),
+    "seed_neg_inf": (f"{SEEDS}:fill_neg_inf", "--convention", "tutorial", "-k", "matches_golden"),
+    "seed_neg_1e9": (f"{SEEDS}:fill_neg_1e9", "--convention", "tutorial", "-k", "matches_golden"),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("check")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(check, "check", *args, "--out", str(tmp / name)) for name, args in RUNS.items()}
+        return {name: (f.result(), tmp / name) for name, f in futures.items()}
+
+
+def failing_features(results: dict) -> set[str]:
+    return {r["feature"] for r in results["rows"] if r["failed"]}
+
+
+def test_correct_function_conforms_and_writes_its_report(runs):
+    proc, out = runs["correct"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = results_of(out)
+    assert sum(r["passed"] for r in results["rows"]) > 150  # the suite really ran
+    assert (out / "index.md").exists() and (out / "accuracy.md").exists()
+    # the probe's findings are in the results: the convention cannot return weights
+    refused = {c["need"]: c["reason"] for c in results["capabilities"] if c["status"] != "ok"}
+    assert {c["status"] for c in results["capabilities"]} == {"ok", "convention"}
+    assert list(refused) == ["return_weights"]
+    assert "torch_sdpa convention returns no attention weights" in refused["return_weights"]
+    assert results["implementation"]["convention"] == "torch_sdpa"
+    assert "CONFORMS" in proc.stderr and "feature" in proc.stderr  # the summary table
+
+
+def test_tiled_gqa_fails_and_names_gqa(runs):
+    proc, out = runs["tiled_gqa"]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "gqa" in failing_features(results_of(out))
+    assert failing_features(results_of(out)) <= {"gqa", "combined"}  # nothing else is blamed
+    line = next(line for line in proc.stderr.splitlines() if line.startswith("FAIL gqa"))
+    assert "GQA heads tiled" in line and "repro: " in line
+    repro = Path(line.split("repro: ")[1])
+    assert repro.exists() and "resolve_backend" in repro.read_text()
+
+
+@pytest.mark.parametrize("run,got", [("seed_nan_to_num", "mean(V)"), ("seed_neg_inf", "NaN"),
+                                     ("seed_neg_1e9", "mean(V)")])
+def test_each_seed_fails_naming_the_empty_row_rule(runs, run, got):
+    proc, out = runs[run]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    results = results_of(out)
+    assert "no_visible_rows" in failing_features(results)
+    assert any(line.startswith("FAIL no_visible_rows") for line in proc.stderr.splitlines())
+    # the first line of the message names the rule (the first failure of a feature may be another
+    # finding: -1e9 does not fit float16, which torch refuses with an overflow error)
+    causes = [f["message"].splitlines()[0] for f in results["failures"] if f["feature"] == "no_visible_rows"]
+    assert any(f"row with no visible key: expected 0, got {got}" in c for c in causes), causes
+
+
+def test_a_reproducer_written_by_check_reproduces(runs):
+    proc, out = runs["seed_neg_inf"]
+    repro = sorted((out / "repro").glob("*.py"))[0]
+    ran = subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, timeout=300, cwd=HERE,
+                         env={**os.environ, "PYTHONPATH": str(HERE)})
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.strip() not in ("0.0", "")  # it prints the max error against the golden: not zero
+
+
+def test_flash_style_numpy_function_conforms_where_the_convention_reaches(runs):
+    proc, out = runs["flash_numpy"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = results_of(out)
+    reasons = {r for row in results["rows"] for r in row["unsupported_reasons"]}
+    assert any("the flash convention has no mask argument" in r for r in reasons)
+    passed = {r["feature"] for r in results["rows"] if r["passed"]}
+    assert {"plain", "gqa", "causal_lower_right", "window_lower_right", "dk_ne_dv"} <= passed
+
+
+def test_torch_sdpa_raw_fails_only_where_torch_is_known_to_deviate(runs):
+    proc, out = runs["torch_raw"]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    results = results_of(out)
+    # every failure is NaN/inf from hidden keys reaching rows (torch.masked-nonfinite-k/v)
+    for f in results["failures"]:
+        assert "NaN/inf" in f["message"].splitlines()[0] or "got NaN" in f["message"].splitlines()[0], \
+            f["message"][:500]
+
+
+def test_torch_sdpa_with_torchs_declared_deviations_conforms(runs):
+    proc, out = runs["torch_declared"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    observed = {d["id"] for d in results_of(out)["deviations"] if d["status"] == "observed"}
+    assert observed >= {"torch.masked-nonfinite-k", "torch.masked-nonfinite-v"}
+
+
+def test_jax_dot_product_attention_with_jaxs_declared_deviations_conforms(runs):
+    proc, out = runs["jax_declared"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = results_of(out)
+    observed = {d["id"] for d in results["deviations"] if d["status"] == "observed"}
+    # JAX's known deviations show up, on the cases they are declared for (a failing case no
+    # declared deviation covers would have failed the run)
+    assert observed & {"jax.empty-row-mean-v", "jax.masked-nonfinite-v", "jax.neg-inf-bias-row-nan"}, observed
+    assert not [d for d in results["deviations"] if d["status"] == "stale"]
+    assert {r["dtype"] for r in results["rows"]} == {"float32", "float64"}  # --dtype narrowed the run
+
+
+def test_probe_finds_refused_dtypes_and_the_suite_reports_them(runs):
+    proc, out = runs["float32_only"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = results_of(out)
+    refused = {c["dtype"] for c in results["capabilities"] if c["need"] == "dtype" and c["status"] != "ok"}
+    assert refused == {"float16", "bfloat16", "float64"}
+    row = next(r for r in results["rows"] if r["dtype"] == "float16" and r["function"] == "sdpa"
+               and r["property"] == "matches_golden")
+    assert row["unsupported"] == row["run"]
+    assert any("float32_only: got torch.float16" in reason for reason in row["unsupported_reasons"])
+
+
+@pytest.mark.parametrize("fn,status", [("aborts_when_n_far_above_m", "crashed"), ("hangs_when_n_far_above_m", "timeout")])
+def test_a_function_that_crashes_or_hangs_is_recorded_and_the_run_completes(tmp_path, fn, status):
+    proc = check("check", f"check_subjects:{fn}", "--convention", "torch_sdpa", "--dtype", "float32",
+                 "-k", "matches_golden or masked_keys", "--case-timeout", "4", "--out", str(tmp_path))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    rows = results_of(tmp_path)["rows"]
+    assert sum(r[status] for r in rows) >= 1, proc.stderr[-3000:]
+    assert sum(r["passed"] for r in rows) > 5
+
+
+@pytest.mark.parametrize("args,says", [
+    (("no_such_module_xyz:fn", "--convention", "torch_sdpa"), "does not import"),
+    (("check_subjects:missing", "--convention", "torch_sdpa"), "has no attribute 'missing'"),
+    (("check_subjects:NOT_CALLABLE", "--convention", "torch_sdpa"), "not a callable"),
+    (("check_subjects:correct_torch_sdpa", "--convention", "nope"), "convention='nope' is not one of"),
+    (("no_such_backend",), "unknown backend 'no_such_backend'"),
+    (("check_subjects:correct_torch_sdpa",), "for a plain function, give --convention NAME"),
+])
+def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, says):
+    proc = check("check", *args, "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_out_inside_the_package_is_refused(tmp_path):
+    import attnspec.reports
+
+    proc = check("check", "check_subjects:correct_torch_sdpa", "--convention", "torch_sdpa",
+                 "--out", str(Path(attnspec.reports.__file__).parent / "x"))
+    assert proc.returncode == 2 and "inside the installed attnspec package" in proc.stderr
+
+
+def test_backends_lists_every_builtin_installed_or_not():
+    import attnspec.backends as ab
+
+    proc = check("backends")
+    assert proc.returncode == 0
+    for name, a in ab.available().items():
+        line = next(line for line in proc.stdout.splitlines() if line.split()[0] == name)
+        assert ("yes" if a.installed else "no") in line.split()
+
+
+def test_a_drifted_signature_fails_its_own_run(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend",
+           "mutants:SignatureDrift", "-q", "-p", "no:cacheprovider", "-k", "test_signatures"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "dropout_p" in proc.stdout and "signature" in proc.stdout
+    control = [c if c != "mutants:SignatureDrift" else "mutants:control" for c in cmd]
+    ok = subprocess.run(control, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout[-2000:]  # the correct control, same command: passes
+
+
+# -- the authoring helpers, in-process ------------------------------------------------------------
+
+def _plan(q, k, v, **opts):
+    from attnspec.backends.authoring import plan_sdpa
+
+    return plan_sdpa("t.sdpa", q, k, v, **opts)
+
+
+def test_attend_mask_is_the_spec_visibility():
+    from attnspec.backends.authoring import additive_mask, attend_mask
+    from attnspec.spec import sdpa
+
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((2, 4, 5, 8)), rng.standard_normal((2, 2, 7, 8)), rng.standard_normal((2, 2, 7, 8))
+    mask = rng.random((5, 7)) < 0.8
+    bias = np.where(rng.random((2, 4, 5, 7)) < 0.2, -np.inf, rng.standard_normal((2, 4, 5, 7)))
+    opts = dict(causal="lower_right", window=(2, 1), kv_lengths=np.array([7, 4]), q_lengths=np.array([5, 3]))
+    p = _plan(q, k, v, mask=mask, bias=bias, **opts)
+    vis = attend_mask(p, mask, bias, full=True)
+    assert vis.shape == (2, 4, 5, 7)
+    # folding every rule into one mask changes nothing
+    want = sdpa(q, k, v, mask=mask, bias=bias, **opts)
+    assert np.allclose(sdpa(q, k, v, mask=vis, bias=np.where(vis, bias, 0)), want, atol=1e-14)
+    add = additive_mask(p, mask, bias)
+    assert np.array_equal(np.isneginf(np.broadcast_to(add, vis.shape)), ~vis)
+    assert np.allclose(sdpa(q, k, v, bias=add), want, atol=1e-14)
+
+
+def test_layout_and_gqa_helpers():
+    import torch
+
+    from attnspec.backends.authoring import expand_kv_heads, flatten_batch, to_bhld, to_blhd, unflatten_batch
+
+    x = np.arange(2 * 3 * 4 * 5).reshape(2, 3, 4, 5)
+    assert to_blhd(x).shape == (2, 4, 3, 5) and np.array_equal(to_bhld(to_blhd(x)), x)
+    t = torch.from_numpy(x)
+    assert torch.equal(to_blhd(t), torch.from_numpy(np.ascontiguousarray(to_blhd(x))))
+    kv = np.arange(2)[None, :, None, None] * np.ones((1, 2, 3, 4))  # kv head j holds j
+    assert expand_kv_heads(kv, 3)[0, :, 0, 0].tolist() == [0, 0, 0, 1, 1, 1]  # query head h reads h // G
+    q = np.ones((3, 4))  # rank 2
+    p = _plan(q, q, q)
+    flat = flatten_batch(p, q, 1, 3)
+    assert flat.shape == (1, 1, 3, 4) and unflatten_batch(p, flat).shape == (3, 4)
+    qb, kb = np.ones((2, 3, 1, 5, 4)), np.ones((1, 1, 1, 6, 4))  # k broadcasts over the batch
+    p = _plan(qb, kb, kb)
+    assert flatten_batch(p, kb, 1, 6).shape == (6, 1, 6, 4)
+
+
+def test_from_function_refuses_bad_arguments():
+    from attnspec import SpecError
+    from attnspec.backends import from_function
+
+    with pytest.raises(SpecError, match="fn must be callable"):
+        from_function(3, "torch_sdpa")
+    with pytest.raises(SpecError, match="convention='x' is not one of"):
+        from_function(print, "x")
+    with pytest.raises(SpecError, match="arrays='y' is not one of"):
+        from_function(print, "tutorial", arrays="y")
+    with pytest.raises(SpecError, match="dtypes="):
+        from_function(print, "tutorial", arrays="numpy", dtypes=("int8",))
+
+
+def test_a_function_backend_validates_before_calling():
+    from attnspec import SpecError
+    from attnspec.backends import from_function
+
+    calls = []
+    b = from_function(lambda *a, **k: calls.append(1), "tutorial", arrays="numpy")
+    q = np.ones((1, 2, 3, 4))
+    with pytest.raises(SpecError, match="k.shape\\[-1\\]=5 must equal q.shape\\[-1\\]=4"):
+        b.sdpa(q, np.ones((1, 2, 3, 5)), np.ones((1, 2, 3, 5)))
+    with pytest.raises(SpecError, match="must be a numpy array"):
+        b.sdpa(q, q.tolist(), q)
+    assert calls == []
+
+
+def test_conventions_refuse_what_they_cannot_carry():
+    from attnspec.backends.conventions import CONVENTIONS, call_needs
+
+    lr = call_needs((1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 4), {"causal": "upper_left"})
+    assert CONVENTIONS["flash"].refusals(lr) == [
+        "the flash convention's causal is lower-right: upper-left differs when n != m"]
+    square = call_needs((1, 2, 5, 4), (1, 2, 5, 4), (1, 2, 5, 4), {"causal": "upper_left"})
+    assert CONVENTIONS["flash"].refusals(square) == []
+    biased = call_needs((3, 4), (5, 4), (5, 4), {"bias": np.zeros((3, 5))})
+    assert "the tutorial convention has no bias argument" in CONVENTIONS["tutorial"].refusals(biased)
+    assert CONVENTIONS["torch_sdpa"].refusals(biased) == [] and CONVENTIONS["jax"].refusals(biased) == []

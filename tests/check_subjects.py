@@ -98,18 +98,18 @@ def float32_only(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fal
     return correct_torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
-def aborts_when_n_far_above_m(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+def aborts_when_n_gt_m(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                        enable_gqa=False):
-    """Kills the interpreter when n >= m + 8 (a segfaulting kernel); correct otherwise."""
-    if query.shape[-2] >= key.shape[-2] + 8:
+    """Kills the interpreter when n > m (a segfaulting kernel); correct otherwise."""
+    if query.shape[-2] > key.shape[-2]:
         os.abort()
     return correct_torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
-def hangs_when_n_far_above_m(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+def hangs_when_n_gt_m(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                       enable_gqa=False):
-    """Never returns when n >= m + 8 (a deadlocked kernel); correct otherwise."""
-    if query.shape[-2] >= key.shape[-2] + 8:
+    """Never returns when n > m (a deadlocked kernel); correct otherwise."""
+    if query.shape[-2] > key.shape[-2]:
         time.sleep(3600)
     return correct_torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 

@@ -160,7 +160,7 @@ def test_probe_finds_refused_dtypes_and_the_suite_reports_them(runs):
     assert any("float32_only: got torch.float16" in reason for reason in row["unsupported_reasons"])
 
 
-@pytest.mark.parametrize("fn,status", [("aborts_when_n_far_above_m", "crashed"), ("hangs_when_n_far_above_m", "timeout")])
+@pytest.mark.parametrize("fn,status", [("aborts_when_n_gt_m", "crashed"), ("hangs_when_n_gt_m", "timeout")])
 def test_a_function_that_crashes_or_hangs_is_recorded_and_the_run_completes(tmp_path, fn, status):
     proc = check("check", f"check_subjects:{fn}", "--convention", "torch_sdpa", "--dtype", "float32",
                  "-k", "matches_golden or masked_keys", "--case-timeout", "4", "--out", str(tmp_path))

@@ -170,6 +170,8 @@ def _check(args) -> int:
     lines = failure_lines(results, repro_dir)
     for line in lines:
         print(line, file=sys.stderr)
+    for cause, count in cause_counts(results):
+        print(f"cause: {cause} ({count} of the recorded failures)", file=sys.stderr)
     s = summary(results)
     nothing = s["totals"]["passed"] + s["totals"]["deviation"] == 0
     if nothing:
@@ -274,6 +276,23 @@ def failure_lines(results: dict, repro_dir: Path) -> list[str]:
         feature = key[1] if key[0] == "sdpa" else f"{key[0]}:{key[1]}"
         lines.append(f"FAIL {feature} ({f.get('dtype')}, {f.get('property')}, {f.get('status')}): {cause}; {where}")
     return lines
+
+
+def cause_counts(results: dict) -> list[tuple[str, int]]:
+    """The distinct causes among the recorded failures, most frequent first (row lists dropped)."""
+    import re
+    from collections import Counter
+
+    counts: Counter[str] = Counter()
+    for f in results.get("failures", []):
+        head = (f.get("message") or "").partition("reproduce with:\n")[0]
+        for cause in _cause(head).split("; "):
+            cause = re.sub(r" visible row .*$", " visible rows", cause)
+            cause = re.sub(r" \(rows? .*?\)$", "", cause)
+            cause = re.sub(r"raised (\w+): .*", r"raised \1", cause)
+            if cause.startswith(("row with", "a hidden", "visible weights", "GQA", "raised")):
+                counts[cause] += 1
+    return counts.most_common()
 
 
 def _cause(head: str) -> str:

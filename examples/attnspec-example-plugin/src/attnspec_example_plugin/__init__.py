@@ -9,18 +9,9 @@ from __future__ import annotations
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
 import numpy as np
 
-from attnspec import SpecError
-from attnspec.backends import Backend
-from attnspec.spec._validate import ArrayInfo, validate_sdpa
-from attnspec.spec.masks import visibility
+from attnspec.backends.authoring import Backend, attend_mask, expand_kv_heads, plan_sdpa
 
 __all__ = ["ExampleBackend"]
-
-
-def _info(name: str, x: object) -> ArrayInfo:
-    if not isinstance(x, np.ndarray):
-        raise SpecError(f"example.sdpa: {name} must be a numpy.ndarray, got {type(x).__name__}")
-    return ArrayInfo(tuple(x.shape), x.dtype.name)
 
 
 class ExampleBackend(Backend):
@@ -37,26 +28,18 @@ class ExampleBackend(Backend):
 
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
              q_lengths=None, kv_lengths=None, return_weights=False):
-        p = validate_sdpa(
-            "example.sdpa", _info("q", q), _info("k", k), _info("v", v),
-            mask=None if mask is None else _info("mask", mask),
-            bias=None if bias is None else _info("bias", bias),
-            causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-        )
+        # the spec's checks, so the spec's SpecError messages for bad input
+        p = plan_sdpa("example.sdpa", q, k, v, mask=mask, bias=bias, causal=causal, window=window,
+                      scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths, library="numpy")
         dtype = q.dtype
         q, k, v = (_with_head(x).astype(np.float64) for x in (q, k, v))
-        k = np.repeat(k, p.group, axis=-3)  # (..., Hq, m, dk): query head h reads kv head h // G
-        v = np.repeat(v, p.group, axis=-3)  # (..., Hq, m, dv)
-
-        vis = np.ones((p.n, p.m), bool)
-        rules = visibility(p.n, p.m, causal=p.causal, window=p.window,
-                           q_lengths=p.q_lengths, kv_lengths=p.kv_lengths)
-        vis = vis if rules is None else vis & rules
-        vis = vis if mask is None else vis & mask
+        k = expand_kv_heads(k, p.group)  # (..., Hq, m, dk): query head h reads kv head h // G
+        v = expand_kv_heads(v, p.group)  # (..., Hq, m, dv)
+        # every rule (causal, window, lengths, mask, bias == -inf) folded into one mask
+        vis = attend_mask(p, mask, bias, full=True)  # (..., Hq, n, m)
         with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf inputs are allowed
             s = p.scale * (q @ np.swapaxes(k, -1, -2))  # (..., Hq, n, m)
             if bias is not None:
-                vis = vis & (bias != -np.inf)
                 s = s + bias.astype(np.float64)
             vis = np.broadcast_to(vis, p.full_weights_shape)
             s = np.where(vis, s, -np.inf)  # an absent key is gone, whatever its k holds

@@ -86,6 +86,15 @@ _BUILTINS: dict[str, _Builtin] = {
     "jax-native": _Builtin("attnspec.backends.jax_native:JaxNativeBackend", ("jax",)),
 }
 
+
+def _atlas() -> dict[str, _Builtin]:
+    from attnspec.backends.atlas.natives import ATLAS
+
+    return {name: _Builtin(target, requires) for name, (target, requires, _extra) in ATLAS.items()}
+
+
+_BUILTINS.update(_atlas())  # the atlas' outside implementations (attnspec.backends.atlas)
+
 _registered: dict[str, Factory] = {}
 
 

@@ -128,13 +128,15 @@ class TorchLibrary(ArrayLibrary):
 class JaxLibrary(ArrayLibrary):
     name = module = "jax"
 
-    def __init__(self) -> None:
+    def __init__(self, x64: bool = True) -> None:
+        """``x64=False`` leaves JAX's 64-bit mode as it is (off by default): for code that breaks
+        under it, which is then measured as its users run it, without float64."""
         import jax
         import jax.numpy as jnp
 
         from attnspec.backends.jax import JaxArrays
 
-        self._jax, self._jnp, self._hooks = jax, jnp, JaxArrays()
+        self._jax, self._jnp, self._hooks = jax, jnp, JaxArrays(x64)
 
     def is_array(self, x: object) -> bool:
         return isinstance(x, self._jax.Array)
@@ -312,7 +314,9 @@ def library_of(x: object) -> ArrayLibrary:
         if name in _built and _built[name].is_array(x):
             return _built[name]
     if top in _LIBRARIES and importlib.util.find_spec(top) is not None:
-        lib = array_library(top)
+        factory = _LIBRARIES[top]
+        # for layout operations only: no process-wide switch (JAX's x64) is touched here
+        lib = factory(x64=False) if factory is JaxLibrary else array_library(top)
         if lib.is_array(x):
             return lib
     raise SpecError(f"library_of: {type(x).__module__}.{type(x).__name__} is not an array of a known "

@@ -211,26 +211,32 @@ class Jax(Convention):
     arrays = "jax"
     cannot = {"return_weights": "returns no attention weights"}
 
+    #: whether the function takes query_seq_lengths / key_value_seq_lengths and local_window_size
+    #: (jax.nn does; Keras and Flax, which share its layout and flags, do not)
+    lengths_arguments = True
+    window_argument = True
+
     def call(self, fn, lib, p, q, k, v, options):
         qf = to_blhd(flatten_batch(p, q, p.hq, p.n))  # (B, n, Hq, dk)
         kf = to_blhd(flatten_batch(p, k, p.hkv, p.m))  # (B, m, Hkv, dk)
         vf = to_blhd(flatten_batch(p, v, p.hkv, p.m))  # (B, m, Hkv, dv)
         dev = _device(lib, q)
         upper = p.causal != "lower_right"
+        # lower-right causal (and its window), or a window with no argument for it, joins the mask
+        fold = not upper or (p.window is not None and not self.window_argument)
         kw: dict[str, Any] = {}
-        if p.causal == "upper_left":
+        if p.causal == "upper_left" and not fold:
             kw["is_causal"] = True
-        if p.window is not None and upper:
+        if p.window is not None and not fold:
             kw["local_window_size"] = p.window
-        # lower-right causal (and its window) has no argument: it joins the mask
-        vis = attend_mask(p, options.get("mask"), structure=not upper, lengths=False)
+        vis = attend_mask(p, options.get("mask"), structure=fold, lengths=not self.lengths_arguments)
         if vis is not None:
             kw["mask"] = lib.asarray(np.ascontiguousarray(_flat(p, vis)), device=dev)  # (B, Hq or 1, n, m)
         if options.get("bias") is not None:
             kw["bias"] = flatten_mask(p, options["bias"])  # (B, Hq or 1, n, m)
         for spec_name, name in (("q_lengths", "query_seq_lengths"), ("kv_lengths", "key_value_seq_lengths")):
             lengths = getattr(p, spec_name)
-            if lengths is not None:
+            if lengths is not None and self.lengths_arguments:
                 kw[name] = lib.asarray(np.reshape(lengths, (math.prod(p.batch),)).astype(np.int32), device=dev)  # (B,)
         if options.get("scale") is not None:
             kw["scale"] = p.scale

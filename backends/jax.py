@@ -67,8 +67,9 @@ __all__ = ["JaxBackend"]
 class JaxArrays(Backend):
     """Array hooks shared by the ``jax`` and ``jax-native`` backends."""
 
-    def __init__(self) -> None:
-        jax.config.update("jax_enable_x64", True)
+    def __init__(self, x64: bool = True) -> None:
+        if x64:  # without it JAX has no float64 at all
+            jax.config.update("jax_enable_x64", True)
         self._last = None  # the latest result, for synchronize()
 
     def devices(self) -> list[str]:

@@ -184,7 +184,7 @@ def probe_isolated(target: str, out: Path, dtypes: tuple[str, ...] | None = None
     journal.unlink(missing_ok=True)
     skip: dict[str, str] = {}
     for _ in range(len(plan(tuple(dtypes or FLOAT_DTYPES))) + 1):
-        cmd = [sys.executable, "-m", "attnspec.backends.probe", target, "--journal", str(journal),
+        cmd = [sys.executable, "-W", "ignore::RuntimeWarning", "-m", "attnspec.backends.probe", target, "--journal", str(journal),
                "--skip", json.dumps(skip)]
         if dtypes:
             cmd += ["--dtypes", ",".join(dtypes)]

@@ -1,0 +1,227 @@
+"""Calling conventions of the atlas' outside implementations (see `attnspec.backends.conventions`
+for the contract and the built-in ones). Each passes a spec option through the implementation's
+own argument where it has one, folds the rest into its mask where it has one, and refuses what
+it cannot express. Nothing here corrects a result.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from typing import Any
+
+import numpy as np
+
+from attnspec.backends._base import Unsupported
+from attnspec.backends.authoring import (
+    additive_mask,
+    attend_mask,
+    flatten_batch,
+    flatten_mask,
+    to_blhd,
+    unflatten_batch,
+)
+from attnspec.backends.conventions import Call, Convention, Jax, TorchSDPA, _device, _first
+
+__all__ = ["MLX", "Flax", "Flex", "HFEager", "HFSdpa", "Keras", "Pallas", "Tinygrad"]
+
+
+def _only(options: dict[str, Any], *names: str) -> bool:
+    """Whether the call sets none of the spec options but ``names``."""
+    rules = ("mask", "bias", "window", "q_lengths", "kv_lengths")
+    return all(options.get(o) is None for o in rules if o not in names)
+
+
+def _full(p, x: np.ndarray) -> np.ndarray:
+    """A mask broadcasting to (*batch, Hq, n, m) -> (B, Hq or 1, n, m), as NumPy."""
+    heads = x.shape[-3] if x.ndim >= 3 else 1
+    return np.ascontiguousarray(np.broadcast_to(x, (*p.batch, heads, p.n, p.m)).reshape(
+        math.prod(p.batch), heads, p.n, p.m))
+
+
+class MLX(Convention):
+    name = "mlx"
+    signature = ("fn(q, k, v, *, scale, mask=None) on (B, H, L, D) arrays; mask 'causal' (lower-right), "
+                 "bool (True = attend) or additive")
+    arrays = "mlx"
+    cannot = {"return_weights": "returns no attention weights"}
+
+    def call(self, fn, lib, p, q, k, v, options):
+        qf, kf, vf = flatten_batch(p, q, p.hq, p.n), flatten_batch(p, k, p.hkv, p.m), flatten_batch(p, v, p.hkv, p.m)
+        kw: dict[str, Any] = {"scale": p.scale}
+        square = p.n == p.m
+        if _only(options) and (p.causal == "lower_right" or (p.causal == "upper_left" and square)):
+            kw["mask"] = "causal"  # MLX's causal string is lower-right aligned
+        elif options.get("bias") is not None:
+            kw["mask"] = lib.asarray(_full(p, additive_mask(p, options.get("mask"), options["bias"])))
+        else:
+            vis = attend_mask(p, options.get("mask"))
+            if vis is not None:
+                kw["mask"] = lib.asarray(_full(p, vis))
+        return unflatten_batch(p, _first(fn(qf, kf, vf, **kw))), None
+
+
+class Tinygrad(TorchSDPA):
+    name = "tinygrad"
+    signature = ("Tensor.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, "
+                 "is_causal=False, enable_gqa=False) on (..., H, L, D); no scale argument")
+    arrays = "tinygrad"
+    cannot = {**TorchSDPA.cannot, "scale": "has no scale argument (always 1/sqrt(dk))"}
+
+
+class Keras(Jax):
+    name = "keras"
+    signature = ("keras.ops.dot_product_attention(query, key, value, bias=None, mask=None, scale=None, "
+                 "is_causal=False) on (B, T, N, H); is_causal upper-left")
+    lengths_arguments = False
+    window_argument = False
+
+
+class Flax(Jax):
+    name = "flax"
+    signature = ("flax.nnx.dot_product_attention(query, key, value, bias=None, mask=None, ..., "
+                 "is_causal=False) on (..., L, H, D); no scale argument")
+    lengths_arguments = False
+    window_argument = False
+    cannot = {**Jax.cannot, "scale": "has no scale argument (always 1/sqrt(dk))"}
+
+
+class _HF(Convention):
+    """transformers' attention functions: ``fn(module, query, key, value, attention_mask, ...)``.
+
+    The mask is built the way transformers builds it, by `transformers.masking_utils` from a
+    mask function (here: the call's visibility), which has no head axis.
+    """
+
+    arrays = "torch"
+    cannot = {"bias": "takes a mask, not a bias (transformers' attention functions add only the mask)",
+              "scale": None}
+
+    def refusals(self, call: Call) -> list[str]:
+        return [f"the {self.name} convention {why}" for need, why in self.cannot.items()
+                if why and need in call.needs]
+
+    def _vis(self, p, options):
+        vis = attend_mask(p, options.get("mask"))
+        if vis is None:
+            return None
+        full = _full(p, vis)
+        if full.shape[1] != 1:
+            raise Unsupported(f"the {self.name} convention's masks have no head axis (transformers builds "
+                              "(B, 1, n, m))")
+        return full
+
+    def _mask(self, p, vis, kind: str, dtype, lib):
+        import torch
+        from transformers import masking_utils
+
+        table = torch.from_numpy(vis)  # (B, 1, n, m)
+
+        def visible(b, h, q, kv):
+            return table[b, 0, q, kv]
+
+        common = dict(batch_size=table.shape[0], q_length=p.n, kv_length=p.m, mask_function=visible)
+        if kind == "eager":
+            return masking_utils.eager_mask(**common, dtype=dtype)
+        return masking_utils.sdpa_mask(**common, allow_is_causal_skip=False)
+
+
+class HFEager(_HF):
+    name = "hf_eager"
+    signature = ("eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0) "
+                 "-> (out (B, L, H, D), weights) on (B, H, L, D); additive mask 0 / finfo.min")
+
+    def call(self, fn, lib, p, q, k, v, options):
+        qf, kf, vf = flatten_batch(p, q, p.hq, p.n), flatten_batch(p, k, p.hkv, p.m), flatten_batch(p, v, p.hkv, p.m)
+        vis = self._vis(p, options)
+        mask = None if vis is None else self._mask(p, vis, "eager", qf.dtype, lib)
+        module = types.SimpleNamespace(num_key_value_groups=p.group, training=False, is_causal=False)
+        out, weights = fn(module, qf, kf, vf, mask, scaling=p.scale)
+        out = unflatten_batch(p, out, layout="blhd")
+        return out, None if weights is None else weights.reshape(p.weights_shape)
+
+
+class HFSdpa(_HF):
+    name = "hf_sdpa"
+    signature = ("sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, "
+                 "is_causal=None) -> (out (B, L, H, D), None) on (B, H, L, D); bool mask")
+    cannot = {**_HF.cannot, "return_weights": "returns no attention weights"}
+
+    def call(self, fn, lib, p, q, k, v, options):
+        qf, kf, vf = flatten_batch(p, q, p.hq, p.n), flatten_batch(p, k, p.hkv, p.m), flatten_batch(p, v, p.hkv, p.m)
+        causal_flag = p.causal == "upper_left" and _only(options)
+        vis = None if causal_flag else self._vis(p, options)
+        mask = None if vis is None else self._mask(p, vis, "sdpa", qf.dtype, lib)
+        # transformers decides is_causal from the module when no mask is given
+        module = types.SimpleNamespace(num_key_value_groups=p.group, training=False, is_causal=causal_flag)
+        out = _first(fn(module, qf, kf, vf, mask, scaling=p.scale))
+        return unflatten_batch(p, out, layout="blhd"), None
+
+
+class Flex(Convention):
+    name = "flex"
+    signature = ("flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, "
+                 "enable_gqa=False) on (B, H, L, D); visibility as mask_mod, bias as score_mod")
+    arrays = "torch"
+    cannot = {"return_weights": "returns no attention weights"}
+
+    def call(self, fn, lib, p, q, k, v, options):
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        qf, kf, vf = flatten_batch(p, q, p.hq, p.n), flatten_batch(p, k, p.hkv, p.m), flatten_batch(p, v, p.hkv, p.m)
+        kw: dict[str, Any] = {"scale": p.scale}
+        if p.group > 1:
+            kw["enable_gqa"] = True
+        dev = _device(lib, q)
+        vis = attend_mask(p, options.get("mask"), options.get("bias"))
+        if vis is not None:
+            table = torch.from_numpy(_full(p, vis)).to(dev)  # (B, Hq or 1, n, m)
+            per_head = table.shape[1] != 1
+
+            def mask_mod(b, h, qi, kv):
+                return table[b, h if per_head else 0, qi, kv]
+
+            kw["block_mask"] = create_block_mask(mask_mod, table.shape[0], p.hq if per_head else None, p.n, p.m,
+                                                 device=dev)
+        if options.get("bias") is not None:
+            bias = flatten_mask(p, options["bias"])  # (B, Hq or 1, n, m)
+            bias_heads = bias.shape[1] != 1
+
+            def score_mod(score, b, h, qi, kv):
+                return score + bias[b, h if bias_heads else 0, qi, kv]
+
+            kw["score_mod"] = score_mod
+        return unflatten_batch(p, _first(fn(qf, kf, vf, **kw))), None
+
+
+class Pallas(Convention):
+    name = "pallas"
+    signature = ("mha(q, k, v, segment_ids, sm_scale=1.0, causal=False, interpret=True) on (B, L, H, D) "
+                 "(jax.experimental.pallas.ops.gpu.attention)")
+    arrays = "jax"
+    cannot = {
+        "mask": "has no mask argument",
+        "bias": "has no bias argument",
+        "q_lengths": "has no sequence lengths",
+        "kv_lengths": "has no sequence lengths",
+        "window": "has no window",
+        "window_lower_right": "has no window",
+        "return_weights": "returns no attention weights",
+    }
+
+    def refusals(self, call: Call) -> list[str]:
+        why = super().refusals(call)
+        if call.n != call.m and "causal_lower_right" in call.needs:
+            why.append("the pallas convention's causal is upper-left: lower-right differs when n != m")
+        return why
+
+    def call(self, fn, lib, p, q, k, v, options):
+        qf = to_blhd(flatten_batch(p, q, p.hq, p.n))  # (B, n, Hq, dk)
+        kf = to_blhd(flatten_batch(p, k, p.hkv, p.m))  # (B, m, Hkv, dk)
+        vf = to_blhd(flatten_batch(p, v, p.hkv, p.m))  # (B, m, Hkv, dv)
+        out = _first(fn(qf, kf, vf, None, sm_scale=p.scale, causal=p.causal is not None, interpret=True))
+        return unflatten_batch(p, out, layout="blhd"), None
+
+
+ATLAS_CONVENTIONS = {c.name: c for c in (MLX(), Tinygrad(), Keras(), Flax(), HFEager(), HFSdpa(), Flex(), Pallas())}

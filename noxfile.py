@@ -29,6 +29,23 @@ BACKENDS = {
     "example": [],  # the example third-party plugin, installed from examples/ like any plugin
 }
 
+
+def _atlas_backends() -> dict[str, str]:
+    """atlas backend -> its extra, read from `attnspec.backends.atlas.natives.ATLAS` (the one list)."""
+    import ast
+
+    tree = ast.parse((ROOT / "backends" / "atlas" / "natives.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "ATLAS" or (
+                isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "ATLAS"):
+            return {name: extra for name, (_target, _needs, extra) in ast.literal_eval(node.value).items()}
+    raise RuntimeError("backends/atlas/natives.py defines no ATLAS")
+
+
+#: the atlas' outside implementations (nox -s atlas), plus the two built-in native primitives,
+#: whose suite runs in `conformance` and whose answers join the atlas here
+ATLAS = {**_atlas_backends(), "torch-native": "torch", "jax-native": "jax"}
+
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
@@ -93,6 +110,29 @@ def conformance(session: nox.Session, backend: str) -> None:
     session.notify("report", posargs=[])
     if failed:
         session.error(f"{', '.join(failed)} failed conformance: see reports/accuracy.md")
+
+
+@nox.session
+@nox.parametrize("backend", list(ATLAS))
+def atlas(session: nox.Session, backend: str) -> None:
+    """Measure one outside implementation for the atlas (questions, then the suite), render reports/atlas.md."""
+    ap = argparse.ArgumentParser(prog="nox -s atlas --")
+    ap.add_argument("--profile", default="dev", choices=("dev", "ci", "thorough"))
+    args, runner_args = ap.parse_known_args(session.posargs)
+    install(session, package(["test", "report", ATLAS[backend]]))
+    env = {"ATTNSPEC_GIT_COMMIT": _git_commit(session)}
+    session.run("python", "-m", "attnspec.backends.atlas.questions", backend,
+                "--out", f"reports/results/atlas-{backend}.json", env=env)
+    failed = False
+    if backend not in BACKENDS:  # the built-in natives' suite runs in `nox -s conformance`
+        try:
+            session.run("python", "-m", "attnspec.conformance.run", "--backend", backend, "--profile", args.profile,
+                        *runner_args, env=env)
+        except CommandFailed:
+            failed = True
+    session.notify("report", posargs=[])
+    if failed:
+        session.error(f"{backend} failed beyond its declared deviations: see reports/atlas.md")
 
 
 #: the backends `attnspec.reports.bench_targets.TARGETS` measures: a plain `nox -s bench` also

@@ -191,7 +191,8 @@ class MlxLibrary(ArrayLibrary):
         x = to_reference(x, dtype)
         if x.dtype == ml_dtypes.bfloat16:  # float32 holds every bfloat16 exactly
             return self._mx.array(x.astype(np.float32)).astype(self._mx.bfloat16)
-        return self._mx.array(np.array(x))
+        # explicitly typed: mx.array of float64 data would otherwise make float32
+        return self._mx.array(np.array(x), dtype=getattr(self._mx, "bool_" if x.dtype == bool else x.dtype.name))
 
     def to_numpy(self, x):
         if x.dtype == self._mx.bfloat16:

@@ -115,6 +115,10 @@ class Convention:
     arrays: str = "numpy"
     #: needs it cannot carry -> why (a static refusal, before any call)
     cannot: dict[str, str] = {}
+    #: the alignment of the function's own causal flag (None: it has none; causal goes into a mask)
+    causal_flag: str | None = None
+    #: whether the function has a window argument of its own
+    window_argument: bool = False
 
     def refusals(self, call: Call) -> list[str]:
         """Why this convention cannot express ``call`` (empty when it can)."""
@@ -146,6 +150,7 @@ class TorchSDPA(Convention):
                  "enable_gqa=False) on (..., H, L, D) arrays")
     arrays = "torch"
     cannot = {"return_weights": "returns no attention weights"}
+    causal_flag = "upper_left"
 
     def call(self, fn, lib, p, q, k, v, options):
         kw: dict[str, Any] = {}
@@ -178,6 +183,8 @@ class Flash(Convention):
         "kv_lengths": "has no sequence lengths (varlen is another function)",
         "return_weights": "returns no attention weights",
     }
+    causal_flag = "lower_right"
+    window_argument = True
 
     def refusals(self, call: Call) -> list[str]:
         why = super().refusals(call)
@@ -210,6 +217,7 @@ class Jax(Convention):
                  "(B, T, N, H) arrays, is_causal and local_window_size upper-left")
     arrays = "jax"
     cannot = {"return_weights": "returns no attention weights"}
+    causal_flag = "upper_left"
 
     #: whether the function takes query_seq_lengths / key_value_seq_lengths and local_window_size
     #: (jax.nn does; Keras and Flax, which share its layout and flags, do not)

@@ -56,6 +56,11 @@ class FunctionBackend(Backend):
         self._capabilities = capabilities
         #: a backend name whose declared deviations this one shares (e.g. "torch-native")
         self.deviations_of = deviations
+        #: record the arguments of each call of fn in ``last_call`` (the atlas' reproducers)
+        self.record_calls = False
+        self.last_call: tuple[tuple, dict] | None = None
+        #: Python lines a standalone reproducer runs first (environment a framework needs)
+        self.preamble: list[str] = []
 
     # -- arrays --------------------------------------------------------------------------------
     def devices(self) -> list[str]:
@@ -112,7 +117,12 @@ class FunctionBackend(Backend):
         refused = self.convention.refusals(call_needs(q.shape, k.shape, v.shape, options))
         if refused:
             raise Unsupported(f"{fn}: " + "; ".join(refused))
-        out, weights = self.convention.call(self.fn, self.arrays, p, q, k, v, options)
+        fn = self.fn
+        if self.record_calls:  # keep the exact arguments, for reproducers that call fn directly
+            def fn(*args, **kwargs):
+                self.last_call = (args, kwargs)
+                return self.fn(*args, **kwargs)
+        out, weights = self.convention.call(fn, self.arrays, p, q, k, v, options)
         if not return_weights:
             return out
         if weights is None:

@@ -174,11 +174,12 @@ def declared_deviations(backend_name: str, backend=None) -> list:
     """The deviations declared for ``backend_name``, or for the backend whose deviations
     ``backend`` says it shares (``backend.deviations_of``, e.g. a wrapper of torch's SDPA)."""
     try:
+        from attnspec.backends.atlas.deviations import ATLAS_DEVIATIONS
         from attnspec.backends.deviations import DEVIATIONS
     except ImportError:
         return []
     name = getattr(backend, "deviations_of", None) or backend_name
-    return [d for d in DEVIATIONS if d.backend == name]
+    return [d for d in (*DEVIATIONS, *ATLAS_DEVIATIONS) if d.backend == name]
 
 
 def dev_id(dev) -> str:

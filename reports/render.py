@@ -87,6 +87,9 @@ def index_page(results: Results, out: Path, figures: dict[str, list[tuple[str, s
         "- [Performance](performance.md): time, throughput against the device's matmul rate,",
         "  peak memory, and the performance targets.",
     ]
+    if any(results.directory.glob("atlas-*.json")) if results.directory.is_dir() else False:
+        lines += ["- [The attention atlas](atlas.md): implementations nobody here wrote (MLX, tinygrad, Keras,",
+                  "  Flax, transformers, flex_attention, Pallas...) against the spec, one cross-table."]
     if results.conformance:
         rows = [[d["backend"], d["device"], d.get("device_name"), verdict(d)]
                 for d in sorted(results.conformance, key=run_key)]
@@ -153,6 +156,7 @@ def render(results_dir: str | os.PathLike = "reports/results", out_dir: str | os
     Raises `ResultsError` (before touching ``out_dir``) if a results file is malformed.
     """
     from attnspec.reports.accuracy import accuracy_page, deviations_page
+    from attnspec.reports.atlas import atlas_page, load_atlas
     from attnspec.reports.performance import performance_page
 
     results = load_results(results_dir)
@@ -172,6 +176,9 @@ def render(results_dir: str | os.PathLike = "reports/results", out_dir: str | os
         staged.write_text("accuracy.md", accuracy_page(results, heat))
         staged.write_text("deviations.md", deviations_page(results))
         staged.write_text("performance.md", performance_page(results, perf, quality))
+        atlas = load_atlas(results.directory) if results.directory.is_dir() else []
+        if atlas:
+            staged.write_text("atlas.md", atlas_page(atlas, results.conformance, _relpath(results.directory, out)))
         figures = {
             "Attention weights of the golden specification": heat,
             "Time and memory against sequence length": [f for fs in perf.values() for f in fs],

@@ -45,6 +45,7 @@ class MLX(Convention):
                  "bool (True = attend) or additive")
     arrays = "mlx"
     cannot = {"return_weights": "returns no attention weights"}
+    causal_flag = "lower_right"
 
     def call(self, fn, lib, p, q, k, v, options):
         qf, kf, vf = flatten_batch(p, q, p.hq, p.n), flatten_batch(p, k, p.hkv, p.m), flatten_batch(p, v, p.hkv, p.m)
@@ -146,6 +147,7 @@ class HFSdpa(_HF):
     signature = ("sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, "
                  "is_causal=None) -> (out (B, L, H, D), None) on (B, H, L, D); bool mask")
     cannot = {**_HF.cannot, "return_weights": "returns no attention weights"}
+    causal_flag = "upper_left"  # module.is_causal with no mask: torch's is_causal
 
     def call(self, fn, lib, p, q, k, v, options):
         qf, kf, vf = flatten_batch(p, q, p.hq, p.n), flatten_batch(p, k, p.hkv, p.m), flatten_batch(p, v, p.hkv, p.m)
@@ -209,6 +211,7 @@ class Pallas(Convention):
         "window_lower_right": "has no window",
         "return_weights": "returns no attention weights",
     }
+    causal_flag = "upper_left"
 
     def refusals(self, call: Call) -> list[str]:
         why = super().refusals(call)

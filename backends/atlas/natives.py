@@ -35,7 +35,10 @@ def tinygrad_native() -> FunctionBackend:
     _tinygrad_compiler()
     from tinygrad import Tensor
 
-    return _native(Tensor.scaled_dot_product_attention, "tinygrad", "tinygrad-native", "tinygrad")
+    backend = _native(Tensor.scaled_dot_product_attention, "tinygrad", "tinygrad-native", "tinygrad")
+    backend.preamble = ["import os"] + [f"os.environ[{k!r}] = {os.environ[k]!r}" for k in ("CC", "DEV")
+                                        if k in os.environ]
+    return backend
 
 
 def _keras(backend: str):
@@ -49,11 +52,15 @@ def _keras(backend: str):
 
 
 def keras_jax_native() -> FunctionBackend:
-    return _native(_keras("jax"), "keras", "keras-jax-native", "jax")
+    backend = _native(_keras("jax"), "keras", "keras-jax-native", "jax")
+    backend.preamble = ["import os", "os.environ['KERAS_BACKEND'] = 'jax'"]
+    return backend
 
 
 def keras_torch_native() -> FunctionBackend:
-    return _native(_keras("torch"), "keras", "keras-torch-native", "torch")
+    backend = _native(_keras("torch"), "keras", "keras-torch-native", "torch")
+    backend.preamble = ["import os", "os.environ['KERAS_BACKEND'] = 'torch'"]
+    return backend
 
 
 def flax_native() -> FunctionBackend:

@@ -60,8 +60,8 @@ def package(extras: list[str]) -> str:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the kit's own tests (spec, backends, mutants, runner, plugin) with every framework."""
-    install(session, ".[all]")
+    """Run the kit's own tests (spec, backends, mutants, runner, plugin, check, atlas) with every framework."""
+    install(session, ".[all,atlas]")
     install(session, str(PLUGIN))
     session.run("pytest", *session.posargs)
 

@@ -59,6 +59,7 @@ class FunctionBackend(Backend):
         #: record the arguments of each call of fn in ``last_call`` (the atlas' reproducers)
         self.record_calls = False
         self.last_call: tuple[tuple, dict] | None = None
+        self.last_result: Any = None
         #: Python lines a standalone reproducer runs first (environment a framework needs)
         self.preamble: list[str] = []
 
@@ -121,7 +122,8 @@ class FunctionBackend(Backend):
         if self.record_calls:  # keep the exact arguments, for reproducers that call fn directly
             def fn(*args, **kwargs):
                 self.last_call = (args, kwargs)
-                return self.fn(*args, **kwargs)
+                self.last_result = self.fn(*args, **kwargs)
+                return self.last_result
         out, weights = self.convention.call(fn, self.arrays, p, q, k, v, options)
         if not return_weights:
             return out

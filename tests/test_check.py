@@ -303,3 +303,23 @@ def test_conventions_refuse_what_they_cannot_carry():
     biased = call_needs((3, 4), (5, 4), (5, 4), {"bias": np.zeros((3, 5))})
     assert "the tutorial convention has no bias argument" in CONVENTIONS["tutorial"].refusals(biased)
     assert CONVENTIONS["torch_sdpa"].refusals(biased) == [] and CONVENTIONS["jax"].refusals(biased) == []
+
+
+def test_readme_and_example_plugin_use_public_names_only():
+    """An outside author never needs a module or name starting with "_" (the README's promise)."""
+    import re
+
+    root = HERE.parent
+    texts = {"README.md": (root / "README.md").read_text()}
+    for path in (root / "examples").rglob("*.py"):
+        texts[str(path.relative_to(root))] = path.read_text()
+    for path in (root / "examples").rglob("README.md"):
+        texts[str(path.relative_to(root))] = path.read_text()
+    private = re.compile(r"attnspec(?:\.\w+)*\._\w+|from attnspec[\w.]* import [^\n]*\b_\w+")
+    found = {name: private.findall(text) for name, text in texts.items()}
+    assert not {k: v for k, v in found.items() if v}, found
+    # and what they name exists
+    from attnspec.backends import authoring
+
+    for name in authoring.__all__:
+        assert hasattr(authoring, name), name

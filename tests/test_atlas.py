@@ -1,0 +1,122 @@
+"""The atlas: its native backends return exactly what their framework returns, its deviations are
+checked both ways, and its page renders from results JSON.
+
+The backends whose framework is not installed are skipped (``pip install .[atlas]`` installs them
+all; ``nox -s tests`` does).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import attnspec.backends as ab
+from attnspec.backends.atlas.deviations import ATLAS_DEVIATIONS, check
+from attnspec.backends.atlas.natives import ATLAS
+from attnspec.backends.atlas.questions import QUESTIONS
+
+CALLS = {  # spec calls that reach the framework's own arguments
+    "gqa_mask": ((1, 4, 5, 8), (1, 2, 7, 8), {"mask": np.arange(7) < 5}),
+    "causal": ((2, 2, 6, 8), (2, 2, 6, 8), {"causal": "upper_left"}),
+}
+
+
+def _backend(name):
+    if not ab.available()[name].installed:
+        pytest.skip(f"{name}: {ab.available()[name].reason}")
+    return ab.get(name)
+
+
+def _values(x) -> np.ndarray:
+    x = np.asarray(x, np.float64).ravel()
+    return np.sort(np.where(np.isnan(x), np.inf, x))
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+@pytest.mark.parametrize("name", sorted(ATLAS))
+def test_native_output_is_the_frameworks_own(name, call):
+    if name.startswith("keras-"):  # Keras runs on one backend per process: each in its own
+        import os
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        here = str(Path(__file__).parent)
+        env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+        proc = subprocess.run([sys.executable, "-c", f"import test_atlas as t; t.same_as_framework({name!r}, {call!r})"],
+                              capture_output=True, text=True, cwd=here, env={**env, "PYTHONPATH": here}, timeout=600)
+        if "Skipped" in proc.stderr:
+            pytest.skip(proc.stderr.strip().splitlines()[-1])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return
+    same_as_framework(name, call)
+
+
+def same_as_framework(name, call):
+    b = _backend(name)
+    q_shape, k_shape, opts = CALLS[call]
+    rng = np.random.default_rng(0)
+    q, k, v = (b.asarray(rng.standard_normal(s), "float32") for s in (q_shape, k_shape, k_shape))
+    conv = {o: b.asarray(x) if isinstance(x, np.ndarray) else x for o, x in opts.items()}
+    if b.supports("sdpa", dtype="float32", q_shape=q_shape, k_shape=k_shape, v_shape=k_shape, **opts):
+        pytest.skip(f"{name} cannot express {call}")
+    b.record_calls = True
+    out = b.sdpa(q, k, v, **conv)
+    args, kwargs = b.last_call
+    direct = b.fn(*args, **kwargs)  # the framework called directly, with the same arguments
+    direct = direct[0] if isinstance(direct, tuple) else direct
+    recorded = b.last_result[0] if isinstance(b.last_result, tuple) else b.last_result
+    assert np.array_equal(b.to_numpy(direct), b.to_numpy(recorded), equal_nan=True)
+    # what the backend returns is those values, only moved to the spec's layout
+    got = b.to_numpy(out)
+    assert got.size == math.prod(b.to_numpy(direct).shape)
+    assert np.array_equal(_values(got), _values(b.to_numpy(direct)))
+
+
+def test_every_declared_deviation_names_a_known_backend_and_question():
+    questions = {q.id for q in QUESTIONS}
+    for d in ATLAS_DEVIATIONS:
+        assert d.backend in ATLAS, d.id
+        assert d.question in questions, d.id
+        assert d.tags, d.id  # the suite credits its failures by these tags
+    assert len({d.id for d in ATLAS_DEVIATIONS}) == len(ATLAS_DEVIATIONS)
+
+
+def test_check_reports_observed_stale_not_exercised_and_undeclared():
+    d = next(d for d in ATLAS_DEVIATIONS if d.backend == "mlx-native" and d.question == "empty_row_mask")
+    answers = [{"id": "empty_row_mask", "title": "t", "answer": d.answer, "spec": "0"}]
+    entries, undeclared = check("mlx-native", answers)
+    assert next(e for e in entries if e["id"] == d.id)["status"] == "observed"
+    answers[0]["answer"] = "0"  # fixed upstream: the entry is stale
+    entries, _ = check("mlx-native", answers)
+    assert next(e for e in entries if e["id"] == d.id)["status"] == "stale"
+    answers[0]["answer"] = "n/a: cannot be asked"
+    entries, _ = check("mlx-native", answers)
+    assert next(e for e in entries if e["id"] == d.id)["status"] == "not_exercised"
+    new = [{"id": "gqa_order", "title": "GQA head order", "answer": "h % Hkv (tiled)", "spec": "h // G"}]
+    _, undeclared = check("mlx-native", new)
+    assert undeclared == new
+
+
+def test_atlas_page_renders_cells_links_and_stale(tmp_path):
+    from attnspec.reports.render import render
+
+    answers = [{"id": q.id, "title": q.title, "answer": q.spec or "upper-left", "spec": q.spec, "reproducer": ""}
+               for q in QUESTIONS]
+    answers[0] = {**answers[0], "answer": "mean(V)", "reproducer": "import mlx.core as mx\nprint(1)"}
+    answers[1] = {**answers[1], "answer": "0"}  # mlx.empty-row-neg-inf-nan declared NaN: stale now
+    answers[8] = {**answers[8], "answer": "h % Hkv (tiled)"}  # GQA: nothing declared
+    doc = {"schema": "attnspec.atlas/1", "backend": "mlx-native", "answers": answers,
+           "implementation": {"function": "mlx.core.fast.scaled_dot_product_attention", "convention": "mlx"},
+           "environment": {"frameworks": {"mlx": "0.0-test"}}}
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "atlas-mlx-native.json").write_text(json.dumps(doc))
+    render(tmp_path / "results", tmp_path / "out", plots=False)
+    page = (tmp_path / "out" / "atlas.md").read_text()
+    assert "**mean(V)** [mlx.empty-row-mean-v](#mlx-empty-row-mean-v)" in page
+    assert "status **stale**" in page and "**h % Hkv (tiled)** (undeclared)" in page
+    assert "mlx 0.0-test" in page and "import mlx.core as mx" in page
+    assert "[The attention atlas](atlas.md)" in (tmp_path / "out" / "index.md").read_text()

@@ -76,13 +76,15 @@ def _conformance_args(posargs: list[str]) -> argparse.Namespace:
                     choices=("dev", "ci", "thorough"))
     ap.add_argument("--device", default=None)
     ap.add_argument("--case-timeout", default="300")
-    return ap.parse_args(posargs)
+    args, rest = ap.parse_known_args(posargs)
+    args.pytest_args = [a for a in rest if a != "--"]  # -k EXPR, -x, --maxfail N...: to the runner's pytest
+    return args
 
 
 @nox.session
 @nox.parametrize("backend", [*BACKENDS, "other"])
 def conformance(session: nox.Session, backend: str) -> None:
-    """Run the conformance suite for each backend in its own env, then render the reports."""
+    """Run the conformance suite for each backend in its own env, then render the reports (-- -k EXPR etc. go to pytest)."""
     args = _conformance_args(session.posargs)
     if backend == "other":
         names = [b for b in args.backend or [] if b not in BACKENDS]
@@ -102,6 +104,7 @@ def conformance(session: nox.Session, backend: str) -> None:
                "--case-timeout", args.case_timeout]
         if args.device:
             cmd += ["--device", args.device]
+        cmd += args.pytest_args
         # a backend that does not conform still gets its report rendered; the session fails after
         try:
             session.run(*cmd, env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})

@@ -41,7 +41,9 @@ __all__ = [
     "FunctionBackend",
     "MHAArrays",
     "Unsupported",
+    "atlas_names",
     "available",
+    "builtin_names",
     "from_function",
     "get",
     "get_convention",
@@ -93,7 +95,23 @@ def _atlas() -> dict[str, _Builtin]:
     return {name: _Builtin(target, requires) for name, (target, requires, _extra) in ATLAS.items()}
 
 
-_BUILTINS.update(_atlas())  # the atlas' outside implementations (attnspec.backends.atlas)
+#: the atlas' outside implementations (attnspec.backends.atlas): known by name like the built-ins,
+#: but not the kit's own adapters (`builtin_names()` leaves them out)
+_ATLAS: dict[str, _Builtin] = _atlas()
+
+
+def _known() -> dict[str, _Builtin]:
+    return {**_BUILTINS, **_ATLAS}
+
+
+def builtin_names() -> list[str]:
+    """The kit's own backends: adapters, native primitives of torch and JAX, array API."""
+    return list(_BUILTINS)
+
+
+def atlas_names() -> list[str]:
+    """The atlas' outside implementations (``nox -s atlas``)."""
+    return list(_ATLAS)
 
 _registered: dict[str, Factory] = {}
 
@@ -108,21 +126,21 @@ def register(name: str, factory: Factory, *, replace: bool = False) -> None:
     if not (isinstance(factory, str) or callable(factory)):
         raise SpecError(f"backends.register: factory for {name!r} must be callable or 'module:attr', "
                         f"got {type(factory).__name__}")
-    if not replace and (name in _BUILTINS or name in _registered):
+    if not replace and (name in _known() or name in _registered):
         raise SpecError(f"backends.register: backend {name!r} is already registered (pass replace=True)")
     _registered[name] = factory
 
 
 def names() -> list[str]:
     """Every known backend name: built-ins, then registered ones, then plugins (not loaded)."""
-    found = list(_BUILTINS) + [n for n in _registered if n not in _BUILTINS]
+    found = list(_known()) + [n for n in _registered if n not in _known()]
     return found + sorted(n for n in _plugins() if n not in found)
 
 
 def available() -> dict[str, Availability]:
     """{name: Availability} for every known backend, importing no framework."""
-    result = {name: _builtin_availability(b) for name, b in _BUILTINS.items()}
-    result.update({name: Availability(True) for name in _registered if name not in _BUILTINS})
+    result = {name: _builtin_availability(b) for name, b in _known().items()}
+    result.update({name: Availability(True) for name in _registered if name not in result})
     for name, ep in sorted(_plugins().items()):
         if name not in result:
             result[name] = _plugin_availability(ep)
@@ -273,9 +291,9 @@ def _load(target: str):
 
 def _factory(name: str) -> Callable[..., Backend] | Availability:
     """The callable that builds ``name``, or the Availability saying why it cannot be built."""
-    if name in _BUILTINS:
-        status = _builtin_availability(_BUILTINS[name])
-        return _load(_BUILTINS[name].target) if status.installed else status
+    if name in _known():
+        status = _builtin_availability(_known()[name])
+        return _load(_known()[name].target) if status.installed else status
     if name in _registered:
         factory = _registered[name]
         return _load(factory) if isinstance(factory, str) else factory

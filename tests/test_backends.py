@@ -23,7 +23,7 @@ from attnspec.backends._compare import compare
 from attnspec.backends.deviations import DEVIATIONS
 from attnspec.spec.bad_inputs import SDPA_BAD_INPUTS
 
-INSTALLED = [n for n, a in registry.available().items() if a.installed]
+INSTALLED = [n for n, a in registry.available().items() if a.installed and n not in registry.atlas_names()]
 BUILTIN = set(registry._BUILTINS)
 CONFORMANT = [n for n in INSTALLED if n in BUILTIN and not n.endswith("-native")]
 NATIVE = [n for n in INSTALLED if n in BUILTIN and n.endswith("-native")]

@@ -13,7 +13,7 @@ import attnspec.backends as registry
 from attnspec.backends._compare import compare
 from attnspec.backends.deviations import DEVIATIONS, run
 
-INSTALLED = {n for n, a in registry.available().items() if a.installed}
+INSTALLED = {n for n, a in registry.available().items() if a.installed and n not in registry.atlas_names()}
 CONFORMANT = [n for n in registry._BUILTINS if n in INSTALLED and not n.endswith("-native")]
 BACKENDS_DIR = Path(registry.__file__).parent
 ids = [d.deviation_id for d in DEVIATIONS]

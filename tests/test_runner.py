@@ -30,3 +30,34 @@ def test_runner_isolates_crash_and_hang(tmp_path, target, status):
     # every dtype's test finished despite the restarts
     assert {r["dtype"] for r in rows if r["passed"]} == {"float16", "bfloat16", "float32", "float64"}
     assert any(f["status"] == status for f in results["failures"])
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_interrupt_stops_everything_and_keeps_finished_cases(tmp_path, sig):
+    """Ctrl-C / SIGTERM stop the runner and its pytest child (even one stuck in a case) within
+    seconds, keep the finished cases in the results JSON marked incomplete, and leave no process."""
+    import signal
+    import time
+
+    out = tmp_path / "results.json"
+    target = "mutants:Hanger"
+    env = {**os.environ, "PYTHONPATH": str(HERE), "ATTNSPEC_MAX_SIDE": "16"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnspec.conformance.run", "--backend", target, "--profile", "dev",
+         "--out", str(out), "--case-timeout", "600", "-k", "matches_golden"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    deadline = time.time() + 120
+    while time.time() < deadline and "cases" not in (proc.stderr.readline() or ""):
+        pass  # wait for the first progress line with cases done
+    time.sleep(8)  # by now the Hanger is stuck in a float32 case with n > m
+    sent = time.time()
+    proc.send_signal(getattr(signal, sig))
+    code = proc.wait(timeout=30)
+    assert time.time() - sent < 15
+    assert code == 128 + getattr(signal, sig)
+    results = json.loads(out.read_text())
+    assert results["incomplete"] is True
+    assert sum(r["passed"] for r in results["rows"]) > 0  # what finished is kept
+    time.sleep(1)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert f"--attn-backend {target}" not in ps  # no orphaned pytest child

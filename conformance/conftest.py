@@ -80,22 +80,9 @@ def judge(attn_backend, attn_device, pytestconfig, request):
             "exercised": [dev_id(d) for d in applicable],
         })
         if verdict.status == "failed":
-            raise failure_type(case.feature)(verdict.message)
+            raise AssertionError(verdict.message)
 
     return run
-
-
-_FAILURE_TYPES: dict[str, type] = {}
-
-
-def failure_type(feature: str) -> type:
-    """An AssertionError subclass per feature. Hypothesis tells bugs apart by exception type and
-    location, so a failure in one feature does not end the search for failures in the others:
-    an implementation with several bugs shows each failing feature, each shrunk on its own."""
-    if feature not in _FAILURE_TYPES:
-        name = "".join(part.capitalize() for part in feature.split("_")) or "Case"
-        _FAILURE_TYPES[feature] = type(f"{name}Failure", (AssertionError,), {"__module__": __name__})
-    return _FAILURE_TYPES[feature]
 
 
 def _applies(deviation, tags) -> bool:

@@ -71,17 +71,8 @@ class Recorder:
     def test_finished(self, nodeid: str, outcome: str, log: bool = True) -> None:
         recs = self.pending.pop(nodeid, [])
         failed = [i for i, r in enumerate(recs) if r["status"] == "failed"]
-        if failed:
-            # Hypothesis replays cases while it shrinks, and keeps searching for failures of other
-            # features (see conftest.failure_type). Keep every case up to the first failure, then
-            # only the first and the last (shrunk) failure of each feature.
-            later: dict[str, list[int]] = {}
-            for i in failed[1:]:
-                later.setdefault(recs[i]["feature"], []).append(i)
-            keep = set(range(failed[0] + 1))
-            for feature, idx in later.items():
-                keep.update({idx[0], idx[-1]} if feature != recs[failed[0]]["feature"] else {idx[-1]})
-            recs = [recs[i] for i in sorted(keep)]
+        if failed:  # drop Hypothesis' shrinking replays: keep cases up to the first failure, and the last
+            recs = recs[: failed[0] + 1] + ([recs[failed[-1]]] if failed[-1] != failed[0] else [])
         self.records.extend(recs)
         for r in recs:
             for did in r.get("exercised", ()):

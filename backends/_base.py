@@ -133,6 +133,9 @@ class Backend:
         dtype = case.get("dtype")
         if dtype is not None and dtype not in self.dtypes:
             reasons.append(f"{self.name} has no {dtype} (supports {', '.join(self.dtypes)})")
+        missing = sorted({d for d in case.get("dtypes", ()) if d not in self.dtypes and d != dtype})
+        if missing:  # a case that mixes dtypes (bad input) needs each of them
+            reasons.append(f"{self.name} has no {', '.join(missing)} (supports {', '.join(self.dtypes)})")
         device = case.get("device")
         if device is not None and device not in self.devices():
             reasons.append(f"{self.name} cannot run on device {device!r} here")

@@ -92,7 +92,7 @@ def _case(need: str) -> tuple[tuple, tuple, tuple, dict[str, Any]]:
     elif need == "batch_broadcast":
         q = (2, 2, 3, 4)
     elif need == "empty":
-        q = (1, 2, 0, 4)
+        q, k, v = (1, 2, 3, 4), (1, 2, 0, 4), (1, 2, 0, 4)  # no key at all (n = 0 is probed as "empty_q")
     elif need == "scale":
         opts["scale"] = 0.5
     elif need == "mask":
@@ -116,10 +116,19 @@ def _case(need: str) -> tuple[tuple, tuple, tuple, dict[str, Any]]:
 
 #: need -> its tiny case; "plain" is the dtype probe
 PROBE_CASES = {need: _case(need) for need in ("plain", *NEEDS)}
+PROBE_CASES["empty_q"] = ((1, 2, 0, 4), (1, 2, 4, 4), (1, 2, 4, 4), {"mask": np.ones((0, 4), bool)})
 
 
 def probe_one(backend: Backend, need: str, dtype: str, device: str | None = None) -> ProbeResult:
     """Call ``backend.sdpa`` on the tiny case of ``need`` in ``dtype``; ok, or refused with why."""
+    if need == "empty":  # both kinds of empty: no key, and no query (with a mask)
+        first = _probe_case(backend, "empty", dtype, device)
+        return first if first.status != "ok" else _probe_case(backend, "empty_q", dtype, device, label="empty")
+    return _probe_case(backend, need, dtype, device)
+
+
+def _probe_case(backend: Backend, need: str, dtype: str, device: str | None, label: str | None = None) -> ProbeResult:
+    label = label or need
     qs, ks, vs, opts = PROBE_CASES[need]
     rng = np.random.default_rng(0)
     q, k, v = (backend.asarray(x, dtype, device) for x in _arrays(rng, qs, ks, vs))
@@ -135,9 +144,9 @@ def probe_one(backend: Backend, need: str, dtype: str, device: str | None = None
         text = " ".join(str(e).split())
         # the convention's own refusal is known without calling: recorded, not repeated as a reason
         status = "convention" if isinstance(e, Unsupported) and "convention" in text else "refused"
-        return ProbeResult(need if need != "plain" else "dtype", dtype, status,
+        return ProbeResult(label if label != "plain" else "dtype", dtype, status,
                            f"{type(e).__name__}: {text[:300]}")
-    return ProbeResult(need if need != "plain" else "dtype", dtype, "ok")
+    return ProbeResult(label if label != "plain" else "dtype", dtype, "ok")
 
 
 def plan(dtypes: tuple[str, ...]) -> list[tuple[str, str | None]]:

@@ -88,6 +88,8 @@ def sdpa_cases(draw, dtype: str, features: tuple[str, ...] = SDPA_FEATURES) -> S
         tags.add("gqa")
     if n != m:
         tags.add("n_ne_m")
+    if n > m:
+        tags.add("n_gt_m")
 
     q_batch = batch
     k_batch = batch

@@ -112,7 +112,11 @@ def atlas_page(atlas: list[dict[str, Any]], conformance: list[dict[str, Any]], s
               "From `backends/atlas/deviations.toml`, checked both ways on this run: *observed* (the question",
               "still gives the declared answer), *stale* (it no longer does: the entry must go), *not exercised*.",
               "Each reproducer is the exact framework call the atlas made, standalone (no attnspec in it).", ""]
+    shown: set[str] = set()
     for backend, e in all_entries:
+        if e["id"] in shown:  # a built-in deviation can answer for two questions
+            continue
+        shown.add(e["id"])
         doc = next(d for d in atlas if d["backend"] == backend)
         snippet = next((a["reproducer"] for a in doc["answers"] if a["id"] == e["question"]), "")
         link = f" Upstream: <{e['upstream']}>." if e["upstream"] else ""

@@ -222,6 +222,18 @@ def _float64(backend, result, case: Case) -> str:
     return "float64 dtype, float32 precision inside" if err < 1e-5 else f"float64 dtype, error {err:.1e}"
 
 
+#: question -> the conformance suite's case tags of the same behaviour: a built-in native's
+#: deviation (attnspec.backends.deviations) declared under these tags answers for the question
+QUESTION_TAGS = {
+    "empty_row_mask": {"no_visible_row"},
+    "empty_row_bias": {"bias_neg_inf", "no_visible_row"},
+    "nan_hidden_key": {"masked_nonfinite"},
+    "nan_hidden_value": {"masked_nonfinite"},
+    "dk_ne_dv": {"dk_ne_dv"},
+    "float64": {"float64"},
+}
+
+
 def ask(backend: Backend, question: Question, dtype: str = "float32") -> dict[str, Any]:
     """One question through ``backend``: {"id", "answer", "spec", "reproducer"}; never raises."""
     if question.id == "float64":

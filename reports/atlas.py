@@ -106,7 +106,7 @@ def atlas_page(atlas: list[dict[str, Any]], conformance: list[dict[str, Any]], s
         impl = doc.get("implementation") or {}
         env = (doc.get("environment") or {}).get("frameworks", {})
         shown = ", ".join(f"{k} {v}" for k, v in sorted(env.items()) if k not in ("hypothesis", "ml_dtypes"))
-        vrows.append([f"`{doc['backend']}`", f"`{impl.get('function', DASH)}`", impl.get("convention", DASH), shown])
+        vrows.append([f"`{doc['backend']}`", impl.get("function", DASH), impl.get("convention", DASH), shown])
     lines += [table(["backend", "function", "convention", "versions"], vrows)]
     lines += ["", "## Declared deviations", "",
               "From `backends/atlas/deviations.toml`, checked both ways on this run: *observed* (the question",

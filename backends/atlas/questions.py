@@ -338,7 +338,11 @@ def run(name: str) -> dict[str, Any]:
 
     backend = attnspec.backends.load(name)
     answers = [ask(backend, q) for q in QUESTIONS]
-    describe = backend.describe() if hasattr(backend, "describe") else {}
+    if hasattr(backend, "describe"):
+        describe = backend.describe()
+    else:  # a built-in native backend: its class says what it calls
+        describe = {"function": ((type(backend).__doc__ or "").strip().splitlines() or [""])[0],
+                    "convention": f"built-in ({type(backend).__module__})"}
     return {"schema": "attnspec.atlas/1", "backend": name, "implementation": describe, "answers": answers}
 
 

@@ -61,24 +61,43 @@ class ArrayLibrary:
         return {}
 
     # -- layout: these move data and change no value ----------------------------------------
+    #: the NumPy-like namespace whose functions the layout operations call (jax.numpy, mlx.core)
+    _ns: Any = np
+
     def permute(self, x: Any, axes: tuple[int, ...]) -> Any:
-        return np.transpose(x, axes)
+        return self._ns.transpose(x, axes)
 
     def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
-        return np.reshape(x, shape)
+        return self._ns.reshape(x, shape)
 
     def broadcast_to(self, x: Any, shape: tuple[int, ...]) -> Any:
-        return np.broadcast_to(x, shape)
+        return self._ns.broadcast_to(x, shape)
 
     def repeat(self, x: Any, repeats: int, axis: int) -> Any:
         """Each element ``repeats`` times in a row along ``axis`` (NumPy's repeat; torch's repeat_interleave)."""
-        return np.repeat(x, repeats, axis=axis)
+        return self._ns.repeat(x, repeats, axis=axis)
 
     def __repr__(self) -> str:
         return f"<attnspec array library {self.name!r}>"
 
 
-class TorchLibrary(ArrayLibrary):
+class _TensorMethods:
+    """Layout through tensor methods (torch and tinygrad spell them alike)."""
+
+    def permute(self, x, axes):
+        return x.permute(*axes)
+
+    def reshape(self, x, shape):
+        return x.reshape(shape)
+
+    def broadcast_to(self, x, shape):
+        return x.expand(*shape)
+
+    def repeat(self, x, repeats, axis):
+        return x.repeat_interleave(repeats, dim=axis)
+
+
+class TorchLibrary(_TensorMethods, ArrayLibrary):
     name = module = "torch"
 
     def __init__(self) -> None:
@@ -112,17 +131,6 @@ class TorchLibrary(ArrayLibrary):
     def numerics_policy(self):
         return self._hooks.numerics_policy()
 
-    def permute(self, x, axes):
-        return x.permute(*axes)
-
-    def reshape(self, x, shape):
-        return x.reshape(shape)
-
-    def broadcast_to(self, x, shape):
-        return x.expand(*shape)
-
-    def repeat(self, x, repeats, axis):
-        return x.repeat_interleave(repeats, dim=axis)
 
 
 class JaxLibrary(ArrayLibrary):
@@ -136,7 +144,7 @@ class JaxLibrary(ArrayLibrary):
 
         from attnspec.backends.jax import JaxArrays
 
-        self._jax, self._jnp, self._hooks = jax, jnp, JaxArrays(x64)
+        self._jax, self._ns, self._hooks = jax, jnp, JaxArrays(x64)
 
     def is_array(self, x: object) -> bool:
         return isinstance(x, self._jax.Array)
@@ -161,17 +169,6 @@ class JaxLibrary(ArrayLibrary):
     def numerics_policy(self):
         return self._hooks.numerics_policy()
 
-    def permute(self, x, axes):
-        return self._jnp.transpose(x, axes)
-
-    def reshape(self, x, shape):
-        return self._jnp.reshape(x, shape)
-
-    def broadcast_to(self, x, shape):
-        return self._jnp.broadcast_to(x, shape)
-
-    def repeat(self, x, repeats, axis):
-        return self._jnp.repeat(x, repeats, axis=axis)
 
 
 class MlxLibrary(ArrayLibrary):
@@ -182,7 +179,7 @@ class MlxLibrary(ArrayLibrary):
     def __init__(self) -> None:
         import mlx.core as mx
 
-        self._mx = mx
+        self._mx = self._ns = mx
 
     def is_array(self, x: object) -> bool:
         return isinstance(x, self._mx.array)
@@ -202,23 +199,11 @@ class MlxLibrary(ArrayLibrary):
     def dtype_name(self, x):
         return str(x.dtype).rsplit(".", 1)[-1]
 
-    def permute(self, x, axes):
-        return self._mx.transpose(x, axes)
-
-    def reshape(self, x, shape):
-        return self._mx.reshape(x, shape)
-
-    def broadcast_to(self, x, shape):
-        return self._mx.broadcast_to(x, shape)
-
-    def repeat(self, x, repeats, axis):
-        return self._mx.repeat(x, repeats, axis=axis)
-
     def synchronize(self):
         self._mx.synchronize()
 
 
-class TinygradLibrary(ArrayLibrary):
+class TinygradLibrary(_TensorMethods, ArrayLibrary):
     """tinygrad Tensors on their default device. bfloat16 travels through float32."""
 
     name = module = "tinygrad"
@@ -247,17 +232,6 @@ class TinygradLibrary(ArrayLibrary):
         return {"half": "float16", "float": "float32", "double": "float64", "__bf16": "bfloat16",
                 "bfloat16": "bfloat16", "char": "int8", "int": "int32", "long": "int64"}.get(name, name)
 
-    def permute(self, x, axes):
-        return x.permute(*axes)
-
-    def reshape(self, x, shape):
-        return x.reshape(shape)
-
-    def broadcast_to(self, x, shape):
-        return x.expand(*shape)
-
-    def repeat(self, x, repeats, axis):
-        return x.repeat_interleave(repeats, dim=axis)
 
 
 _LIBRARIES: dict[str, Callable[[], ArrayLibrary]] = {

@@ -139,6 +139,13 @@ def _device(lib: ArrayLibrary, x) -> str | None:
         return None
 
 
+def flat_qkv(p: SDPAPlan, q, k, v, layout: str = "bhld"):
+    """q, k, v -> (B, H, L, d) each, batch dims broadcast and flattened (rank 2 gets its head
+    axis); with ``layout="blhd"``, (B, L, H, d)."""
+    out = (flatten_batch(p, q, p.hq, p.n), flatten_batch(p, k, p.hkv, p.m), flatten_batch(p, v, p.hkv, p.m))
+    return tuple(to_blhd(x) for x in out) if layout == "blhd" else out
+
+
 def _first(result):
     """The output of a function that may return (output, extras...)."""
     return result[0] if isinstance(result, (tuple, list)) else result
@@ -196,9 +203,7 @@ class Flash(Convention):
         return why
 
     def call(self, fn, lib, p, q, k, v, options):
-        qf = to_blhd(flatten_batch(p, q, p.hq, p.n))  # (B, n, Hq, dk)
-        kf = to_blhd(flatten_batch(p, k, p.hkv, p.m))  # (B, m, Hkv, dk)
-        vf = to_blhd(flatten_batch(p, v, p.hkv, p.m))  # (B, m, Hkv, dv)
+        qf, kf, vf = flat_qkv(p, q, k, v, "blhd")  # (B, n, Hq, dk), (B, m, Hkv, dk), (B, m, Hkv, dv)
         kw: dict[str, Any] = {}
         if p.causal is not None:
             kw["causal"] = True
@@ -225,9 +230,7 @@ class Jax(Convention):
     window_argument = True
 
     def call(self, fn, lib, p, q, k, v, options):
-        qf = to_blhd(flatten_batch(p, q, p.hq, p.n))  # (B, n, Hq, dk)
-        kf = to_blhd(flatten_batch(p, k, p.hkv, p.m))  # (B, m, Hkv, dk)
-        vf = to_blhd(flatten_batch(p, v, p.hkv, p.m))  # (B, m, Hkv, dv)
+        qf, kf, vf = flat_qkv(p, q, k, v, "blhd")  # (B, n, Hq, dk), (B, m, Hkv, dk), (B, m, Hkv, dv)
         dev = _device(lib, q)
         upper = p.causal != "lower_right"
         # lower-right causal (and its window), or a window with no argument for it, joins the mask

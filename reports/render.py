@@ -229,7 +229,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: {exc}; install the report extra: pip install 'attnspec[report]'", file=sys.stderr)
         return 2
     print(f"{PROG}: wrote {len(written)} files under {args.out}: {', '.join(written)}")
+    print(verdict_table(load_results(args.results)))
+    print(f"read it: {Path(args.out) / 'index.md'}")
     return 0
+
+
+def verdict_table(results: Results) -> str:
+    """One line per conformance run: backend, device, cases by status, seconds (the main job's end)."""
+    rows = [["backend", "device", "passed", "failed", "unsupported", "deviations", "crashed/hung", "seconds"]]
+    for d in sorted(results.conformance, key=lambda d: (d["backend"], d["device"])):
+        tot = {s: sum(r.get(s, 0) for r in d["rows"]) for s in ("passed", "failed", "unsupported", "deviation",
+                                                                  "crashed", "timeout")}
+        seconds = (d.get("environment") or {}).get("elapsed_s")
+        rows.append([d["backend"] + (" (incomplete)" if d.get("incomplete") else ""), d["device"],
+                     *(str(tot[s]) for s in ("passed", "failed", "unsupported", "deviation")),
+                     str(tot["crashed"] + tot["timeout"]), "—" if seconds is None else f"{seconds:.0f}"])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
 
 
 if __name__ == "__main__":

@@ -6,22 +6,14 @@ it cannot express. Nothing here corrects a result.
 
 from __future__ import annotations
 
-import math
 import types
 from typing import Any
 
 import numpy as np
 
 from attnspec.backends._base import Unsupported
-from attnspec.backends.authoring import (
-    additive_mask,
-    attend_mask,
-    flatten_batch,
-    flatten_mask,
-    to_blhd,
-    unflatten_batch,
-)
-from attnspec.backends.conventions import Call, Convention, Jax, TorchSDPA, _device, _first
+from attnspec.backends.authoring import additive_mask, attend_mask, flatten_mask, unflatten_batch
+from attnspec.backends.conventions import Call, Convention, Jax, TorchSDPA, _device, _first, _flat, flat_qkv
 
 __all__ = ["MLX", "Flax", "Flex", "HFEager", "HFSdpa", "Keras", "Pallas", "Tinygrad"]
 
@@ -33,10 +25,8 @@ def _only(options: dict[str, Any], *names: str) -> bool:
 
 
 def _full(p, x: np.ndarray) -> np.ndarray:
-    """A mask broadcasting to (*batch, Hq, n, m) -> (B, Hq or 1, n, m), as NumPy."""
-    heads = x.shape[-3] if x.ndim >= 3 else 1
-    return np.ascontiguousarray(np.broadcast_to(x, (*p.batch, heads, p.n, p.m)).reshape(
-        math.prod(p.batch), heads, p.n, p.m))
+    """A mask broadcasting to (*batch, Hq, n, m) -> (B, Hq or 1, n, m), as contiguous NumPy."""
+    return np.ascontiguousarray(_flat(p, x))
 
 
 class MLX(Convention):
@@ -48,7 +38,7 @@ class MLX(Convention):
     causal_flag = "lower_right"
 
     def call(self, fn, lib, p, q, k, v, options):
-        qf, kf, vf = flatten_batch(p, q, p.hq, p.n), flatten_batch(p, k, p.hkv, p.m), flatten_batch(p, v, p.hkv, p.m)
+        qf, kf, vf = flat_qkv(p, q, k, v)  # (B, Hq, n, dk), (B, Hkv, m, dk), (B, Hkv, m, dv)
         kw: dict[str, Any] = {"scale": p.scale}
         square = p.n == p.m
         if _only(options) and (p.causal == "lower_right" or (p.causal == "upper_left" and square)):
@@ -133,7 +123,7 @@ class HFEager(_HF):
                  "-> (out (B, L, H, D), weights) on (B, H, L, D); additive mask 0 / finfo.min")
 
     def call(self, fn, lib, p, q, k, v, options):
-        qf, kf, vf = flatten_batch(p, q, p.hq, p.n), flatten_batch(p, k, p.hkv, p.m), flatten_batch(p, v, p.hkv, p.m)
+        qf, kf, vf = flat_qkv(p, q, k, v)  # (B, Hq, n, dk), (B, Hkv, m, dk), (B, Hkv, m, dv)
         vis = self._vis(p, options)
         mask = None if vis is None else self._mask(p, vis, "eager", qf.dtype, lib)
         module = types.SimpleNamespace(num_key_value_groups=p.group, training=False, is_causal=False)
@@ -150,7 +140,7 @@ class HFSdpa(_HF):
     causal_flag = "upper_left"  # module.is_causal with no mask: torch's is_causal
 
     def call(self, fn, lib, p, q, k, v, options):
-        qf, kf, vf = flatten_batch(p, q, p.hq, p.n), flatten_batch(p, k, p.hkv, p.m), flatten_batch(p, v, p.hkv, p.m)
+        qf, kf, vf = flat_qkv(p, q, k, v)  # (B, Hq, n, dk), (B, Hkv, m, dk), (B, Hkv, m, dv)
         causal_flag = p.causal == "upper_left" and _only(options)
         vis = None if causal_flag else self._vis(p, options)
         mask = None if vis is None else self._mask(p, vis, "sdpa", qf.dtype, lib)
@@ -171,7 +161,7 @@ class Flex(Convention):
         import torch
         from torch.nn.attention.flex_attention import create_block_mask
 
-        qf, kf, vf = flatten_batch(p, q, p.hq, p.n), flatten_batch(p, k, p.hkv, p.m), flatten_batch(p, v, p.hkv, p.m)
+        qf, kf, vf = flat_qkv(p, q, k, v)  # (B, Hq, n, dk), (B, Hkv, m, dk), (B, Hkv, m, dv)
         kw: dict[str, Any] = {"scale": p.scale}
         if p.group > 1:
             kw["enable_gqa"] = True
@@ -220,9 +210,7 @@ class Pallas(Convention):
         return why
 
     def call(self, fn, lib, p, q, k, v, options):
-        qf = to_blhd(flatten_batch(p, q, p.hq, p.n))  # (B, n, Hq, dk)
-        kf = to_blhd(flatten_batch(p, k, p.hkv, p.m))  # (B, m, Hkv, dk)
-        vf = to_blhd(flatten_batch(p, v, p.hkv, p.m))  # (B, m, Hkv, dv)
+        qf, kf, vf = flat_qkv(p, q, k, v, "blhd")  # (B, n, Hq, dk), (B, m, Hkv, dk), (B, m, Hkv, dv)
         out = _first(fn(qf, kf, vf, None, sm_scale=p.scale, causal=p.causal is not None, interpret=True))
         return unflatten_batch(p, out, layout="blhd"), None
 

@@ -70,7 +70,6 @@ def flax_native() -> FunctionBackend:
 
 
 def hf_eager_native() -> FunctionBackend:
-    from transformers.integrations import sdpa_attention  # noqa: F401  (the same module family)
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
     return _native(eager_attention_forward, "hf_eager", "hf-eager-native", "torch")

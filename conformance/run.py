@@ -127,8 +127,8 @@ def run_suite(target: str, backend, device: str, profile: str, out: Path, case_t
     write_json_atomic(out, results)
     s = summary(results)
     logs = out.parent / f"{out.stem}.logs"
+    shutil.rmtree(logs, ignore_errors=True)  # an earlier run's logs describe that run, not this one
     if s["bad"] or interrupted:
-        shutil.rmtree(logs, ignore_errors=True)
         shutil.move(str(work), logs)
     else:
         shutil.rmtree(work, ignore_errors=True)

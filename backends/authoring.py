@@ -18,12 +18,12 @@ Hq / Hkv heads, G = Hq // Hkv, n queries, m keys, dk / dv head dims.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
 from attnspec._errors import SpecError
 from attnspec.backends._base import FLOAT_DTYPES, Backend, MHAArrays, Unsupported
+from attnspec.backends._common import with_mask_and_bias
 from attnspec.backends.arrays import ArrayLibrary, array_library, library_of
 from attnspec.spec._validate import ArrayInfo, SDPAPlan, validate_sdpa
 from attnspec.spec.masks import causal_mask, padding_mask, query_padding_mask, visibility, window_mask
@@ -113,12 +113,7 @@ def attend_mask(plan: SDPAPlan, mask=None, bias=None, *, structure: bool = True,
                      window=plan.window if structure else None,
                      q_lengths=plan.q_lengths if lengths else None,
                      kv_lengths=plan.kv_lengths if lengths else None)
-    mask, bias = _numpy(mask), _numpy(bias)
-    if mask is not None:
-        vis = mask if vis is None else vis & mask
-    if bias is not None:
-        finite = bias != -np.inf
-        vis = finite if vis is None else vis & finite
+    vis = with_mask_and_bias(vis, _numpy(mask), _numpy(bias), -np.inf)
     if full and vis is None:
         vis = np.ones((), bool)
     if vis is not None and (full or plan.squeeze_head):
@@ -200,7 +195,3 @@ def unflatten_batch(plan: SDPAPlan, out, *, layout: str = "bhld"):
         raise SpecError(f"unflatten_batch: layout={layout!r} must be 'bhld' or 'blhd'")
     return lib.reshape(out, plan.out_shape)
 
-
-def numpy_dtype_name(x: Any) -> str:
-    """The canonical dtype name of any known library's array (``float32``, ``bfloat16``, ``bool``...)."""
-    return library_of(x).dtype_name(x)

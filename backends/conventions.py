@@ -242,7 +242,7 @@ class Jax(Convention):
             kw["local_window_size"] = p.window
         vis = attend_mask(p, options.get("mask"), structure=fold, lengths=not self.lengths_arguments)
         if vis is not None:
-            kw["mask"] = lib.asarray(np.ascontiguousarray(_flat(p, vis)), device=dev)  # (B, Hq or 1, n, m)
+            kw["mask"] = lib.asarray(np.ascontiguousarray(flatten_mask(p, vis)), device=dev)  # (B, Hq or 1, n, m)
         if options.get("bias") is not None:
             kw["bias"] = flatten_mask(p, options["bias"])  # (B, Hq or 1, n, m)
         for spec_name, name in (("q_lengths", "query_seq_lengths"), ("kv_lengths", "key_value_seq_lengths")):
@@ -253,11 +253,6 @@ class Jax(Convention):
             kw["scale"] = p.scale
         out = _first(fn(qf, kf, vf, **kw))  # (B, n, Hq, dv)
         return unflatten_batch(p, out, layout="blhd"), None
-
-
-def _flat(p: SDPAPlan, x: np.ndarray) -> np.ndarray:
-    heads = x.shape[-3] if x.ndim >= 3 else 1
-    return np.broadcast_to(x, (*p.batch, heads, p.n, p.m)).reshape(math.prod(p.batch), heads, p.n, p.m)
 
 
 class Tutorial(Convention):

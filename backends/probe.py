@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from attnspec._journal import read_journal
 from attnspec.backends._base import FLOAT_DTYPES, Backend, Unsupported
 from attnspec.backends.conventions import NEEDS, Call
 
@@ -203,7 +204,7 @@ def probe_isolated(target: str, out: Path, dtypes: tuple[str, ...] | None = None
             proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
                                     stderr=err, start_new_session=True)
             status = _wait(proc, journal, timeout)
-        events = _events(journal)
+        events = read_journal(journal)
         if status is None:
             if proc.returncode != 0:  # it could not even load the target
                 lines = log.read_text(errors="replace").strip().splitlines()
@@ -215,7 +216,7 @@ def probe_isolated(target: str, out: Path, dtypes: tuple[str, ...] | None = None
         last = started[-1]
         skip[f"{last['need']}/{last['dtype']}"] = status
         journal.unlink(missing_ok=True)
-    done = [e for e in _events(journal) if e["event"] == "done"]
+    done = [e for e in read_journal(journal) if e["event"] == "done"]
     caps = Capabilities([ProbeResult(e["need"], e["dtype"], e["status"], e["reason"]) for e in done])
     out.write_text(json.dumps(caps.as_json(), indent=1))
     journal.unlink(missing_ok=True)
@@ -239,18 +240,6 @@ def _wait(proc: subprocess.Popen, journal: Path, timeout: float) -> str | None:
             proc.wait()
             return "timeout"
         time.sleep(0.05)
-
-
-def _events(journal: Path) -> list[dict]:
-    if not journal.exists():
-        return []
-    out = []
-    for line in journal.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from attnspec._journal import read_journal as _read
 from attnspec.conformance.pytest_helpers import resolve_backend
 from attnspec.conformance.recorder import Recorder
 from attnspec.reports._io import write_json_atomic
@@ -185,18 +186,6 @@ def _progress(journal: Path, label: str, elapsed: float) -> None:
     line = f"[{label}] {elapsed:5.0f} s: {done} tests done, {cases} cases; running {current.split('::')[-1]}"
     end = "\r" if sys.stderr.isatty() else "\n"
     print(line[:150].ljust(150) if end == "\r" else line, end=end, file=sys.stderr, flush=True)
-
-
-def _read(journal: Path) -> list[dict]:
-    if not journal.exists():
-        return []
-    events = []
-    for line in journal.read_text().splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # a line cut by the crash
-    return events
 
 
 def _last_started(events: list[dict]) -> str | None:

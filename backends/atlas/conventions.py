@@ -13,7 +13,7 @@ import numpy as np
 
 from attnspec.backends._base import Unsupported
 from attnspec.backends.authoring import additive_mask, attend_mask, flatten_mask, unflatten_batch
-from attnspec.backends.conventions import Call, Convention, Jax, TorchSDPA, _device, _first, _flat, flat_qkv
+from attnspec.backends.conventions import Call, Convention, Jax, TorchSDPA, _device, _first, flat_qkv
 
 __all__ = ["MLX", "Flax", "Flex", "HFEager", "HFSdpa", "Keras", "Pallas", "Tinygrad"]
 
@@ -26,7 +26,7 @@ def _only(options: dict[str, Any], *names: str) -> bool:
 
 def _full(p, x: np.ndarray) -> np.ndarray:
     """A mask broadcasting to (*batch, Hq, n, m) -> (B, Hq or 1, n, m), as contiguous NumPy."""
-    return np.ascontiguousarray(_flat(p, x))
+    return np.ascontiguousarray(flatten_mask(p, x))
 
 
 class MLX(Convention):

@@ -76,8 +76,9 @@ def _parser() -> argparse.ArgumentParser:
 
 # -- check ----------------------------------------------------------------------------------
 
-def _target(args) -> tuple[str, bool]:
-    """(the target string the suite's child process loads, whether it is a plain function)."""
+def _target(args):
+    """(the target string the suite's child process loads, whether it is a plain function, and the
+    backend already built for a named one: a function's is built after the probe)."""
     import attnspec.backends as ab
     from attnspec import SpecError
 
@@ -86,16 +87,16 @@ def _target(args) -> tuple[str, bool]:
         if args.arrays:
             raise UsageError("--arrays applies to a function checked with --convention")
         if "@" in target:
-            return _absolute(target), True
+            return _absolute(target), True, None
         try:
-            ab.load(_absolute(target))
+            backend = ab.load(_absolute(target))
         except SpecError as e:
             hint = "" if ":" not in target else " (for a plain function, give --convention NAME)"
             raise UsageError(f"{e}{hint}") from None
         except Exception as e:  # a backend constructor that fails: the user's first question
             hint = "; for a plain function, give --convention NAME" if ":" in target else ""
             raise UsageError(f"{target!r} could not be built: {type(e).__name__}: {e}{hint}") from None
-        return _absolute(target), False
+        return _absolute(target), False, backend
     if ":" not in target or "@" in target:
         raise UsageError(f"with --convention, the target must be MODULE:FUNCTION, got {target!r}")
     try:
@@ -111,7 +112,7 @@ def _target(args) -> tuple[str, bool]:
         if args.arrays not in array_libraries():
             raise UsageError(f"--arrays={args.arrays!r} is not one of {', '.join(array_libraries())}")
     spec = f"{_absolute(target)}@{args.convention}" + (f"/{args.arrays}" if args.arrays else "")
-    return spec, True
+    return spec, True, None
 
 
 def _absolute(target: str) -> str:
@@ -129,7 +130,7 @@ def _check(args) -> int:
 
     sys.path.insert(0, os.getcwd())  # MODULE:FUNCTION resolves from here, as `python -m` does
     os.environ["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])
-    spec, is_function = _target(args)
+    spec, is_function, backend = _target(args)
     out = Path(args.out)
     if _inside_package(out):
         raise UsageError(f"--out={str(out)!r} is inside the installed attnspec package or the repo's reports/: "
@@ -151,7 +152,8 @@ def _check(args) -> int:
         print(f"attnspec check: probe done in {time.time() - t0:.0f} s; unsupported: {', '.join(refused) or 'nothing'}",
               file=sys.stderr)
         os.environ.update(env)
-    backend = load(spec)
+    if backend is None:
+        backend = load(spec)  # a function: after the probe, so it reads the probe's findings
     device = args.device or backend.devices()[0]
     short = spec.rpartition("/")[2] if "@" in spec or ":" in spec else spec  # drop a file's directory
     results_path = out / "results" / f"conformance-{slug(short)[:80]}-{slug(device)}.json"
@@ -164,7 +166,7 @@ def _check(args) -> int:
     except Interrupted as e:
         return 128 + e.signum
     _render(out)
-    table, failing = feature_table(results)
+    table = feature_table(results)
     print("\n" + table, file=sys.stderr)
     repro_dir = out / "repro"
     lines = failure_lines(results, repro_dir)
@@ -207,9 +209,9 @@ def _render(out: Path) -> None:
               file=sys.stderr)
 
 
-def feature_table(results: dict) -> tuple[str, list[str]]:
+def feature_table(results: dict) -> str:
     """The feature x dtype summary: each cell passed/run, FAIL n/run, unsupported or deviation,
-    with the worst budget used; and the failing features."""
+    with the worst budget used."""
     cells: dict[tuple[str, str], dict] = {}
     for r in results["rows"]:
         feature = r["feature"] if r["function"] == "sdpa" else f"{r['function']}:{r['feature']}"
@@ -228,7 +230,7 @@ def feature_table(results: dict) -> tuple[str, list[str]]:
     features = sorted({f for f, _ in cells if f.split(":")[0] not in unsupported_fns or ":" not in f})
     if "sdpa" in unsupported_fns:
         features = [f for f in features if ":" in f]
-    dtypes = [d for d in DTYPES if any((f, d) for f in features if (f, d) in cells)]
+    dtypes = [d for d in DTYPES if any((f, d) in cells for f in features)]
     extra = sorted({d for _, d in cells} - set(DTYPES))
 
     def cell(c: dict | None) -> str:
@@ -251,10 +253,9 @@ def feature_table(results: dict) -> tuple[str, list[str]]:
     text = "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
     legend = ("cells: passed/run (+n declared deviations) and bWORST, the worst budget used "
               "(error / allowed error, 1 = the edge); FAIL failed+crashed+hung/run")
-    failing = [f for f in features if any(cells.get((f, d), {}).get("bad") for d in cols)]
     if unsupported_fns:
         legend += "\nunsupported throughout (no row above): " + ", ".join(unsupported_fns)
-    return text + "\n" + legend, failing
+    return text + "\n" + legend
 
 
 def failure_lines(results: dict, repro_dir: Path) -> list[str]:

@@ -97,7 +97,30 @@ class _TensorMethods:
         return x.repeat_interleave(repeats, dim=axis)
 
 
-class TorchLibrary(_TensorMethods, ArrayLibrary):
+class _BackendHooks:
+    """Arrays in and out through a built-in backend's own hooks (``self._hooks``), so torch's
+    and JAX's conversions (bfloat16, devices, the numerics policy) exist once."""
+
+    def asarray(self, x, dtype=None, device=None):
+        return self._hooks.asarray(x, dtype, device)
+
+    def to_numpy(self, x):
+        return self._hooks.to_numpy(x)
+
+    def dtype_name(self, x):
+        return self._hooks.dtype_name(x)
+
+    def devices(self):
+        return self._hooks.devices()
+
+    def synchronize(self):
+        self._hooks.synchronize()
+
+    def numerics_policy(self):
+        return self._hooks.numerics_policy()
+
+
+class TorchLibrary(_TensorMethods, _BackendHooks, ArrayLibrary):
     name = module = "torch"
 
     def __init__(self) -> None:
@@ -110,30 +133,12 @@ class TorchLibrary(_TensorMethods, ArrayLibrary):
     def is_array(self, x: object) -> bool:
         return isinstance(x, self._torch.Tensor)
 
-    def asarray(self, x, dtype=None, device=None):
-        return self._hooks.asarray(x, dtype, device)
-
-    def to_numpy(self, x):
-        return self._hooks.to_numpy(x)
-
-    def dtype_name(self, x):
-        return self._hooks.dtype_name(x)
 
     def device_of(self, x):
         return str(x.device)
 
-    def devices(self):
-        return self._hooks.devices()
 
-    def synchronize(self):
-        self._hooks.synchronize()
-
-    def numerics_policy(self):
-        return self._hooks.numerics_policy()
-
-
-
-class JaxLibrary(ArrayLibrary):
+class JaxLibrary(_BackendHooks, ArrayLibrary):
     name = module = "jax"
 
     def __init__(self, x64: bool = True) -> None:
@@ -149,26 +154,11 @@ class JaxLibrary(ArrayLibrary):
     def is_array(self, x: object) -> bool:
         return isinstance(x, self._jax.Array)
 
-    def asarray(self, x, dtype=None, device=None):
-        return self._hooks.asarray(x, dtype, device)
-
-    def to_numpy(self, x):
-        return self._hooks.to_numpy(x)
 
     def device_of(self, x):
         from attnspec.backends.jax import device_name
 
         return device_name(x) or "traced"
-
-    def devices(self):
-        return self._hooks.devices()
-
-    def synchronize(self):
-        self._hooks.synchronize()
-
-    def numerics_policy(self):
-        return self._hooks.numerics_policy()
-
 
 
 class MlxLibrary(ArrayLibrary):
@@ -231,7 +221,6 @@ class TinygradLibrary(_TensorMethods, ArrayLibrary):
         name = x.dtype.name
         return {"half": "float16", "float": "float32", "double": "float64", "__bf16": "bfloat16",
                 "bfloat16": "bfloat16", "char": "int8", "int": "int32", "long": "int64"}.get(name, name)
-
 
 
 _LIBRARIES: dict[str, Callable[[], ArrayLibrary]] = {

@@ -204,6 +204,15 @@ def test_backends_lists_every_builtin_installed_or_not():
         assert ("yes" if a.installed else "no") in line.split()
 
 
+def test_a_reader_that_goes_away_gets_no_traceback():
+    """`attnspec backends | head -1`: stdout's reader is gone before the table is written."""
+    code = ("import os, sys; r, w = os.pipe(); os.close(r); os.dup2(w, 1); "
+            "sys.stdout = os.fdopen(1, 'w', buffering=1); from attnspec.cli import main; "
+            "sys.exit(main(['backends']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=HERE)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
 def test_a_drifted_signature_fails_its_own_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(HERE)}
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend",

@@ -9,7 +9,15 @@ from attnspec.spec.grads import sdpa_vjp
 from attnspec.spec.grads_lsh import lsh_attention_vjp
 from attnspec.spec.grads_mha import mha_vjp
 from attnspec.spec.lsh import lsh_attention, lsh_bucket_margins, lsh_buckets, lsh_rotations
-from attnspec.spec.masks import causal_mask, padding_mask, query_padding_mask, window_mask
+from attnspec.spec.masks import (
+    causal_mask,
+    padding_mask,
+    query_anchor,
+    query_padding_mask,
+    segment_ids_from_cu_seqlens,
+    segment_mask,
+    window_mask,
+)
 from attnspec.spec.mha import MHAParams, merge_heads, mha, split_heads
 from attnspec.spec.positions import sinusoidal_positions
 from attnspec.spec.sdpa import sdpa, sdpa_loops
@@ -27,11 +35,14 @@ __all__ = [
     "mha",
     "mha_vjp",
     "padding_mask",
+    "query_anchor",
     "query_padding_mask",
     "sdpa",
     "sdpa_blocked",
     "sdpa_loops",
     "sdpa_vjp",
+    "segment_ids_from_cu_seqlens",
+    "segment_mask",
     "sinusoidal_positions",
     "split_heads",
     "window_mask",

@@ -17,7 +17,8 @@ import numpy as np
 from attnspec._errors import SpecError
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-CAUSAL_CHOICES = ("upper_left", "lower_right")
+INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+CAUSAL_CHOICES = ("upper_left", "lower_right", "lower_right_lengths")
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,26 @@ class SDPAPlan:
     window: tuple[int, int] | None
     q_lengths: np.ndarray | None  # int64, broadcast to `batch`
     kv_lengths: np.ndarray | None
+    # The variants (issue #15). Only scalars live here, so `static_plan` stays hashable; the arrays
+    # (alibi_slopes, sinks, segment ids, dropout_mask) travel beside the plan.
+    softcap: float | None = None
+    dropout_p: float = 0.0  # meaningful only when a dropout_mask is given
+    return_lse: bool = False
 
     @property
     def group(self) -> int:
         return self.hq // self.hkv
+
+    @property
+    def lse_shape(self) -> tuple[int, ...]:
+        """(*batch, Hq, n), or (*batch, n) when q had rank 2, like the output without its dv."""
+        head = () if self.squeeze_head else (self.hq,)
+        return (*self.batch, *head, self.n)
+
+    @property
+    def lse_dtype(self) -> str:
+        """float64 for float64 inputs, else float32 (FlashAttention and flex return float32)."""
+        return "float64" if self.dtype == "float64" else "float32"
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -73,6 +90,42 @@ class SDPAPlan:
         return (*self.batch, self.hq, self.n, self.m)
 
 
+@dataclass(frozen=True, eq=False)
+class SDPAExtras:
+    """The array arguments of the sdpa variants, as given (NumPy arrays or None).
+
+    They travel beside the `SDPAPlan` rather than in it, so the plan stays hashable.
+    """
+
+    alibi_slopes: np.ndarray | None = None  # (Hq,) or (..., Hq)
+    sinks: np.ndarray | None = None  # (Hq,)
+    q_segment_ids: np.ndarray | None = None  # (..., n)
+    kv_segment_ids: np.ndarray | None = None  # (..., m)
+    dropout_mask: np.ndarray | None = None  # bool, broadcastable to (..., Hq, n, m)
+
+    @property
+    def segments(self) -> bool:
+        return self.q_segment_ids is not None
+
+
+NO_EXTRAS = SDPAExtras()
+
+
+def finish(plan: SDPAPlan, out, weights, dtype, return_weights: bool, lse=None):
+    """The results as sdpa returns them: out, then weights if asked for, then lse if planned.
+
+    out (*batch, Hq, n, dv) and weights (*batch, Hq, n, m) are cast to ``dtype``; lse
+    (*batch, Hq, n) to the plan's lse dtype; each is reshaped as the plan says (rank-2 q: no head
+    axis).
+    """
+    results = [out.astype(dtype, copy=False).reshape(plan.out_shape)]
+    if return_weights:
+        results.append(weights.astype(dtype, copy=False).reshape(plan.weights_shape))
+    if plan.return_lse:
+        results.append(np.asarray(lse).astype(plan.lse_dtype).reshape(plan.lse_shape))
+    return results[0] if len(results) == 1 else tuple(results)
+
+
 def is_int(x: object) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
 
@@ -82,7 +135,8 @@ def check_causal(fn: str, causal: object) -> str | None:
         return causal
     raise SpecError(
         f"{fn}: causal={causal!r} is not supported; expected None, 'upper_left' "
-        "(key j visible from query i iff j <= i) or 'lower_right' (iff j <= i + m - n)"
+        "(key j visible from query i iff j <= i), 'lower_right' (iff j <= i + m - n) or "
+        "'lower_right_lengths' (iff j <= i + kv_length - q_length, per sequence)"
     )
 
 
@@ -131,6 +185,96 @@ def check_lengths(
     return np.broadcast_to(lengths.astype(np.int64), batch)
 
 
+def _is_real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def check_softcap(fn: str, softcap: object) -> float | None:
+    if softcap is None:
+        return None
+    if not _is_real(softcap):
+        raise SpecError(
+            f"{fn}: softcap must be a real number or None, got {type(softcap).__name__} {softcap!r}"
+        )
+    value = float(softcap)
+    if not math.isfinite(value) or value <= 0:
+        raise SpecError(f"{fn}: softcap={value!r} must be finite and > 0 (logits become "
+                        "softcap * tanh(s / softcap))")
+    return value
+
+
+def check_dropout(fn: str, dropout_p: object, mask: ArrayInfo | None, target: tuple[int, ...]) -> float:
+    if dropout_p is not None:
+        if not _is_real(dropout_p):
+            raise SpecError(
+                f"{fn}: dropout_p must be a real number or None, got {type(dropout_p).__name__} "
+                f"{dropout_p!r}"
+            )
+        if not 0.0 <= float(dropout_p) < 1.0:  # NaN fails too
+            raise SpecError(f"{fn}: dropout_p={float(dropout_p)!r} must lie in [0, 1)")
+    if mask is None:
+        if dropout_p is not None and float(dropout_p) > 0:
+            raise SpecError(
+                f"{fn}: dropout_p={float(dropout_p)!r} needs a dropout_mask (bool, True = keep): "
+                "the spec never draws random numbers"
+            )
+        return 0.0
+    if dropout_p is None:
+        raise SpecError(
+            f"{fn}: dropout_mask was given without dropout_p; expected dropout_p in [0, 1) "
+            "(kept weights are divided by 1 - dropout_p)"
+        )
+    if mask.dtype != "bool":
+        raise SpecError(f"{fn}: dropout_mask.dtype={mask.dtype} must be bool (True = keep)")
+    if not broadcasts_to(mask.shape, target):
+        raise SpecError(
+            f"{fn}: dropout_mask.shape={mask.shape} must broadcast to (..., Hq, n, m)={target}"
+        )
+    return float(dropout_p)
+
+
+def check_per_head(fn: str, name: str, info: ArrayInfo, batch: tuple[int, ...], hq: int,
+                   q_dtype: str | None) -> None:
+    """alibi_slopes ((Hq,) or (..., Hq) over the batch dims, any float dtype) and sinks ((Hq,),
+    q's dtype: a sink is a logit, like bias). ``q_dtype`` None means any float dtype, batched."""
+    if q_dtype is None and info.dtype not in FLOAT_DTYPES:
+        raise SpecError(f"{fn}: {name}.dtype={info.dtype} must be one of {', '.join(FLOAT_DTYPES)}")
+    if q_dtype is not None and info.dtype != q_dtype:
+        raise SpecError(f"{fn}: {name}.dtype={info.dtype} must equal q.dtype={q_dtype}")
+    batched = q_dtype is None
+    expected = f"(Hq,)=({hq},)" + (f" or (..., Hq) broadcasting to {(*batch, hq)}" if batched else "")
+    shape = info.shape
+    ok = len(shape) >= 1 and shape[-1] == hq and (
+        len(shape) == 1 or (batched and broadcasts_to(shape[:-1], batch))
+    )
+    if not ok:
+        raise SpecError(f"{fn}: {name}.shape={shape} must be {expected}")
+
+
+def check_segments(fn: str, q_ids: ArrayInfo | None, kv_ids: ArrayInfo | None,
+                   batch: tuple[int, ...], n: int, m: int) -> None:
+    if (q_ids is None) != (kv_ids is None):
+        given, missing = ("q_segment_ids", "kv_segment_ids") if kv_ids is None else (
+            "kv_segment_ids", "q_segment_ids")
+        raise SpecError(f"{fn}: {given} was given without {missing}; expected both or neither")
+    if q_ids is None:
+        return
+    for name, info, length, letter in (("q_segment_ids", q_ids, n, "n"), ("kv_segment_ids", kv_ids, m, "m")):
+        if info.dtype not in INT_DTYPES:
+            raise SpecError(f"{fn}: {name}.dtype={info.dtype} must be an integer dtype")
+        if len(info.shape) < 1 or info.shape[-1] != length or not broadcasts_to(info.shape[:-1], batch):
+            raise SpecError(
+                f"{fn}: {name}.shape={info.shape} must be (..., {letter})=(..., {length}) with "
+                f"leading dims broadcasting to the batch shape {batch}"
+            )
+
+
+def check_flag(fn: str, name: str, value: object) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise SpecError(f"{fn}: {name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
 def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     if len(shape) > len(target):
         return False
@@ -158,8 +302,20 @@ def validate_sdpa(
     scale: object = None,
     q_lengths: object = None,
     kv_lengths: object = None,
+    softcap: object = None,
+    alibi_slopes: ArrayInfo | None = None,
+    sinks: ArrayInfo | None = None,
+    q_segment_ids: ArrayInfo | None = None,
+    kv_segment_ids: ArrayInfo | None = None,
+    dropout_mask: ArrayInfo | None = None,
+    dropout_p: object = None,
+    return_lse: object = False,
 ) -> SDPAPlan:
-    """Check one sdpa call and return its plan; raise `SpecError` naming the first problem."""
+    """Check one sdpa call and return its plan; raise `SpecError` naming the first problem.
+
+    Arrays are described by their `ArrayInfo` (shape and dtype name); only the lengths are read by
+    value. Segment ids are never checked by value: any integer is an id, a negative one padding.
+    """
     for name, info in (("q", q), ("k", k), ("v", v)):
         if len(info.shape) < 2:
             raise SpecError(
@@ -209,6 +365,14 @@ def validate_sdpa(
             raise SpecError(f"{fn}: bias.dtype={bias.dtype} must equal q.dtype={q.dtype}")
         if not broadcasts_to(bias.shape, target):
             raise SpecError(f"{fn}: bias.shape={bias.shape} must broadcast to (..., Hq, n, m)={target}")
+    softcap_value = check_softcap(fn, softcap)
+    if alibi_slopes is not None:
+        check_per_head(fn, "alibi_slopes", alibi_slopes, batch, hq, None)
+    if sinks is not None:
+        check_per_head(fn, "sinks", sinks, batch, hq, q.dtype)
+    check_segments(fn, q_segment_ids, kv_segment_ids, batch, n, m)
+    dropout_value = check_dropout(fn, dropout_p, dropout_mask, target)
+    lse_flag = check_flag(fn, "return_lse", return_lse)
     return SDPAPlan(
         batch=batch,
         hq=hq,
@@ -224,4 +388,7 @@ def validate_sdpa(
         window=window_value,
         q_lengths=check_lengths(fn, "q_lengths", q_lengths, batch, n, "n"),
         kv_lengths=check_lengths(fn, "kv_lengths", kv_lengths, batch, m, "m"),
+        softcap=softcap_value,
+        dropout_p=dropout_value,
+        return_lse=lse_flag,
     )

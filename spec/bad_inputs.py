@@ -4,6 +4,11 @@ Each entry builds a call from NumPy arrays; the spec's own tests run it against 
 conformance suite converts the arrays with a backend's ``asarray`` and runs it against that
 backend. Every entry must raise `SpecError` whose message matches ``match`` (a regex that leaves
 out the function name, so it holds for ``sdpa``, ``torch.sdpa`` and the rest).
+
+`SDPA_VARIANT_BAD_INPUTS` holds the entries for the variant keywords of issue #15 (softcap,
+alibi_slopes, sinks, segment ids, dropout, return_lse), in the same format. They are a tuple of
+their own so that a backend that does not take those keywords yet is not judged on them by the
+suites that run `SDPA_BAD_INPUTS`; `ALL_SDPA_BAD_INPUTS` is both.
 """
 
 from __future__ import annotations
@@ -67,3 +72,51 @@ SDPA_BAD_INPUTS: tuple[BadInput, ...] = (
     BadInput("scale_negative", r"scale=-0.5 must be finite and > 0", options={"scale": -0.5}),
     BadInput("scale_str", r"scale must be a real number or None, got str", options={"scale": "0.5"}),
 )
+
+_i32 = np.int32
+_Q4, _K4, _V4 = (2, 2, 5, 8), (2, 2, 7, 8), (2, 2, 7, 4)  # a batch of 2, for batch-shaped options
+_KEEP = np.ones((5, 7), bool)
+SDPA_VARIANT_BAD_INPUTS: tuple[BadInput, ...] = (
+    BadInput("softcap_zero", r"softcap=0\.0 must be finite and > 0", options={"softcap": 0.0}),
+    BadInput("softcap_negative", r"softcap=-2\.0 must be finite and > 0", options={"softcap": -2.0}),
+    BadInput("softcap_nan", r"softcap=nan must be finite and > 0", options={"softcap": float("nan")}),
+    BadInput("softcap_inf", r"softcap=inf must be finite and > 0", options={"softcap": float("inf")}),
+    BadInput("softcap_bool", r"softcap must be a real number or None, got bool", options={"softcap": True}),
+    BadInput("alibi_slopes_shape", r"alibi_slopes\.shape=\(3,\) must be \(Hq,\)=\(2,\)",
+             options={"alibi_slopes": np.ones(3, _f32)}),
+    BadInput("alibi_slopes_int", r"alibi_slopes\.dtype=int32 must be one of float16",
+             options={"alibi_slopes": np.ones(2, _i32)}),
+    BadInput("alibi_slopes_batch", r"alibi_slopes\.shape=\(3, 2\) must be \(Hq,\)=\(2,\) or \(\.\.\., Hq\)",
+             q=_Q4, k=_K4, v=_V4, options={"alibi_slopes": np.ones((3, 2), _f32)}),
+    BadInput("alibi_slopes_list", r"alibi_slopes must be a", options={"alibi_slopes": [0.5, 0.25]}),
+    BadInput("sinks_shape", r"sinks\.shape=\(2, 1\) must be \(Hq,\)=\(2,\)", options={"sinks": np.zeros((2, 1), _f32)}),
+    BadInput("sinks_dtype", r"sinks\.dtype=float64 must equal q\.dtype=float32", options={"sinks": np.zeros(2)}),
+    BadInput("segment_ids_float", r"q_segment_ids\.dtype=float32 must be an integer dtype",
+             options={"q_segment_ids": np.zeros(5, _f32), "kv_segment_ids": np.zeros(7, _i32)}),
+    BadInput("q_segment_ids_alone", r"q_segment_ids was given without kv_segment_ids",
+             options={"q_segment_ids": np.zeros(5, _i32)}),
+    BadInput("kv_segment_ids_alone", r"kv_segment_ids was given without q_segment_ids",
+             options={"kv_segment_ids": np.zeros(7, _i32)}),
+    BadInput("segment_ids_length", r"kv_segment_ids\.shape=\(6,\) must be \(\.\.\., m\)=\(\.\.\., 7\)",
+             options={"q_segment_ids": np.zeros(5, _i32), "kv_segment_ids": np.zeros(6, _i32)}),
+    BadInput("segment_ids_batch", r"q_segment_ids\.shape=\(3, 5\) must be \(\.\.\., n\)=\(\.\.\., 5\) with leading dims",
+             q=_Q4, k=_K4, v=_V4,
+             options={"q_segment_ids": np.zeros((3, 5), _i32), "kv_segment_ids": np.zeros(7, _i32)}),
+    BadInput("dropout_p_negative", r"dropout_p=-0\.1 must lie in \[0, 1\)",
+             options={"dropout_mask": _KEEP, "dropout_p": -0.1}),
+    BadInput("dropout_p_one", r"dropout_p=1\.0 must lie in \[0, 1\)", options={"dropout_mask": _KEEP, "dropout_p": 1.0}),
+    BadInput("dropout_p_nan", r"dropout_p=nan must lie in \[0, 1\)",
+             options={"dropout_mask": _KEEP, "dropout_p": float("nan")}),
+    BadInput("dropout_p_bool", r"dropout_p must be a real number or None, got bool",
+             options={"dropout_mask": _KEEP, "dropout_p": True}),
+    BadInput("dropout_p_without_mask", r"dropout_p=0\.1 needs a dropout_mask", options={"dropout_p": 0.1}),
+    BadInput("dropout_mask_without_p", r"dropout_mask was given without dropout_p", options={"dropout_mask": _KEEP}),
+    BadInput("dropout_mask_not_bool", r"dropout_mask\.dtype=float32 must be bool",
+             options={"dropout_mask": np.ones((5, 7), _f32), "dropout_p": 0.1}),
+    BadInput("dropout_mask_not_broadcast", r"dropout_mask\.shape=\(5, 6\) must broadcast",
+             options={"dropout_mask": np.ones((5, 6), bool), "dropout_p": 0.1}),
+    BadInput("return_lse_int", r"return_lse must be a bool, got int", options={"return_lse": 1}),
+    BadInput("causal_lower_right_length_typo", r"causal='lower_right_length' is not supported",
+             options={"causal": "lower_right_length"}),
+)
+ALL_SDPA_BAD_INPUTS: tuple[BadInput, ...] = SDPA_BAD_INPUTS + SDPA_VARIANT_BAD_INPUTS

@@ -17,7 +17,7 @@ and, for each tile of logits s (r, t), with hidden keys set to -inf:
     M' = max(M, max_j s_ij)     c' = offset(M')     alpha = exp(c - c')     P = exp(s - c')
     A <- alpha A + P v_tile     L <- alpha L + sum_j P_ij      M, c <- M', c'
 
-then out = A / L. The textbook choice is c = M (so P <= 1); here c = 0 while |M| <= 32, and M
+then out = A / L and lse = c + log(L). The textbook choice is c = M (so P <= 1); here c = 0 while |M| <= 32, and M
 beyond. With c = 0 exp(s) can neither overflow nor lose a term that matters, and both the
 subtraction pass over the tile and the rescaling are skipped for the usual logits. A row with no
 visible key yet has c = 0, as sdpa replaces an all -inf row max by 0: exp(-inf) = 0, never NaN.
@@ -36,6 +36,16 @@ visible NaN logit makes M NaN and a visible +inf logit makes P NaN (inf - inf), 
 become NaN as in sdpa. Non-finite entries of v are zeroed for P v and added back afterwards for
 the rows that see them, with the final weights (see `_add_non_finite_values`).
 
+The variants fit in without changing that argument. softcap and ALiBi change the logits tile
+(softcap * tanh(t / softcap) on the scaled q k^T, then bias, then -slope |i' - j|) before the
+hidden keys are overwritten; segment ids are one more hiding rule; the anchor i' of causal,
+window and ALiBi is a per-row array (`masks.query_anchor`), so "lower_right_lengths" is the same
+code as the constant shifts. A sink is one more logit that every row has seen before the first
+tile: M starts at sink_h instead of -inf (so c accounts for it), and exp(sink_h - c) is added to
+L after the last tile; a row with no visible key ends with out = 0 / L = 0 and lse = sink_h
+(set exactly: M + log(Z) with Z = 1). Dropout multiplies P by keep / (1 - p) for A only;
+L sums the P before dropout, as the definition's denominator does.
+
 Memory, per (batch, head) step: one float64 tile of logits (r, t) and a bool tile for the hidden
 keys, O(r (dk + dv)) of row state, a float64 copy of one kv head's k and v, O(m (dk + dv)) (k
 is used in place when it is float64 and contiguous), plus the float64 output (..., Hq, n, dv)
@@ -48,7 +58,8 @@ from __future__ import annotations
 import numpy as np
 
 from attnspec._errors import SpecError
-from attnspec.spec._validate import SDPAPlan, is_int, numpy_info, validate_sdpa
+from attnspec.spec._validate import NO_EXTRAS, SDPAExtras, SDPAPlan, finish, is_int, numpy_info, validate_sdpa
+from attnspec.spec.masks import query_anchor
 
 __all__ = ["blocked_core", "check_block", "sdpa_blocked"]
 
@@ -71,7 +82,15 @@ def sdpa_blocked(
     scale: float | None = None,
     q_lengths: np.ndarray | int | None = None,
     kv_lengths: np.ndarray | int | None = None,
+    softcap: float | None = None,
+    alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    dropout_mask: np.ndarray | None = None,
+    dropout_p: float | None = None,
     return_weights: bool = False,
+    return_lse: bool = False,
     block_q: int = 256,
     block_k: int = 512,
 ):
@@ -90,25 +109,38 @@ def sdpa_blocked(
     Raises:
         SpecError: for any input `sdpa` refuses, and for a block size that is not an int >= 1.
     """
+    extras = SDPAExtras(alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
+
+    def info(name, x):
+        return None if x is None else numpy_info(_FN, name, x)
+
     p = validate_sdpa(
         _FN,
         numpy_info(_FN, "q", q),
         numpy_info(_FN, "k", k),
         numpy_info(_FN, "v", v),
-        mask=None if mask is None else numpy_info(_FN, "mask", mask),
-        bias=None if bias is None else numpy_info(_FN, "bias", bias),
+        mask=info("mask", mask),
+        bias=info("bias", bias),
         causal=causal,
         window=window,
         scale=scale,
         q_lengths=q_lengths,
         kv_lengths=kv_lengths,
+        softcap=softcap,
+        alibi_slopes=info("alibi_slopes", alibi_slopes),
+        sinks=info("sinks", sinks),
+        q_segment_ids=info("q_segment_ids", q_segment_ids),
+        kv_segment_ids=info("kv_segment_ids", kv_segment_ids),
+        dropout_mask=info("dropout_mask", dropout_mask),
+        dropout_p=dropout_p,
+        return_lse=return_lse,
     )
     bq, bk = check_block("block_q", block_q), check_block("block_k", block_k)
-    return blocked_core(p, q, k, v, mask, bias, return_weights, bq, bk)
+    return blocked_core(p, q, k, v, mask, bias, return_weights, bq, bk, extras=extras)
 
 
 def blocked_core(p: SDPAPlan, q, k, v, mask, bias, return_weights: bool,
-                 block_q: int = 256, block_k: int = 512):
+                 block_q: int = 256, block_k: int = 512, *, extras: SDPAExtras = NO_EXTRAS):
     """`sdpa_blocked` after validation: the result(s) in q's dtype, shaped as `sdpa` returns them.
 
     `attnspec.spec.sdpa` calls this for large inputs (see `sdpa.BLOCKED_MIN_LOGITS`).
@@ -116,34 +148,51 @@ def blocked_core(p: SDPAPlan, q, k, v, mask, bias, return_weights: bool,
     bq, bk = block_q, block_k
     out = np.zeros((*p.batch, p.hq, p.n, p.dv))  # (..., Hq, n, dv)
     weights = np.zeros(p.full_weights_shape) if return_weights else None  # (..., Hq, n, m)
+    lse = np.full((*p.batch, p.hq, p.n), -np.inf)  # (..., Hq, n): rows never visited keep this
+    if extras.sinks is not None:
+        lse[...] = extras.sinks.astype(np.float64)[:, None]  # ... or the sink alone
     if p.n and p.m and p.hq:
         # NaN and inf are data here, and the definition says where they go: invalid operations
         # on hidden keys are overwritten, those on visible ones give sdpa's NaN. No warnings.
-        with np.errstate(invalid="ignore"):
-            _attend_all(p, q, k, v, mask, bias, out, weights, bq, bk)
-    out = out.astype(q.dtype, copy=False).reshape(p.out_shape)
-    if not return_weights:
-        return out
-    return out, weights.astype(q.dtype, copy=False).reshape(p.weights_shape)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            _attend_all(p, q, k, v, mask, bias, out, weights, lse, bq, bk, extras)
+    return finish(p, out, weights, q.dtype, return_weights, lse)
 
 
-def _attend_all(p: SDPAPlan, q, k, v, mask, bias, out, weights, bq: int, bk: int) -> None:
+def _attend_all(p: SDPAPlan, q, k, v, mask, bias, out, weights, lse, bq: int, bk: int,
+                ex: SDPAExtras) -> None:
     q4 = np.broadcast_to(_with_head(q), (*p.batch, p.hq, p.n, p.dk))  # (..., Hq, n, dk)
     k4 = np.broadcast_to(_with_head(k), (*p.batch, p.hkv, p.m, p.dk))  # (..., Hkv, m, dk)
     v4 = np.broadcast_to(_with_head(v), (*p.batch, p.hkv, p.m, p.dv))  # (..., Hkv, m, dv)
-    mask4 = None if mask is None else np.broadcast_to(mask, p.full_weights_shape)  # (..., Hq, n, m)
-    bias4 = None if bias is None else np.broadcast_to(bias, p.full_weights_shape)
+    fw = p.full_weights_shape
+    mask4 = None if mask is None else np.broadcast_to(mask, fw)  # (..., Hq, n, m)
+    bias4 = None if bias is None else np.broadcast_to(bias, fw)
+    keep4 = None if ex.dropout_mask is None else np.broadcast_to(ex.dropout_mask, fw)
+    anchors = np.broadcast_to(  # i' per row, (..., n)
+        query_anchor(p.n, p.m, p.causal, q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
+                     q_segment_ids=ex.q_segment_ids, kv_segment_ids=ex.kv_segment_ids),
+        (*p.batch, p.n))
+    slopes = None if ex.alibi_slopes is None else np.broadcast_to(
+        ex.alibi_slopes.astype(np.float64), (*p.batch, p.hq))  # (..., Hq)
+    sinks = None if ex.sinks is None else ex.sinks.astype(np.float64)  # (Hq,)
+    q_ids = None if ex.q_segment_ids is None else np.broadcast_to(ex.q_segment_ids, (*p.batch, p.n))
+    kv_ids = None if ex.kv_segment_ids is None else np.broadcast_to(ex.kv_segment_ids, (*p.batch, p.m))
     scratch = np.empty(min(bq, p.n) * min(bk, p.m))  # the one (r, t) logits tile, reused
     for b in np.ndindex(*p.batch):
         q_len = p.n if p.q_lengths is None else int(p.q_lengths[b])
         kv_len = p.m if p.kv_lengths is None else int(p.kv_lengths[b])
+        rows = _Rows(anchors[b], None if q_ids is None else (q_ids[b], kv_ids[b]))
         for g in range(p.hkv):
             kv = _KV(k4[b][g], v4[b][g])
             for h in range(g * p.group, (g + 1) * p.group):  # query heads reading kv head g
-                head_mask = None if mask4 is None else mask4[b][h]  # (n, m), a view
-                head_bias = None if bias4 is None else bias4[b][h]
-                head = _Head(p, q4[b][h], kv, head_mask, head_bias, q_len, kv_len)
-                _attend(head, out[b][h], None if weights is None else weights[b][h], bq, bk, scratch)
+                head = _Head(p, q4[b][h], kv, rows, q_len, kv_len)
+                head.mask = None if mask4 is None else mask4[b][h]  # (n, m), a view
+                head.bias = None if bias4 is None else bias4[b][h]
+                head.keep = None if keep4 is None else keep4[b][h]
+                head.slope = None if slopes is None else float(slopes[b][h])
+                head.sink = None if sinks is None else float(sinks[h])
+                _attend(head, out[b][h], None if weights is None else weights[b][h], lse[b][h],
+                        bq, bk, scratch)
 
 
 def check_block(name: str, value: object, fn: str = _FN) -> int:
@@ -183,26 +232,43 @@ class _KV:
             values[~finite] = 0.0
 
 
-class _Head:
-    """One (batch index, query head): its operands as views, and which keys each row may see."""
+class _Rows:
+    """What the query rows of one batch index share across heads: anchors i' (n,) and segment ids."""
 
-    def __init__(self, p: SDPAPlan, q, kv: _KV, mask, bias, q_len: int, kv_len: int):
-        self.q, self.kv, self.mask, self.bias = q, kv, mask, bias  # q (n, dk); mask, bias (n, m)
-        self.scale, self.dv = p.scale, p.dv
+    def __init__(self, anchor: np.ndarray, segments: tuple[np.ndarray, np.ndarray] | None):
+        self.anchor = anchor  # (n,)
+        self.segments = segments  # q ids (n,), kv ids (m,)
+
+
+class _Head:
+    """One (batch index, query head): its operands as views, and which keys each row may see.
+
+    `_attend_all` sets the per-head data after construction: mask, bias, keep (dropout), each
+    (n, m) or None, and the scalars slope (ALiBi) and sink, or None.
+    """
+
+    def __init__(self, p: SDPAPlan, q, kv: _KV, rows: _Rows, q_len: int, kv_len: int):
+        self.q, self.kv, self.rows = q, kv, rows  # q (n, dk)
+        self.mask = self.bias = self.keep = None
+        self.slope = self.sink = None
+        self.scale, self.dv, self.softcap = p.scale, p.dv, p.softcap
+        self.keep_scale = 1.0 / (1.0 - p.dropout_p)
         self.q_len, self.kv_len = q_len, kv_len
         self.causal = p.causal is not None
-        self.shift = p.m - p.n if p.causal == "lower_right" else 0  # i' = i + shift
+        self.upper_left = p.causal == "upper_left"  # i' may differ from i only for the other two
         self.window = p.window
 
     def key_range(self, i0: int, i1: int) -> tuple[int, int]:
         """[lo, hi): the keys that rows i0..i1-1 may see by structure (causal, window, kv_len)."""
+        anchor = self.rows.anchor[i0:i1]
+        a_min, a_max = int(anchor.min()), int(anchor.max())
         lo, hi = 0, self.kv_len
         if self.causal:
-            hi = min(hi, i1 + self.shift)
+            hi = min(hi, a_max + 1)
         if self.window is not None:
             left, right = self.window
-            lo = max(lo, i0 + self.shift - left)
-            hi = min(hi, i1 + self.shift + right)
+            lo = max(lo, a_min - left)
+            hi = min(hi, a_max + right + 1)
         return lo, max(lo, hi)
 
     def hidden(self, i0: int, i1: int, cols: slice | np.ndarray) -> np.ndarray | None:
@@ -212,23 +278,29 @@ class _Head:
         """
         j = np.arange(cols.start, cols.stop) if isinstance(cols, slice) else cols
         j_first, j_last = (cols.start, cols.stop - 1) if isinstance(cols, slice) else (None, None)
-        i = np.arange(i0, i1)[:, None] + self.shift  # (r, 1): i'
+        anchor = self.rows.anchor[i0:i1]
+        i = anchor[:, None]  # (r, 1): i'
+        a_min, a_max = int(anchor.min()), int(anchor.max())
         hid = None
 
         def add(rule):
             nonlocal hid
             hid = rule if hid is None else hid | rule
 
-        if self.causal and (j_last is None or j_last > i0 + self.shift):
+        if self.causal and (j_last is None or j_last > a_min):
             add(j > i)
         if self.window is not None:
             left, right = self.window
-            if j_first is None or j_first < i1 - 1 + self.shift - left:
+            if j_first is None or j_first < a_max - left:
                 add(j < i - left)
-            if j_last is None or j_last > i0 + self.shift + right:
+            if j_last is None or j_last > a_min + right:
                 add(j > i + right)
         if j_first is None and self.kv_len < len(self.kv.k):
             add(j >= self.kv_len)
+        if self.rows.segments is not None:
+            q_ids, kv_ids = self.rows.segments
+            q_col = q_ids[i0:i1, None]  # (r, 1)
+            add((q_col != kv_ids[j]) | (q_col < 0))
         if self.mask is not None:
             add(~self.mask[i0:i1, cols])
         if self.bias is not None:
@@ -236,40 +308,59 @@ class _Head:
         return None if hid is None else np.broadcast_to(hid, (i1 - i0, len(j)))
 
     def logits(self, qs, i0: int, i1: int, cols, scratch) -> tuple[np.ndarray, np.ndarray | None]:
-        """s (r, t) = (scale q) k^T + bias, with hidden keys set to -inf; and the hidden mask."""
+        """s (r, t): (scale q) k^T, capped, + bias + ALiBi, hidden keys set to -inf; and the hidden mask."""
         r, t = qs.shape[0], (cols.stop - cols.start if isinstance(cols, slice) else len(cols))
         s = scratch[: r * t].reshape(r, t)  # (r, t)
         np.matmul(qs, self.kv.k[cols].T, out=s)  # (r, dk) @ (dk, t)
+        if self.softcap is not None:
+            s /= self.softcap
+            np.tanh(s, out=s)
+            s *= self.softcap
         if self.bias is not None:
             tile = self.bias[i0:i1, cols]
             s += tile if tile.dtype == np.float64 else tile.astype(np.float64)
+        if self.slope is not None:
+            j = np.arange(cols.start, cols.stop) if isinstance(cols, slice) else cols
+            s -= self.slope * np.abs(self.rows.anchor[i0:i1, None] - j)  # (r, t)
         hidden = self.hidden(i0, i1, cols)
         if hidden is not None:
             np.copyto(s, -np.inf, where=hidden)  # overwrite, never add: NaN + -inf is NaN
         return s, hidden
 
+    def dropout(self, p_tile, i0: int, i1: int, cols) -> np.ndarray:
+        """P * keep / (1 - p) for one tile (r, t), in place."""
+        p_tile *= self.keep[i0:i1, cols]
+        p_tile *= self.keep_scale
+        return p_tile
 
-def _attend(head: _Head, out_h: np.ndarray, w_h: np.ndarray | None, bq: int, bk: int, scratch):
-    """Fill out_h (n, dv), and w_h (n, m) if given, for one (batch index, query head)."""
+
+def _offset(row_max: np.ndarray) -> np.ndarray:
+    far = ~(np.abs(row_max) <= _NEAR) & (row_max != -np.inf)  # NaN and +inf included
+    return np.where(far, row_max, 0.0)
+
+
+def _attend(head: _Head, out_h: np.ndarray, w_h: np.ndarray | None, lse_h: np.ndarray, bq: int,
+            bk: int, scratch):
+    """Fill out_h (n, dv), lse_h (n,), and w_h (n, m) if given, for one (batch index, query head)."""
     dv = head.dv
     for i0 in range(0, head.q_len, bq):  # rows at or past q_len see nothing: they stay 0
         i1 = min(i0 + bq, head.q_len)
         lo, hi = head.key_range(i0, i1)
         if lo == hi:
-            continue  # no row of this block sees any key: output and weights stay 0
+            continue  # no row of this block sees any key: output and weights 0, lse the sink's
         # scale folded into q: (scale q) k^T is scale (q k^T) up to one rounding of each q entry
         qs = head.q[i0:i1].astype(np.float64)  # (r, dk)
         qs *= head.scale
-        row_max = np.full(i1 - i0, -np.inf)  # M
-        offset = np.zeros(i1 - i0)  # c: A and L hold sums of exp(s - c)
+        # M; c, where A and L hold sums of exp(s - c); a sink is a logit seen before any tile
+        row_max = np.full(i1 - i0, -np.inf if head.sink is None else head.sink)
+        offset = _offset(row_max)
         acc = np.zeros((i1 - i0, dv + 1))  # (r, dv + 1): A, and L in the last column
         for j0 in range(lo, hi, bk):
             cols = slice(j0, min(j0 + bk, hi))
             s, _ = head.logits(qs, i0, i1, cols, scratch)  # (r, t)
             row_max = np.maximum(row_max, s.max(axis=1))  # NaN propagates, as in sdpa
-            far = ~(np.abs(row_max) <= _NEAR) & (row_max != -np.inf)  # NaN and +inf included
-            new_offset = np.where(far, row_max, 0.0)
-            if far.any():
+            new_offset = _offset(row_max)
+            if (new_offset != 0).any():
                 s -= new_offset[:, None]
             np.exp(s, out=s)  # P; hidden keys: exp(-inf) = 0
             if (new_offset != offset).any():  # rescale what was summed relative to the old c
@@ -277,9 +368,19 @@ def _attend(head: _Head, out_h: np.ndarray, w_h: np.ndarray | None, bq: int, bk:
                 # still 0 then, and the clamp keeps exp(c - c') from overflowing to 0 * inf = NaN
                 acc *= np.exp(np.minimum(offset - new_offset, 0.0))[:, None]
                 offset = new_offset
-            acc += s @ head.kv.v_aug[cols]  # (r, t) @ (t, dv + 1)
+            if head.keep is None:
+                acc += s @ head.kv.v_aug[cols]  # (r, t) @ (t, dv + 1)
+            else:  # L sums P before dropout; A the kept, rescaled P
+                acc[:, dv] += s.sum(axis=1)
+                acc[:, :dv] += head.dropout(s, i0, i1, cols) @ head.kv.v_aug[cols, :dv]
         denom = acc[:, dv]
+        if head.sink is not None:  # its term is added last, so an empty row's lse is sink exactly
+            seen = denom != 0
+            denom = denom + np.exp(head.sink - offset)
         out_h[i0:i1] = acc[:, :dv] / np.where(denom == 0, 1.0, denom)[:, None]  # nothing visible: 0
+        lse_h[i0:i1] = offset + np.log(denom)  # log(0) = -inf: no visible key and no sink
+        if head.sink is not None:
+            lse_h[i0:i1][~seen] = head.sink
         # sdpa's row max and denominator, for its weights w = exp(s - max) / denom
         row_max = np.where(row_max == -np.inf, 0.0, row_max)
         denom = denom * np.exp(offset - row_max)
@@ -292,7 +393,10 @@ def _attend(head: _Head, out_h: np.ndarray, w_h: np.ndarray | None, bq: int, bk:
                 s, _ = head.logits(qs, i0, i1, cols, scratch)  # (r, t)
                 s -= row_max[:, None]
                 np.exp(s, out=s)
-                np.divide(s, denom[:, None], out=w_h[i0:i1, cols])
+                s /= denom[:, None]
+                if head.keep is not None:
+                    head.dropout(s, i0, i1, cols)
+                w_h[i0:i1, cols] = s
             # A NaN or +inf visible logit makes sdpa's whole row NaN (exp(s - NaN), or e / NaN),
             # hidden keys included; L is NaN for exactly those rows.
             w_h[i0:i1][np.isnan(denom)] = np.nan
@@ -313,6 +417,8 @@ def _add_non_finite_values(head: _Head, qs, i0, i1, lo, hi, row_max, denom, out_
         sel = picked[c0 : c0 + bk]  # positions in kv.bad
         s, hidden = head.logits(qs, i0, i1, kv.bad[sel], scratch)  # (r, t)
         w = np.exp(s - row_max[:, None]) / denom[:, None]  # (r, t)
+        if head.keep is not None:  # a dropped key keeps weight 0: 0 * inf is NaN, as in sdpa
+            w = head.dropout(w, i0, i1, kv.bad[sel])
         visible = np.ones(w.shape, bool) if hidden is None else ~hidden
         live = (visible & (w > 0)).astype(np.float64)  # (r, t)
         dead = (visible & (w == 0)).astype(np.float64)

@@ -16,6 +16,13 @@ gradient dO, softmax's Jacobian gives, over visible pairs (i, j) only:
     dv[j]    = sum_i P[i, j] dO[i]
     dbias    = dS
 
+The variants: with dropout the weights that multiply V are P * r, r = keep / (1 - p), so
+dv = sum_i P r dO and dP is taken through r (dP = r (dO . v)); D = dO . O still holds. softcap
+multiplies dS by 1 - tanh^2(t / softcap) on its way to q and k (t = scale q . k), but not to
+bias, which is added after the cap. A sink is one more logit with a zero value: its probability
+p_sink = exp(sink - lse) enters D and nothing else, so dsink = -sum over rows of p_sink D. ALiBi
+slopes and segment ids are constants.
+
 A pair that is not visible contributes exactly nothing: its k, v, q and dO values (NaN and inf
 included) never enter a sum, as in the forward pass. The core works on one query axis per kv head:
 folding the G query heads of a group into it, (Hq, n) -> (Hkv, G*n), makes the GQA sums over a
@@ -24,10 +31,12 @@ group part of the ordinary sums over i.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from attnspec._errors import SpecError
-from attnspec.spec._validate import SDPAPlan, numpy_info
+from attnspec.spec._validate import NO_EXTRAS, SDPAExtras, SDPAPlan, numpy_info
 from attnspec.spec.masks import visibility
 from attnspec.spec.sdpa import _identity, _validate, _with_head, attention_core
 
@@ -47,17 +56,28 @@ def sdpa_vjp(
     scale: float | None = None,
     q_lengths: np.ndarray | int | None = None,
     kv_lengths: np.ndarray | int | None = None,
+    softcap: float | None = None,
+    alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    dropout_mask: np.ndarray | None = None,
+    dropout_p: float | None = None,
 ) -> tuple[np.ndarray, ...]:
     """The vector-Jacobian product of `sdpa`: gradients of ``sum(sdpa(...) * d_out)``.
 
     Args:
-        q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths: as for `sdpa`.
+        q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, softcap,
+            alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask, dropout_p: as for
+            `sdpa` (the output alone is differentiated: there is no return_lse here).
         d_out: the upstream gradient, with sdpa's output shape (..., Hq, n, dv) and q's dtype.
 
     Returns:
-        ``(dq, dk, dv)``, or ``(dq, dk, dv, dbias)`` when ``bias`` is given; each has the shape and
-        dtype of its input. Where an input was broadcast (batch dims, a kv head read by a group of
-        G query heads, a broadcast bias), its gradient is summed over the broadcast axes.
+        ``(dq, dk, dv)``, then ``dbias`` when ``bias`` is given, then ``dsinks`` when ``sinks``
+        is given; each has the shape and dtype of its input. Where an input was broadcast (batch
+        dims, a kv head read by a group of G query heads, a broadcast bias), its gradient is
+        summed over the broadcast axes; dsinks (Hq,) sums over every row of every batch element.
+        alibi_slopes, segment ids and the dropout mask are constants: no gradient.
 
     With P the weights, O the output and dO = d_out, per query head and over visible pairs only:
     ``dP = dO V^T``, ``dS = P * (dP - rowsum(dO * O))``, ``dq = scale * dS K``,
@@ -71,11 +91,13 @@ def sdpa_vjp(
         SpecError: for any input `sdpa` refuses, and for a d_out of the wrong type, shape or dtype.
     """
     fn = "sdpa_vjp"
-    plan = _validate(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths)
+    extras = SDPAExtras(alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
+    plan = _validate(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+                     extras, softcap, dropout_p)
     _check_d_out(fn, plan, d_out)
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf are handled, not accidents
-        grads = _sdpa_grads(plan, q, k, v, d_out, mask, bias)
-    shapes = [x.shape for x in (q, k, v)] + ([] if bias is None else [bias.shape])
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # NaN and inf are handled
+        grads = _sdpa_grads(plan, q, k, v, d_out, mask, bias, extras)
+    shapes = [x.shape for x in (q, k, v)] + [x.shape for x in (bias, sinks) if x is not None]
     return tuple(g.astype(q.dtype).reshape(shape) for g, shape in zip(grads, shapes))
 
 
@@ -87,16 +109,22 @@ def _check_d_out(fn: str, plan: SDPAPlan, d_out: object) -> None:
         raise SpecError(f"{fn}: d_out.dtype={info.dtype} must equal q.dtype={plan.dtype}")
 
 
-def _sdpa_grads(plan: SDPAPlan, q, k, v, d_out, mask, bias) -> list[np.ndarray]:
+def _sdpa_grads(plan: SDPAPlan, q, k, v, d_out, mask, bias,
+                extras: SDPAExtras = NO_EXTRAS) -> list[np.ndarray]:
     """float64 gradients, each in its input's shape (a rank-2 input as (1, L, d))."""
-    p = plan
+    p, ex = plan, extras
     q_h, k_h, v_h = _with_head(q), _with_head(k), _with_head(v)
-    shapes = [q_h.shape, k_h.shape, v_h.shape] + ([] if bias is None else [bias.shape])
+    shapes = [q_h.shape, k_h.shape, v_h.shape] + [x.shape for x in (bias, ex.sinks) if x is not None]
     if p.n == 0 or p.m == 0 or p.hq == 0:
         return [np.zeros(shape) for shape in shapes]  # no visible pair: every gradient is 0
-    # out (..., Hq, n, dv) and weights w (..., Hq, n, m), exactly as sdpa computes them
-    out, w = attention_core(p, q, k, v, mask, bias, np.float64, _identity)
-    vis = _sdpa_visibility(p, mask, bias)  # (..., Hq, n, m)
+    # out (..., Hq, n, dv) and the softmax P (..., Hq, n, m), before dropout, as sdpa computes them
+    undropped = dataclasses.replace(ex, dropout_mask=None)
+    out, w, lse = attention_core(p, q, k, v, mask, bias, np.float64, _identity, undropped, with_lse=True)
+    keep = None
+    if ex.dropout_mask is not None:
+        out, _ = attention_core(p, q, k, v, mask, bias, np.float64, _identity, ex)
+        keep = np.broadcast_to(ex.dropout_mask / (1.0 - p.dropout_p), p.full_weights_shape)
+    vis = _sdpa_visibility(p, mask, bias, ex)  # (..., Hq, n, m)
     dO = d_out.astype(np.float64).reshape(out.shape)  # (..., Hq, n, dv): a rank-2 d_out gains its head
     q64 = np.broadcast_to(q_h.astype(np.float64), (*p.batch, p.hq, p.n, p.dk))
     k64 = np.broadcast_to(k_h.astype(np.float64), (*p.batch, p.hkv, p.m, p.dk))
@@ -105,41 +133,60 @@ def _sdpa_grads(plan: SDPAPlan, q, k, v, d_out, mask, bias) -> list[np.ndarray]:
     def fold(x: np.ndarray) -> np.ndarray:
         return x.reshape(*p.batch, p.hkv, p.group * p.n, x.shape[-1])  # (..., Hq, n, c) -> (..., Hkv, G*n, c)
 
-    dq, dk, dv, ds = _attention_vjp(fold(q64), k64, v64, fold(w), fold(vis), fold(out), fold(dO), p.scale)
+    cap_grad = None
+    if p.softcap is not None:
+        t = p.scale * (fold(q64) @ np.swapaxes(k64, -1, -2))  # (..., Hkv, G*n, m): capped logits' input
+        cap_grad = 1.0 - np.tanh(t / p.softcap) ** 2  # d/dt of softcap * tanh(t / softcap)
+    dq, dk, dv, ds = _attention_vjp(fold(q64), k64, v64, fold(w), fold(vis), fold(out), fold(dO), p.scale,
+                                    keep=None if keep is None else fold(keep), cap_grad=cap_grad)
     dq = dq.reshape(*p.batch, p.hq, p.n, p.dk)  # (..., Hkv, G*n, dk) -> (..., Hq, n, dk)
     grads = [dq, dk, dv]
     if bias is not None:
         grads.append(ds.reshape(p.full_weights_shape))  # (..., Hkv, G*n, m) -> (..., Hq, n, m)
-    return [_sum_to(g, shape) for g, shape in zip(grads, shapes)]
+    grads = [_sum_to(g, shape) for g, shape in zip(grads, shapes)]
+    if ex.sinks is not None:
+        # D = dO . O per row, 0 for a row that sees nothing (whatever its d_out holds)
+        row = np.where(vis.any(axis=-1), np.sum(dO * out, axis=-1), 0.0)  # (..., Hq, n)
+        p_sink = np.exp(ex.sinks.astype(np.float64)[:, None] - lse)  # (..., Hq, n)
+        dsinks = -(p_sink * row).reshape(-1, p.hq, p.n).sum(axis=(0, 2))  # (Hq,)
+        grads.append(dsinks)
+    return grads
 
 
-def _sdpa_visibility(p: SDPAPlan, mask, bias) -> np.ndarray:
+def _sdpa_visibility(p: SDPAPlan, mask, bias, extras: SDPAExtras = NO_EXTRAS) -> np.ndarray:
     """The visibility `attention_core` applies, as a (..., Hq, n, m) bool view."""
     vis = visibility(p.n, p.m, causal=p.causal, window=p.window,
-                     q_lengths=p.q_lengths, kv_lengths=p.kv_lengths)
+                     q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
+                     q_segment_ids=extras.q_segment_ids, kv_segment_ids=extras.kv_segment_ids)
     for extra in (mask, None if bias is None else bias.astype(np.float64) != -np.inf):
         if extra is not None:
             vis = extra if vis is None else vis & extra
     return np.broadcast_to(np.ones((1, 1), bool) if vis is None else vis, p.full_weights_shape)
 
 
-def _attention_vjp(q, k, v, w, vis, out, d_out, scale: float):
+def _attention_vjp(q, k, v, w, vis, out, d_out, scale: float, *, keep=None, cap_grad=None):
     """The backward pass of weighted-sum attention, given its forward weights and visibility.
 
     Inputs, all float64 with the same batch dims: q (..., R, dk), k (..., m, dk), v (..., m, dv),
     w and vis (..., R, m), out and d_out (..., R, dv), where R is every query row that reads this
-    k and v (G*n for a GQA group). Returns dq (..., R, dk), dk (..., m, dk), dv (..., m, dv) and
-    dS (..., R, m), each summed over visible pairs only.
+    k and v (G*n for a GQA group). w is the softmax before dropout; ``keep`` (..., R, m) is the
+    dropout factor keep / (1 - p) and ``cap_grad`` (..., R, m) the softcap's derivative, or None.
+    Returns dq (..., R, dk), dk (..., m, dk), dv (..., m, dv) and dS (..., R, m), the gradient of
+    the final logits, each summed over visible pairs only.
     """
     w = np.where(vis, w, 0)  # a row whose visible logit is NaN has NaN weights everywhere
     dp = d_out @ np.swapaxes(v, -1, -2)  # (..., R, dv) @ (..., dv, m) -> (..., R, m)
+    if keep is not None:
+        dp = dp * keep  # the gradient of P, through the weights P * keep that multiply V
     row = np.sum(d_out * out, axis=-1, keepdims=True)  # (..., R, 1)
     ds = np.where(vis, w * (dp - row), 0)  # (..., R, m); drops the NaN that absent v or dO bring
+    ds_qk = ds if cap_grad is None else np.where(vis, ds * cap_grad, 0)  # the uncapped logits'
     vis_t = np.swapaxes(vis, -1, -2)  # (..., m, R)
-    dq = scale * _visible_matmul(ds, k, vis)  # (..., R, m) @ (..., m, dk) -> (..., R, dk)
-    ds_t = np.swapaxes(ds, -1, -2)  # (..., m, R)
+    dq = scale * _visible_matmul(ds_qk, k, vis)  # (..., R, m) @ (..., m, dk) -> (..., R, dk)
+    ds_t = np.swapaxes(ds_qk, -1, -2)  # (..., m, R)
     dk = scale * _visible_matmul(ds_t, q, vis_t)  # (..., m, R) @ (..., R, dk) -> (..., m, dk)
-    dv = _visible_matmul(np.swapaxes(w, -1, -2), d_out, vis_t)  # (..., m, R) @ (..., R, dv) -> (..., m, dv)
+    w_v = w if keep is None else w * keep  # the weights that multiply V
+    dv = _visible_matmul(np.swapaxes(w_v, -1, -2), d_out, vis_t)  # (..., m, R) @ (..., R, dv) -> (..., m, dv)
     return dq, dk, dv, ds
 
 

@@ -6,17 +6,23 @@ Shape letters, used in every shape comment below:
     n    queries;      m    keys
     dk   query/key head dim;  dv  value head dim
 
-For query head h, batch index b, query row i:
+For query head h, batch index b, query row i, with i' its anchor (`masks.query_anchor`):
 
-    visible(i, j)  = AND of every rule given (mask, bias != -inf, causal, window, lengths)
-    s[i, j]        = scale * (q[b, h, i] . k[b, h // G, j]) + bias[b, h, i, j]     (visible j)
-    w[i, j]        = exp(s[i, j] - max_j' s[i, j']) / sum_j'' exp(s[i, j''] - max)  (visible j)
-                     0                                                             (otherwise)
+    visible(i, j)  = AND of every rule given (mask, bias != -inf, causal, window, lengths,
+                     segment ids)
+    t[i, j]        = scale * (q[b, h, i] . k[b, h // G, j]),  capped to softcap * tanh(t / softcap)
+    s[i, j]        = t[i, j] + bias[b, h, i, j] - alibi_slopes[b, h] * |i' - j|      (visible j)
+    M[i]           = max(max over visible j of s[i, j], sinks[h])
+    Z[i]           = sum over visible j of exp(s[i, j] - M) + exp(sinks[h] - M)
+    w[i, j]        = exp(s[i, j] - M) / Z * dropout_mask[i, j] / (1 - dropout_p)     (visible j)
+                     0                                                               (otherwise)
     out[b, h, i]   = sum over visible j of w[i, j] * v[b, h // G, j]
+    lse[b, h, i]   = M + log(Z)
 
-A row with no visible key gets w = 0 and out = 0. Keys that are not visible are absent: their k
-and v values (NaN and inf included) never reach the row. Everything is computed in float64 and the
-result is cast to the inputs' dtype.
+(the terms of an argument not given are left out). A row with no visible key gets w = 0 and
+out = 0, and lse = sinks[h] (or -inf without sinks). Keys that are not visible are absent: their
+k and v values (NaN and inf included) never reach the row. Everything is computed in float64 and
+the result is cast to the inputs' dtype (lse: float32, or float64 for float64 inputs).
 
 Large inputs (batch * Hq * n * m >= BLOCKED_MIN_LOGITS) are computed by the tiled online softmax
 of `attnspec.spec.blocked`, the same function to a few ulp, in O(tile + n * dv) extra memory.
@@ -29,11 +35,11 @@ from typing import Callable
 
 import numpy as np
 
-from attnspec.spec._validate import SDPAPlan, numpy_info, validate_sdpa
+from attnspec.spec._validate import NO_EXTRAS, SDPAExtras, SDPAPlan, finish, numpy_info, validate_sdpa
 from attnspec.spec.blocked import blocked_core
-from attnspec.spec.masks import visibility
+from attnspec.spec.masks import query_anchor, visibility
 
-__all__ = ["BLOCKED_MIN_LOGITS", "GOLDEN_TILES", "golden", "sdpa", "sdpa_loops"]
+__all__ = ["BLOCKED_MIN_LOGITS", "GOLDEN_TILES", "finish", "golden", "sdpa", "sdpa_loops"]
 
 #: `sdpa` computes tile by tile (`attnspec.spec.blocked`) once batch * Hq * n * m reaches this.
 #: The vectorized form holds about five float64 arrays of that many elements at once (logits,
@@ -47,19 +53,32 @@ BLOCKED_MIN_LOGITS = 1 << 20
 GOLDEN_TILES = (512, 1024)
 
 
-def _validate(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths) -> SDPAPlan:
+def _validate(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+              extras: SDPAExtras = NO_EXTRAS, softcap=None, dropout_p=None,
+              return_lse=False) -> SDPAPlan:
+    def info(name, x):
+        return None if x is None else numpy_info(fn, name, x)
+
     return validate_sdpa(
         fn,
         numpy_info(fn, "q", q),
         numpy_info(fn, "k", k),
         numpy_info(fn, "v", v),
-        mask=None if mask is None else numpy_info(fn, "mask", mask),
-        bias=None if bias is None else numpy_info(fn, "bias", bias),
+        mask=info("mask", mask),
+        bias=info("bias", bias),
         causal=causal,
         window=window,
         scale=scale,
         q_lengths=q_lengths,
         kv_lengths=kv_lengths,
+        softcap=softcap,
+        alibi_slopes=info("alibi_slopes", extras.alibi_slopes),
+        sinks=info("sinks", extras.sinks),
+        q_segment_ids=info("q_segment_ids", extras.q_segment_ids),
+        kv_segment_ids=info("kv_segment_ids", extras.kv_segment_ids),
+        dropout_mask=info("dropout_mask", extras.dropout_mask),
+        dropout_p=dropout_p,
+        return_lse=return_lse,
     )
 
 
@@ -79,7 +98,15 @@ def sdpa(
     scale: float | None = None,
     q_lengths: np.ndarray | int | None = None,
     kv_lengths: np.ndarray | int | None = None,
+    softcap: float | None = None,
+    alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    dropout_mask: np.ndarray | None = None,
+    dropout_p: float | None = None,
     return_weights: bool = False,
+    return_lse: bool = False,
 ):
     """Scaled dot-product attention, exactly as attnspec defines it.
 
@@ -90,14 +117,35 @@ def sdpa(
         mask: bool, True = may attend, broadcastable to (..., Hq, n, m).
         bias: additive logits of q's dtype, broadcastable like mask; -inf means "cannot attend"
             (such a key is absent, exactly as if masked).
-        causal: None, "upper_left" (key j visible from query i iff j <= i) or "lower_right"
-            (iff j <= i + m - n). ``True`` is refused: it is ambiguous across frameworks.
-        window: (left, right): key j visible iff i' - left <= j <= i' + right, where i' = i, or
-            i + m - n when causal is "lower_right".
+        causal: None, "upper_left" (key j visible from query i iff j <= i), "lower_right"
+            (iff j <= i + m - n) or "lower_right_lengths" (iff j <= i + kend - qend: lower-right
+            on each sequence's actual lengths, see `masks.query_anchor`). ``True`` is refused: it
+            is ambiguous across frameworks.
+        window: (left, right): key j visible iff i' - left <= j <= i' + right, where i' is the
+            causal alignment's anchor (i when causal is None or "upper_left").
         scale: multiplies q . k; default 1 / sqrt(dk). Finite and > 0.
         q_lengths, kv_lengths: ints broadcastable to the batch dims. Keys j >= kv_length are not
             visible; query rows i >= q_length see no key and so produce 0.
+        softcap: finite and > 0: each scaled logit t becomes softcap * tanh(t / softcap), before
+            bias, ALiBi and masking (FlashAttention's order).
+        alibi_slopes: (Hq,) or (..., Hq) over the batch dims, any float dtype: adds
+            -slope[h] * |i' - j| to the logit, i' the same anchor as the window. A constant.
+        sinks: (Hq,), q's dtype: one extra logit per query head in every row's softmax
+            denominator, with a zero value; the weights then sum to less than 1.
+        q_segment_ids, kv_segment_ids: integer (..., n) and (..., m), both or neither: key j is
+            visible from query i only when their ids are equal and >= 0 (negative = padding).
+        dropout_mask: bool, True = keep, broadcastable to (..., Hq, n, m); needs dropout_p.
+            Weights become w * keep / (1 - dropout_p), and are returned so (out = weights @ v).
+        dropout_p: in [0, 1). Without a dropout_mask only 0 (or None) is accepted: the spec never
+            draws random numbers.
         return_weights: also return the weights, (..., Hq, n, m).
+        return_lse: also return lse = log(sum over visible j of exp(s_ij) + exp(sink)),
+            (..., Hq, n) ((n,) for rank-2 q), float32 (float64 for float64 inputs); -inf for a
+            row with no visible key and no sink. Dropout does not change it.
+
+    Returns:
+        out (..., Hq, n, dv); ``(out, weights)``, ``(out, lse)`` or ``(out, weights, lse)`` when
+        asked for.
 
     Every rule combines with AND. A row with no visible key produces output 0 and weights 0.
     Computed in float64 with a max-subtracted softmax; results are cast to the inputs' dtype.
@@ -109,27 +157,34 @@ def sdpa(
     Raises:
         SpecError: for any input outside the definition (see spec/README.md, "Bad input").
     """
-    plan = _validate("sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths)
-    return golden(plan, q, k, v, mask, bias, return_weights)
+    extras = SDPAExtras(alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
+    plan = _validate("sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+                     extras, softcap, dropout_p, return_lse)
+    return golden(plan, q, k, v, mask, bias, return_weights, extras)
 
 
-def golden(plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool):
+def golden(plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool,
+           extras: SDPAExtras = NO_EXTRAS):
     """`sdpa` after validation: the vectorized core, or the tiled one for large inputs."""
     if math.prod(plan.full_weights_shape) >= BLOCKED_MIN_LOGITS:
-        return blocked_core(plan, q, k, v, mask, bias, return_weights, *GOLDEN_TILES)
-    out, weights = attention_core(plan, q, k, v, mask, bias, np.float64, _identity)
-    return finish(plan, out, weights, q.dtype, return_weights)
-
-
-def finish(plan: SDPAPlan, out, weights, dtype, return_weights: bool):
-    out = out.astype(dtype).reshape(plan.out_shape)
-    if not return_weights:
-        return out
-    return out, weights.astype(dtype).reshape(plan.weights_shape)
+        return blocked_core(plan, q, k, v, mask, bias, return_weights, *GOLDEN_TILES, extras=extras)
+    out, weights, lse = attention_core(plan, q, k, v, mask, bias, np.float64, _identity, extras,
+                                       with_lse=True)
+    return finish(plan, out, weights, q.dtype, return_weights, lse)
 
 
 def _identity(x: np.ndarray) -> np.ndarray:
     return x
+
+
+def alibi_term(plan: SDPAPlan, extras: SDPAExtras, compute: type = np.float64) -> np.ndarray:
+    """-slope[h] * |i' - j|, broadcastable to (..., Hq, n, m); i' as for the window."""
+    p = plan
+    anchor = query_anchor(p.n, p.m, p.causal, q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
+                          q_segment_ids=extras.q_segment_ids, kv_segment_ids=extras.kv_segment_ids)
+    dist = np.abs(anchor[..., None, :, None] - np.arange(p.m))  # (..., 1, n, m)
+    slopes = extras.alibi_slopes.astype(compute)[..., :, None, None]  # (..., Hq, 1, 1)
+    return -slopes * dist.astype(compute)  # (..., Hq, n, m)
 
 
 def attention_core(
@@ -141,23 +196,33 @@ def attention_core(
     bias: np.ndarray | None,
     compute: type,
     rnd: Callable[[np.ndarray], np.ndarray],
-) -> tuple[np.ndarray, np.ndarray]:
+    extras: SDPAExtras = NO_EXTRAS,
+    *,
+    with_lse: bool = False,
+):
     """The vectorized algorithm, parameterized by precision.
 
     ``compute`` is the dtype every operation runs in; ``rnd`` rounds each stored intermediate
     (identity for the golden; a cast to float16/bfloat16 for the same-precision reference that
     the tolerance rule measures against). Returns out (*batch, Hq, n, dv) and weights
-    (*batch, Hq, n, m), both in ``compute``.
+    (*batch, Hq, n, m), both in ``compute``, and with ``with_lse`` also lse (*batch, Hq, n),
+    computed in ``compute`` from the rounded row max and denominator.
     """
-    p = plan
+    p, ex = plan, extras
     full_w = p.full_weights_shape
+    sink = None if ex.sinks is None else rnd(ex.sinks.astype(compute))[:, None, None]  # (Hq, 1, 1)
     if p.m == 0 or p.n == 0 or p.hq == 0:
-        return np.zeros((*p.batch, p.hq, p.n, p.dv), compute), np.zeros(full_w, compute)
+        lse = np.full((*p.batch, p.hq, p.n), -np.inf, compute)
+        if sink is not None:
+            lse[...] = sink[:, :, 0]  # no visible key: the sink alone
+        out = (np.zeros((*p.batch, p.hq, p.n, p.dv), compute), np.zeros(full_w, compute))
+        return (*out, lse) if with_lse else out
     q = rnd(_with_head(q).astype(compute))
     k = rnd(_with_head(k).astype(compute))
     v = rnd(_with_head(v).astype(compute))
     vis = visibility(p.n, p.m, causal=p.causal, window=p.window,
-                     q_lengths=p.q_lengths, kv_lengths=p.kv_lengths)
+                     q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
+                     q_segment_ids=ex.q_segment_ids, kv_segment_ids=ex.kv_segment_ids)
     if mask is not None:
         vis = mask if vis is None else vis & mask
     if bias is not None:
@@ -174,19 +239,35 @@ def attention_core(
     s = rnd(q5 @ kt5)  # (..., Hkv, G, n, m)
     s = s.reshape(*s.shape[:-4], p.hq, p.n, p.m)  # (..., Hq, n, m)
     s = rnd(s * compute(p.scale))
+    if p.softcap is not None:
+        cap = compute(p.softcap)
+        s = rnd(rnd(np.tanh(rnd(s / cap))) * cap)
     if bias is not None:
         s = rnd(s + bias)
+    if ex.alibi_slopes is not None:
+        s = rnd(s + rnd(alibi_term(p, ex, compute)))
     s = np.where(vis, s, -np.inf)  # absent keys: their k (even NaN) is dropped here
 
     row_max = s.max(axis=-1, keepdims=True)  # (..., Hq, n, 1); NaN if a visible logit is NaN
-    row_max = np.where(row_max == -np.inf, 0, row_max)  # rows with no visible key
+    if sink is not None:
+        row_max = np.maximum(row_max, sink)  # the sink is one more logit of every row
+    row_max = np.where(row_max == -np.inf, 0, row_max)  # rows with no visible key (and no sink)
     e = rnd(np.exp(s - row_max))  # absent keys: exp(-inf) = 0
-    denom = rnd(e.sum(axis=-1, keepdims=True))
+    denom = e.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        denom = denom + rnd(np.exp(sink - row_max))
+    denom = rnd(denom)
     w = rnd(e / np.where(denom == 0, 1, denom))  # no visible key: 0 / 1 = 0
+    if ex.dropout_mask is not None:
+        w = rnd(w * ex.dropout_mask / compute(1.0 - p.dropout_p))
     w = np.broadcast_to(w, full_w)
 
     out = _weighted_values(w, v, vis, p, rnd)
-    return out, w
+    if not with_lse:
+        return out, w
+    with np.errstate(divide="ignore"):  # log(0) = -inf: no visible key and no sink
+        lse = (row_max + np.log(denom))[..., 0]  # (..., Hq, n)
+    return out, w, np.broadcast_to(lse, (*p.batch, p.hq, p.n))
 
 
 def _weighted_values(w, v, vis, p: SDPAPlan, rnd) -> np.ndarray:
@@ -225,15 +306,26 @@ def sdpa_loops(
     scale: float | None = None,
     q_lengths: np.ndarray | int | None = None,
     kv_lengths: np.ndarray | int | None = None,
+    softcap: float | None = None,
+    alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    dropout_mask: np.ndarray | None = None,
+    dropout_p: float | None = None,
     return_weights: bool = False,
+    return_lse: bool = False,
 ):
     """`sdpa` written as explicit loops over batch, head, query and key: the literal definition.
 
-    O(n * m) Python iterations per head, so for small shapes only. It applies each visibility
-    rule as written in the docstring of `sdpa` rather than through the mask builders, which makes
-    it an independent check of the vectorized code.
+    O(n * m) Python iterations per head, so for small shapes only. It applies each rule as
+    written in the docstring of `sdpa` (the anchor i', the segment ids, softcap, ALiBi, the sink,
+    dropout) rather than through the mask builders and `query_anchor`, which makes it an
+    independent check of the vectorized code.
     """
-    p = _validate("sdpa_loops", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths)
+    extras = SDPAExtras(alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
+    p = _validate("sdpa_loops", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+                  extras, softcap, dropout_p, return_lse)
     full = (*p.batch, p.hq)
     q64 = np.broadcast_to(_with_head(q).astype(np.float64), (*full, p.n, p.dk))
     k64 = np.broadcast_to(_with_head(k).astype(np.float64), (*p.batch, p.hkv, p.m, p.dk))
@@ -241,20 +333,42 @@ def sdpa_loops(
     fw = p.full_weights_shape
     mask_f = None if mask is None else np.broadcast_to(mask, fw)
     bias_f = None if bias is None else np.broadcast_to(bias.astype(np.float64), fw)
+    keep_f = None if dropout_mask is None else np.broadcast_to(dropout_mask, fw)
+    slopes = None if alibi_slopes is None else np.broadcast_to(alibi_slopes.astype(np.float64), full)
+    q_ids = None if q_segment_ids is None else np.broadcast_to(q_segment_ids, (*p.batch, p.n))
+    kv_ids = None if kv_segment_ids is None else np.broadcast_to(kv_segment_ids, (*p.batch, p.m))
     out = np.zeros((*full, p.n, p.dv))
     weights = np.zeros(fw)
-    shift = p.m - p.n if p.causal == "lower_right" else 0
+    lse = np.full((*full, p.n), -np.inf)
 
-    def visible(b, h, i, j) -> bool:
+    def lengths(b) -> tuple[int, int]:
+        q_len = p.n if p.q_lengths is None else int(p.q_lengths[b])
+        return q_len, p.m if p.kv_lengths is None else int(p.kv_lengths[b])
+
+    def anchor(b, i) -> int:
+        if p.causal == "lower_right":
+            return i + p.m - p.n
+        if p.causal != "lower_right_lengths":
+            return i
+        q_len, kv_len = lengths(b)
+        if q_ids is None:
+            return i + kv_len - q_len
+        sid = q_ids[b][i]  # the ends of query i's own sequence, within the lengths
+        qend = max((i2 + 1 for i2 in range(q_len) if q_ids[b][i2] == sid), default=0)
+        kend = max((j + 1 for j in range(kv_len) if kv_ids[b][j] == sid), default=0)
+        return i + kend - qend
+
+    def visible(b, h, i, j, i_anchor) -> bool:
+        q_len, kv_len = lengths(b)
         if p.causal == "upper_left" and j > i:
             return False
-        if p.causal == "lower_right" and j > i + shift:
+        if p.causal in ("lower_right", "lower_right_lengths") and j > i_anchor:
             return False
-        if p.window is not None and not (i + shift - p.window[0] <= j <= i + shift + p.window[1]):
+        if p.window is not None and not (i_anchor - p.window[0] <= j <= i_anchor + p.window[1]):
             return False
-        if p.kv_lengths is not None and j >= p.kv_lengths[b]:
+        if j >= kv_len or i >= q_len:
             return False
-        if p.q_lengths is not None and i >= p.q_lengths[b]:
+        if q_ids is not None and (q_ids[b][i] < 0 or q_ids[b][i] != kv_ids[b][j]):
             return False
         if mask_f is not None and not mask_f[(*b, h, i, j)]:
             return False
@@ -264,20 +378,31 @@ def sdpa_loops(
         for h in range(p.hq):
             g = h // p.group
             for i in range(p.n):
+                i_anchor = anchor(b, i)
                 keys, logits = [], []
                 for j in range(p.m):
-                    if visible(b, h, i, j):
+                    if visible(b, h, i, j, i_anchor):
                         logit = p.scale * float(np.dot(q64[(*b, h, i)], k64[(*b, g, j)]))
+                        if p.softcap is not None:
+                            logit = p.softcap * math.tanh(logit / p.softcap)
                         if bias_f is not None:
                             logit += bias_f[(*b, h, i, j)]
+                        if slopes is not None:
+                            logit += -slopes[(*b, h)] * abs(i_anchor - j)
                         keys.append(j)
                         logits.append(logit)
-                if not keys:
-                    continue  # no visible key: output 0, weights 0
-                top = np.max(logits)  # NaN propagates, as in sdpa
+                candidates = logits + ([] if sinks is None else [float(sinks[h])])
+                if not candidates:
+                    continue  # no visible key and no sink: output 0, weights 0, lse -inf
+                top = np.max(candidates)  # NaN propagates, as in sdpa
                 exps = [np.exp(s - top) for s in logits]
-                total = sum(exps)
+                total = sum(exps) + (0.0 if sinks is None else np.exp(float(sinks[h]) - top))
+                with np.errstate(divide="ignore"):
+                    lse[(*b, h, i)] = top + np.log(total)
                 for j, e in zip(keys, exps):
-                    weights[(*b, h, i, j)] = e / total
-                    out[(*b, h, i)] += (e / total) * v64[(*b, g, j)]
-    return finish(p, out, weights, q.dtype, return_weights)
+                    w = e / total
+                    if keep_f is not None:
+                        w = w * keep_f[(*b, h, i, j)] / (1.0 - p.dropout_p)
+                    weights[(*b, h, i, j)] = w
+                    out[(*b, h, i)] += w * v64[(*b, g, j)]
+    return finish(p, out, weights, q.dtype, return_weights, lse)

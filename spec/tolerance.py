@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from attnspec.spec._validate import SDPAPlan
+from attnspec.spec._validate import NO_EXTRAS, SDPAExtras, SDPAPlan
 from attnspec.spec.masks import visibility
 from attnspec.spec.sdpa import attention_core, finish
 
@@ -50,11 +50,16 @@ def eps(dtype: str) -> float:
     return float(ml_dtypes.finfo(_NP[dtype]).eps)
 
 
-def reference_sdpa(plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool = False):
+def reference_sdpa(plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool = False,
+                   extras: SDPAExtras = NO_EXTRAS):
     """The golden algorithm run in the inputs' precision (the tolerance rule's ``ref``).
 
     Without weights, large inputs run in blocks of query rows (`visible_rows`): rows are
-    independent, so each block is the same computation, in O(ROW_BLOCK_LOGITS) memory.
+    independent, so each block is the same computation, in O(ROW_BLOCK_LOGITS) memory. Calls
+    with a variant array (``extras``: ALiBi, sinks, segment ids, dropout) run whole, in
+    O(n * m) memory, since ALiBi and "lower_right_lengths" need the rows' anchors. Returns what
+    sdpa returns for the plan (lse last when ``plan.return_lse``; computed in the compute dtype
+    from the rounded row max and denominator).
     """
     dt = _NP[plan.dtype]
     compute = np.float32 if plan.dtype in ("float16", "bfloat16") else dt
@@ -63,21 +68,23 @@ def reference_sdpa(plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool = F
         return x.astype(dt).astype(compute)
 
     per_row = math.prod(plan.full_weights_shape) // max(plan.n, 1)
-    if return_weights or plan.n * per_row <= ROW_BLOCK_LOGITS:
-        out, w = attention_core(plan, q, k, v, mask, bias, compute, rnd)
-        return finish(plan, out, w, dt, return_weights)
+    has_extras = any(x is not None for x in dataclasses.astuple(extras))
+    if return_weights or has_extras or plan.n * per_row <= ROW_BLOCK_LOGITS:
+        out, w, lse = attention_core(plan, q, k, v, mask, bias, compute, rnd, extras, with_lse=True)
+        return finish(plan, out, w, dt, return_weights, lse)
     vis = visibility_view(plan, mask, None)  # bias: attention_core drops its -inf keys itself
     step = max(1, ROW_BLOCK_LOGITS // per_row)
-    outs = []
+    outs, lses = [], []
     for i0 in range(0, plan.n, step):
         i1 = min(i0 + step, plan.n)
         # the structural rules are folded into the block's mask: the block's plan has none
         block = dataclasses.replace(plan, n=i1 - i0, causal=None, window=None, q_lengths=None,
                                     kv_lengths=None)
-        out, _ = attention_core(block, q[..., i0:i1, :], k, v, rows(vis, plan.n, i0, i1),
-                                rows(bias, plan.n, i0, i1), compute, rnd)
+        out, _, lse = attention_core(block, q[..., i0:i1, :], k, v, rows(vis, plan.n, i0, i1),
+                                     rows(bias, plan.n, i0, i1), compute, rnd, with_lse=True)
         outs.append(out)  # (..., Hq, r, dv)
-    return finish(plan, np.concatenate(outs, axis=-2), None, dt, False)
+        lses.append(lse)  # (..., Hq, r)
+    return finish(plan, np.concatenate(outs, axis=-2), None, dt, False, np.concatenate(lses, axis=-1))
 
 
 #: reference_sdpa and the logit scale work on blocks of query rows of at most this many logits
@@ -91,11 +98,12 @@ def rows(x: np.ndarray | None, n: int, i0: int, i1: int) -> np.ndarray | None:
     return x[..., i0:i1, :]
 
 
-def visibility_view(plan: SDPAPlan, mask, bias) -> np.ndarray | None:
+def visibility_view(plan: SDPAPlan, mask, bias, extras: SDPAExtras = NO_EXTRAS) -> np.ndarray | None:
     """Which keys each row sees (every rule ANDed), broadcastable to (..., Hq, n, m) but not
     expanded to it; None when all are visible."""
     vis = visibility(plan.n, plan.m, causal=plan.causal, window=plan.window,
-                     q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths)
+                     q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths,
+                     q_segment_ids=extras.q_segment_ids, kv_segment_ids=extras.kv_segment_ids)
     if mask is not None:
         vis = mask if vis is None else vis & mask
     if bias is not None:

@@ -528,3 +528,25 @@ def test_plan_stays_hashable():
                      softcap=2.0, dropout_p=0.0, return_lse=True)
     assert hash(plan) == hash(plan) and plan.softcap == 2.0 and plan.return_lse
     assert plan.lse_shape == (B, HQ, N) and plan.lse_dtype == "float64"
+
+
+def test_tolerance_reference_runs_the_variants_through_rnd():
+    # In float64 the reference is the golden's algorithm with identity rounding: equal results.
+    # In float16 every stored step is rounded, so it differs from the golden by a few float16 ulp
+    # of the output (|out| <= max|v| ~ 3), and not at all in structure (hidden keys, empty rows).
+    from attnspec.spec._validate import SDPAExtras
+    from attnspec.spec.tolerance import reference_sdpa
+
+    kw = FEATURES["everything"]
+    keys = ("alibi_slopes", "sinks", "q_segment_ids", "kv_segment_ids", "dropout_mask")
+    for dtype, atol in ((np.float64, 0.0), (np.float16, 50 * np.finfo(np.float16).eps)):
+        q, k, v = (x.astype(dtype) for x in qkv())
+        extras = SDPAExtras(*(kw[name] if name != "sinks" else kw[name].astype(dtype) for name in keys))
+        bias = kw["bias"].astype(dtype)
+        plan = _validate("sdpa", q, k, v, kw["mask"], bias, kw["causal"], kw["window"], kw["scale"],
+                         None, kw["kv_lengths"], extras, kw["softcap"], kw["dropout_p"], True)
+        ref_out, ref_lse = reference_sdpa(plan, q, k, v, kw["mask"], bias, False, extras)
+        golden = sdpa(q, k, v, **{**kw, "bias": bias, "sinks": extras.sinks, "q_lengths": None}, return_lse=True)
+        assert ref_out.dtype == golden[0].dtype and ref_lse.dtype == golden[1].dtype
+        _close(ref_out, golden[0], atol * 4)
+        _close(ref_lse, golden[1], atol * 8)

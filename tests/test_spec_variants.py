@@ -5,7 +5,6 @@ tiled path and the vjp; hand-derived cases; the variants' bad-input catalogue.""
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 import pytest

@@ -30,21 +30,30 @@ BACKENDS = {
 }
 
 
-def _atlas_backends() -> dict[str, str]:
-    """atlas backend -> its extra, read from `attnspec.backends.atlas.natives.ATLAS` (the one list)."""
+def _literal(path: str, name: str):
+    """The literal value assigned to ``name`` in one of the package's files. nox runs before attnspec
+    is installed, so the file is parsed, not imported."""
     import ast
 
-    tree = ast.parse((ROOT / "backends" / "atlas" / "natives.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "ATLAS" or (
-                isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "ATLAS"):
-            return {name: extra for name, (_target, _needs, extra) in ast.literal_eval(node.value).items()}
-    raise RuntimeError("backends/atlas/natives.py defines no ATLAS")
+    for node in ast.parse((ROOT / path).read_text()).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) else None)
+        if getattr(target, "id", None) == name:
+            return ast.literal_eval(node.value)
+    raise RuntimeError(f"{path} defines no {name}")
+
+
+def _atlas_backends() -> dict[str, str]:
+    """atlas backend -> its extra, read from `attnspec.backends.atlas.natives.ATLAS` (the one list)."""
+    return {name: extra for name, (_target, _needs, extra) in _literal("backends/atlas/natives.py", "ATLAS").items()}
 
 
 #: the atlas' outside implementations (nox -s atlas), plus the two built-in native primitives,
 #: whose suite runs in `conformance` and whose answers join the atlas here
 ATLAS = {**_atlas_backends(), "torch-native": "torch", "jax-native": "jax"}
+
+#: the suite's profiles, from their one table (conformance/profiles.py)
+PROFILES = tuple(_literal("conformance/profiles.py", "PROFILE_EXAMPLES"))
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -72,8 +81,8 @@ def _conformance_args(posargs: list[str]) -> argparse.Namespace:
                     help="run only these backends (repeatable); a name not built in is run in an "
                          "environment with --install packages added")
     ap.add_argument("--install", action="append", default=[], help="extra pip requirement for the env")
-    ap.add_argument("--profile", default=os.environ.get("ATTNSPEC_PROFILE", "ci"),
-                    choices=("dev", "ci", "thorough"))
+    ap.add_argument("--profile", default=os.environ.get("ATTNSPEC_PROFILE", "default"), choices=PROFILES,
+                    help="dev (12 examples a property), default (25), ci (100), thorough (1000)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--case-timeout", default="300")
     args, rest = ap.parse_known_args(posargs)
@@ -120,7 +129,7 @@ def conformance(session: nox.Session, backend: str) -> None:
 def atlas(session: nox.Session, backend: str) -> None:
     """Measure one outside implementation for the atlas (questions, then the suite), render reports/atlas.md."""
     ap = argparse.ArgumentParser(prog="nox -s atlas --")
-    ap.add_argument("--profile", default="dev", choices=("dev", "ci", "thorough"))
+    ap.add_argument("--profile", default="dev", choices=PROFILES)
     args, runner_args = ap.parse_known_args(session.posargs)
     install(session, package(["test", "report", ATLAS[backend]]))
     env = {"ATTNSPEC_GIT_COMMIT": _git_commit(session)}

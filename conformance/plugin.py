@@ -14,18 +14,17 @@ import json
 import os
 import time
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from attnspec.conformance.profiles import DEFAULT_PROFILE, PROFILE_EXAMPLES, PROFILES
 
 # `judge` is a function-scoped fixture on purpose: it is a stateless closure over the test's node id.
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
             HealthCheck.function_scoped_fixture]
-settings.register_profile("dev", max_examples=12, deadline=None, derandomize=True,
-                          suppress_health_check=_SLOW_OK, print_blob=True)
-settings.register_profile("ci", max_examples=100, deadline=None, derandomize=True,
-                          suppress_health_check=_SLOW_OK, print_blob=True)
-settings.register_profile("thorough", max_examples=1000, deadline=None, derandomize=False,
-                          suppress_health_check=_SLOW_OK, print_blob=True)
-PROFILES = ("dev", "ci", "thorough")
+for _name, (_examples, _derandomize) in PROFILE_EXAMPLES.items():
+    settings.register_profile(_name, max_examples=_examples, deadline=None, derandomize=_derandomize,
+                              suppress_health_check=_SLOW_OK, print_blob=True)
 
 
 def pytest_addoption(parser) -> None:
@@ -36,10 +35,13 @@ def pytest_addoption(parser) -> None:
     group.addoption("--attn-device", default=None, metavar="DEVICE",
                     help="device to run on (default: the backend's first device)")
     group.addoption("--attn-profile", default=None, choices=PROFILES,
-                    help="Hypothesis profile: dev (fast), ci (default: derandomized, 100 examples "
-                         "a property), thorough")
+                    help="Hypothesis profile: dev (12 examples a property), default (25), ci (100), "
+                         "thorough (1000, random); see attnspec.conformance.profiles")
     group.addoption("--attn-dtype", action="append", default=None, metavar="DTYPE",
                     help="run only the cases of these dtypes (repeatable; default every dtype)")
+    group.addoption("--attn-shard", default=None, metavar="I/N",
+                    help="run only share I of N (0 <= I < N) of the tests, dealt round-robin in collection "
+                         "order (the runner's --jobs)")
     group.addoption("--attn-results", default=None, metavar="PATH",
                     help="write the aggregated results JSON here (one backend per run)")
     group.addoption("--attn-journal", default=None, metavar="PATH",
@@ -49,7 +51,7 @@ def pytest_addoption(parser) -> None:
 def pytest_configure(config) -> None:
     if not config.getoption("--attn-backend"):
         return
-    profile = config.getoption("--attn-profile") or os.environ.get("ATTNSPEC_PROFILE", "ci")
+    profile = config.getoption("--attn-profile") or os.environ.get("ATTNSPEC_PROFILE", DEFAULT_PROFILE)
     settings.load_profile(profile)
     from attnspec.conformance.recorder import Recorder
 
@@ -66,9 +68,8 @@ def pytest_generate_tests(metafunc) -> None:
         metafunc.parametrize("attn_backend_name", names, scope="session")
 
 
+@pytest.hookimpl(tryfirst=True)  # before --deselect and -k, so every restart sees the same share
 def pytest_collection_modifyitems(config, items) -> None:
-    import pytest
-
     if config.getoption("--attn-backend"):
         dtypes = config.getoption("--attn-dtype")
         if dtypes:
@@ -79,11 +80,25 @@ def pytest_collection_modifyitems(config, items) -> None:
             if drop:
                 config.hook.pytest_deselected(items=drop)
                 items[:] = keep
+        shard = config.getoption("--attn-shard")
+        if shard:
+            index, count = _shard(shard)
+            drop = [item for i, item in enumerate(items) if i % count != index]
+            if drop:
+                config.hook.pytest_deselected(items=drop)
+                items[:] = [item for i, item in enumerate(items) if i % count == index]
         return
     skip = pytest.mark.skip(reason="the conformance suite needs --attn-backend NAME")
     for item in items:
         if "attn_backend_name" in getattr(item, "fixturenames", ()):
             item.add_marker(skip)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    index, sep, count = text.partition("/")
+    if not (sep and index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise pytest.UsageError(f"--attn-shard={text!r}: expected I/N with 0 <= I < N, e.g. 0/2")
+    return int(index), int(count)
 
 
 def pytest_runtest_logreport(report) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import attnspec
+from attnspec.conformance.profiles import PROFILE_EXAMPLES
 from attnspec.reports._io import framework_versions, git_state, write_json_atomic
 
 STATUSES = ("passed", "failed", "unsupported", "deviation", "crashed", "timeout")
@@ -41,12 +42,13 @@ class Recorder:
         self.device = None
         self.started = time.time()
         self.deviation_exercised: dict[str, int] = defaultdict(int)
+        self.first_result_at: float | None = None  # the first case's journal time (replayed runs)
 
     def _log(self, event: dict[str, Any]) -> None:
         if self.journal:
+            event = {**event, "t": round(time.time(), 3)}  # when: the runner's throughput figures
             self.journal.write(json.dumps(event, sort_keys=True, default=str) + "\n")
-            self.journal.flush()
-            os.fsync(self.journal.fileno())
+            self.journal.flush()  # in the OS's hands now: it survives this process crashing
 
     def start(self, nodeid: str, key: str) -> str | None:
         """Journal that a case is about to run; return "crashed"/"timeout" if it must be skipped."""
@@ -63,7 +65,10 @@ class Recorder:
         """Rebuild the records from journal events (the runner's view across restarts)."""
         for ev in events:
             if ev["event"] == "case":
-                rec = {k: v for k, v in ev.items() if k not in ("event", "node")}
+                rec = {k: v for k, v in ev.items() if k not in ("event", "node", "t")}
+                t = ev.get("t")
+                if t is not None and (self.first_result_at is None or t < self.first_result_at):
+                    self.first_result_at = t
                 self.pending[ev["node"]].append(rec)
             elif ev["event"] == "test_done":
                 self.test_finished(ev["node"], ev["outcome"], log=False)
@@ -153,10 +158,11 @@ class Recorder:
             "frameworks": framework_versions(),
             "numerics_policy": policy,
             "hypothesis_profile": self.profile,
-            "hypothesis_seed": "derandomized" if self.profile in ("dev", "ci") else "random",
+            "hypothesis_seed": "derandomized" if PROFILE_EXAMPLES.get(self.profile, (0, False))[1] else "random",
             "max_side": int(os.environ.get("ATTNSPEC_MAX_SIDE", "24")),
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "elapsed_s": round(time.time() - self.started, 1),
+            "first_result_s": None if self.first_result_at is None else round(self.first_result_at - self.started, 1),
         }
 
     def write_results(self, path: str) -> None:

@@ -1,12 +1,13 @@
 """Crash-isolating runner: ``python -m attnspec.conformance.run --backend NAME``.
 
-Runs the suite in a child pytest process that journals every case before calling the backend.
-If the child dies (segfault, abort) or stops making progress for ``--case-timeout`` seconds, the
-case it was on is recorded as crashed / timed out and the child is restarted, skipping that case
-and every test that already finished. The results JSON is rebuilt from the journal, so nothing
+Runs the suite in child pytest processes (``--jobs``, default one per core up to 2, each on a
+round-robin share of the tests) that journal every case before calling the backend. If a child
+dies (segfault, abort) or stops making progress for ``--case-timeout`` seconds, the case it was on
+is recorded as crashed / timed out and that child is restarted, skipping that case and every test
+that already finished. The results JSON is rebuilt from the journal, so nothing
 that ran is lost. Prints progress (tests done, cases run, what is running, elapsed) to stderr.
 
-Ctrl-C (SIGINT) or SIGTERM stops the child's whole process group, writes the results of the
+Ctrl-C (SIGINT) or SIGTERM stops every child's whole process group, writes the results of the
 cases that finished (marked ``"incomplete": true``) and exits 130 / 143. The child's logs are
 removed when the run is clean, and kept beside the results file (``<results>.logs/``) otherwise.
 """
@@ -21,16 +22,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from attnspec._journal import read_journal as _read
+from attnspec.conformance.profiles import DEFAULT_PROFILE, PROFILES
 from attnspec.conformance.pytest_helpers import resolve_backend
 from attnspec.conformance.recorder import Recorder
 from attnspec.reports._io import write_json_atomic
 
 MAX_RESTARTS = 20
-PROFILES = ("dev", "ci", "thorough")
 
 
 class Interrupted(Exception):
@@ -45,9 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m attnspec.conformance.run", description=__doc__.splitlines()[0])
     ap.add_argument("--backend", required=True, help="registered backend name, module:Class or module:function@convention")
     ap.add_argument("--device", default=None, help="device (default: the backend's first)")
-    ap.add_argument("--profile", default=os.environ.get("ATTNSPEC_PROFILE", "ci"), choices=PROFILES)
+    ap.add_argument("--profile", default=os.environ.get("ATTNSPEC_PROFILE", DEFAULT_PROFILE), choices=PROFILES)
     ap.add_argument("--out", default=None, help="results JSON (default reports/results/conformance-<backend>-<device>.json)")
     ap.add_argument("--case-timeout", type=float, default=300.0, help="seconds without progress before a case counts as hung")
+    ap.add_argument("--timings", default=None,
+                    help="directory for the run's suite_timing file (default: <results dir>/suite-timings)")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="child processes run at once, each on a round-robin share of the tests "
+                         "(default: ATTNSPEC_JOBS, else min(2, cores))")
     ap.epilog = "Any other option (-k EXPR, -x, --maxfail N, ...) goes to pytest as it is."
     args, pytest_args = ap.parse_known_args(argv)
     pytest_args = [a for a in pytest_args if a != "--"]
@@ -56,76 +63,87 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or f"reports/results/conformance-{slug(args.backend)}-{slug(device)}.json")
     try:
         results = run_suite(args.backend, backend, device, args.profile, out, args.case_timeout,
-                            pytest_args, device_given=args.device is not None)
+                            pytest_args, device_given=args.device is not None, jobs=args.jobs,
+                            timings=Path(args.timings) if args.timings else None)
     except Interrupted as e:
         return 128 + e.signum
     return 1 if summary(results)["bad"] else 0
 
 
+def default_jobs() -> int:
+    """Children run at once: ``ATTNSPEC_JOBS``, else one per core up to 2 (the suite's cost is one
+    core per child: CPU kernels here are small, and XLA compiles on one thread)."""
+    env = os.environ.get("ATTNSPEC_JOBS")
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise SystemExit(f"ATTNSPEC_JOBS={env!r}: expected an integer >= 1")
+        return int(env)
+    return max(1, min(2, os.cpu_count() or 1))
+
+
 def run_suite(target: str, backend, device: str, profile: str, out: Path, case_timeout: float = 300.0,
               pytest_args: list[str] | None = None, *, device_given: bool = True,
-              env: dict[str, str] | None = None, quiet: bool = False, log_tail: bool = True) -> dict:
+              env: dict[str, str] | None = None, quiet: bool = False, log_tail: bool = True,
+              jobs: int | None = None, timings: Path | None = None) -> dict:
     """Run the suite on ``target`` with crash isolation; write and return the results.
 
+    The tests are split round-robin into ``jobs`` shards (``--attn-shard I/N``), each run by its own
+    child process with its own journal and restarts, so a crash or hang in one shard costs only
+    that case. The derandomized profiles (dev, ci) seed Hypothesis per test, so the cases drawn do not depend on
+    ``jobs``.
+
     Raises:
-        Interrupted: after SIGINT/SIGTERM, once the child is stopped and the partial results
+        Interrupted: after SIGINT/SIGTERM, once the children are stopped and the partial results
             (``"incomplete": true``) are written.
     """
+    jobs = jobs or default_jobs()
     work = Path(tempfile.mkdtemp(prefix="attnspec-run-"))
-    journal, skipfile = work / "journal.jsonl", work / "skip.json"
-    skips: dict[str, str] = {}
-    finished: set[str] = set()
     started = time.time()
     interrupted: list[int] = []
-    proc: subprocess.Popen | None = None
+    procs: dict[int, subprocess.Popen] = {}
 
     def stop(signum, _frame):
         interrupted.append(signum)
-        if proc is not None and proc.poll() is None:
-            _kill_group(proc)
+        for proc in list(procs.values()):
+            if proc.poll() is None:
+                _kill_group(proc)
 
+    shards = [_Shard(i, jobs, work) for i in range(jobs)]
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    attempt = 0
     try:
-        for attempt in range(MAX_RESTARTS + 1):
-            skipfile.write_text(json.dumps(skips))
-            cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
-                   "--attn-profile", profile, "--attn-journal", str(journal), "-q", "-p", "no:cacheprovider",
-                   "-W", "ignore::RuntimeWarning", "-W", "ignore::DeprecationWarning", *(pytest_args or [])]
-            if device_given:
-                cmd += ["--attn-device", device]
-            for node in sorted(finished):
-                cmd += ["--deselect", node]
-            child_env = {**os.environ, **(env or {}), "ATTNSPEC_SKIP_CASES": str(skipfile)}
-            with open(work / f"pytest-{attempt}.log", "w") as log:
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env,
-                                        start_new_session=True)
-                status = _watch(proc, journal, case_timeout, f"{target} {device}", started, interrupted, quiet)
-            events = _read(journal)
-            finished = {e["node"] for e in events if e["event"] == "test_done"}
-            if status is None or interrupted:
-                break
-            key = _last_started(events)
-            print(f"\n[{target}] child {status} (attempt {attempt}); case {key} recorded as {status}",
-                  file=sys.stderr)
-            if key is None or key in skips:
-                print(f"[{target}] cannot isolate the failing case", file=sys.stderr)
-                break
-            skips[key] = status
-            # drop the unfinished test's partial cases: it reruns from its start
-            events = [e for e in events if e["event"] == "start" or e["node"] in finished]
-            journal.write_text("".join(json.dumps(e) + "\n" for e in events))
+        base = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
+                "--attn-profile", profile, "-q", "-p", "no:cacheprovider",
+                "-W", "ignore::RuntimeWarning", "-W", "ignore::DeprecationWarning", *(pytest_args or [])]
+        if device_given:
+            base += ["--attn-device", device]
+        label = f"{target} {device}"
+        threads = [threading.Thread(target=shard.run, args=(base, env, procs, case_timeout, label, interrupted),
+                                    daemon=True)
+                   for shard in shards]
+        for t in threads:
+            t.start()
+        last_print = 0.0
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=0.2)  # short joins: the main thread must stay free to take signals
+            if not quiet and (time.time() - last_print > 5 or not any(t.is_alive() for t in threads)):
+                _progress([shard.journal for shard in shards], label, time.time() - started)
+                last_print = time.time()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     rec = Recorder(profile)
     rec.backend, rec.backend_name, rec.device, rec.started = backend, target, device, started
-    rec.replay(_read(journal))
+    events = [e for shard in shards for e in _read(shard.journal)]
+    rec.replay(events)
     results = rec.results()
+    results["environment"]["jobs"] = jobs
     if interrupted:
         results["incomplete"] = True
         results["environment"]["interrupted_by"] = signal.Signals(interrupted[0]).name
     write_json_atomic(out, results)
+    _write_timing(timings or out.parent / "suite-timings", target, device, profile, pytest_args or [], jobs,
+                  results, sum(e["event"] == "test_done" for e in events))
     s = summary(results)
     logs = out.parent / f"{out.stem}.logs"
     shutil.rmtree(logs, ignore_errors=True)  # an earlier run's logs describe that run, not this one
@@ -137,12 +155,82 @@ def run_suite(target: str, backend, device: str, profile: str, out: Path, case_t
         where = f"\nlogs: {logs}" if logs.exists() else ""
         print(f"\n[{target} {device}] {s['text']}\nresults: {out}{where}", file=sys.stderr)
         if s["bad"] and logs.exists() and log_tail:
-            print((logs / f"pytest-{attempt}.log").read_text()[-4000:], file=sys.stderr)
+            for shard in shards:
+                log = logs / shard.log_name(shard.attempt)
+                if log.exists():
+                    print(log.read_text()[-4000 // jobs:], file=sys.stderr)
     if interrupted:
         print(f"[{target}] stopped by {signal.Signals(interrupted[0]).name}; the finished cases are in {out}",
               file=sys.stderr)
         raise Interrupted(interrupted[0])
     return results
+
+
+def _write_timing(directory: Path, target: str, device: str, profile: str, pytest_args: list[str], jobs: int,
+                  results: dict, tests: int) -> None:
+    """One `attnspec.suite_timing/1` file per backend, device, profile and selection (reports/SCHEMA.md)."""
+    env = results["environment"]
+    selection = " ".join(pytest_args)
+    name = "-".join(filter(None, [slug(target), slug(device), profile, slug(selection)[:60]]))
+    write_json_atomic(directory / f"{name}.json", {
+        "schema": "attnspec.suite_timing/1", "backend": target, "device": device, "profile": profile,
+        "selection": selection, "jobs": jobs, "tests": tests,
+        "cases": sum(r["run"] for r in results["rows"]), "seconds": env["elapsed_s"],
+        "first_result_s": env.get("first_result_s"), "incomplete": bool(results.get("incomplete")),
+        "date": env.get("date", ""), "git_commit": env.get("git_commit"),
+    })
+
+
+class _Shard:
+    """One child's share of the tests: its journal, its skip list and its restart loop."""
+
+    def __init__(self, index: int, count: int, work: Path) -> None:
+        self.index, self.count = index, count
+        self.journal = work / f"journal-{index}.jsonl"
+        self.skipfile = work / f"skip-{index}.json"
+        self.work = work
+        self.attempt = 0
+
+    def log_name(self, attempt: int) -> str:
+        return f"pytest-{attempt}.log" if self.count == 1 else f"pytest-shard{self.index}-{attempt}.log"
+
+    def run(self, base: list[str], env, procs: dict, case_timeout: float, label: str,
+            interrupted: list[int]) -> None:
+        skips: dict[str, str] = {}
+        finished: set[str] = set()
+        if self.count > 1:
+            label = f"{label} [{self.index + 1}/{self.count}]"
+        for self.attempt in range(MAX_RESTARTS + 1):
+            self.skipfile.write_text(json.dumps(skips))
+            cmd = [*base, "--attn-journal", str(self.journal)]
+            if self.count > 1:
+                cmd += ["--attn-shard", f"{self.index}/{self.count}"]
+            for node in sorted(finished):
+                cmd += ["--deselect", node]
+            child_env = {**os.environ, **(env or {}), "ATTNSPEC_SKIP_CASES": str(self.skipfile)}
+            if interrupted:
+                return
+            with open(self.work / self.log_name(self.attempt), "w") as log:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env,
+                                        start_new_session=True)
+                procs[self.index] = proc
+                if interrupted:  # the signal came between the check above and Popen
+                    _kill_group(proc)
+                status = _watch(proc, self.journal, case_timeout, interrupted)
+            events = _read(self.journal)
+            finished = {e["node"] for e in events if e["event"] == "test_done"}
+            if status is None or interrupted:
+                return
+            key = _last_started(events)
+            print(f"\n[{label}] child {status} (attempt {self.attempt}); case {key} recorded as {status}",
+                  file=sys.stderr)
+            if key is None or key in skips:
+                print(f"[{label}] cannot isolate the failing case", file=sys.stderr)
+                return
+            skips[key] = status
+            # drop the unfinished test's partial cases: it reruns from its start
+            events = [e for e in events if e["event"] == "start" or e["node"] in finished]
+            self.journal.write_text("".join(json.dumps(e) + "\n" for e in events))
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -152,10 +240,9 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _watch(proc: subprocess.Popen, journal: Path, timeout: float, label: str, started: float,
-           interrupted: list[int], quiet: bool) -> str | None:
+def _watch(proc: subprocess.Popen, journal: Path, timeout: float, interrupted: list[int]) -> str | None:
     """Wait for the child; None if it exited by itself (or was stopped), else "crashed" or "timeout"."""
-    last_size, last_change, last_print = -1, time.time(), 0.0
+    last_size, last_change = -1, time.time()
     while True:
         code = proc.poll()
         if interrupted:
@@ -166,9 +253,6 @@ def _watch(proc: subprocess.Popen, journal: Path, timeout: float, label: str, st
         now = time.time()
         if size != last_size:
             last_size, last_change = size, now
-        if not quiet and (now - last_print > 5 or code is not None):
-            _progress(journal, label, now - started)
-            last_print = now
         if code is not None:
             return "crashed" if code < 0 or code not in (0, 1, 2, 5) else None
         if now - last_change > timeout:
@@ -178,12 +262,16 @@ def _watch(proc: subprocess.Popen, journal: Path, timeout: float, label: str, st
         time.sleep(0.2)
 
 
-def _progress(journal: Path, label: str, elapsed: float) -> None:
-    events = _read(journal)
-    cases = sum(e["event"] == "case" for e in events)
-    done = sum(e["event"] == "test_done" for e in events)
-    current = next((e["node"] for e in reversed(events) if e["event"] in ("start", "case")), "starting")
-    line = f"[{label}] {elapsed:5.0f} s: {done} tests done, {cases} cases; running {current.split('::')[-1]}"
+def _progress(journals: list[Path], label: str, elapsed: float) -> None:
+    cases = done = 0
+    running = []
+    for journal in journals:
+        events = _read(journal)
+        cases += sum(e["event"] == "case" for e in events)
+        done += sum(e["event"] == "test_done" for e in events)
+        running.append(next((e["node"] for e in reversed(events) if e["event"] in ("start", "case")), "starting"))
+    now = ", ".join(node.split("::")[-1] for node in running)
+    line = f"[{label}] {elapsed:5.0f} s: {done} tests done, {cases} cases; running {now}"
     end = "\r" if sys.stderr.isatty() else "\n"
     print(line[:150].ljust(150) if end == "\r" else line, end=end, file=sys.stderr, flush=True)
 

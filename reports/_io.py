@@ -21,6 +21,7 @@ __all__ = ["Results", "ResultsError", "StagedOutput", "load_results", "write_jso
 CONFORMANCE = "attnspec.conformance/1"
 BENCH = "attnspec.bench/1"
 LSH_QUALITY = "attnspec.lsh_quality/1"
+SUITE_TIMING = "attnspec.suite_timing/1"
 MAX_PROBLEMS_PER_FILE = 5
 
 
@@ -143,10 +144,11 @@ class Results:
     conformance: list[dict[str, Any]] = field(default_factory=list)
     bench: list[dict[str, Any]] = field(default_factory=list)
     lsh_quality: list[dict[str, Any]] = field(default_factory=list)
+    suite_timing: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def files(self) -> list[str]:
-        return sorted(d["_file"] for d in (*self.conformance, *self.bench, *self.lsh_quality))
+        return sorted(d["_file"] for d in (*self.conformance, *self.bench, *self.lsh_quality, *self.suite_timing))
 
 
 def _is_int(x: Any) -> bool:
@@ -198,6 +200,11 @@ _BENCH_ROW = {
 _TARGET = {"name": ("str", True), "value": ("num?", False), "target": ("num?", False),
            "met": ("bool?", True), "detail": ("str?", False)}
 _LSH_TOP = {"schema": ("str", True), "rows": ("list", True)}
+_TIMING = {"schema": ("str", True), "backend": ("str", True), "device": ("str", True),
+           "profile": ("str", True), "selection": ("str", True), "jobs": ("int", True),
+           "tests": ("int", True), "cases": ("int", True), "seconds": ("num", True),
+           "first_result_s": ("num?", True), "incomplete": ("bool", True), "date": ("str", False),
+           "git_commit": ("str?", False)}
 _LSH_ROW = {"input": ("str", True), "n_hashes": ("int", True), "seed": ("int", True),
             "rel_err": ("num", True)}
 
@@ -226,7 +233,8 @@ def _check_list(doc: dict, key: str, spec: dict, problems: list[str]) -> None:
 
 def _validate(doc: Any, kind: str) -> list[str]:
     problems: list[str] = []
-    expected = {"conformance": CONFORMANCE, "bench": BENCH, "lsh_quality": LSH_QUALITY}[kind]
+    expected = {"conformance": CONFORMANCE, "bench": BENCH, "lsh_quality": LSH_QUALITY,
+                "suite_timing": SUITE_TIMING}[kind]
     if not isinstance(doc, dict):
         return [f"top level must be an object, got {type(doc).__name__}"]
     if doc.get("schema") != expected:
@@ -245,6 +253,8 @@ def _validate(doc: Any, kind: str) -> list[str]:
         for dtype, rate in (rates.items() if isinstance(rates, dict) else ()):
             if not (rate is None or _is_number(rate)):
                 problems.append(f"matmul_tflops[{dtype!r}]: must be a number, got {json.dumps(rate)[:60]}")
+    elif kind == "suite_timing":
+        _check(doc, _TIMING, "top level", problems)
     else:
         _check(doc, _LSH_TOP, "top level", problems)
         _check_list(doc, "rows", _LSH_ROW, problems)
@@ -266,7 +276,8 @@ def _read(path: Path, kind: str) -> tuple[dict | None, list[str]]:
 
 
 def load_results(directory: str | os.PathLike) -> Results:
-    """Read and validate every ``conformance-*.json``, ``bench-*.json`` and ``lsh-quality*.json``.
+    """Read and validate every ``conformance-*.json``, ``bench-*.json``, ``lsh-quality*.json`` and
+    ``suite-timings/*.json``.
 
     A missing directory gives empty results. Raises `ResultsError` listing every malformed file.
     """
@@ -276,7 +287,7 @@ def load_results(directory: str | os.PathLike) -> Results:
         return results
     errors = []
     for kind, pattern in (("conformance", "conformance-*.json"), ("bench", "bench-*.json"),
-                          ("lsh_quality", "lsh-quality*.json")):
+                          ("lsh_quality", "lsh-quality*.json"), ("suite_timing", "suite-timings/*.json")):
         for path in sorted(directory.glob(pattern)):
             doc, problems = _read(path, kind)
             if problems:
@@ -286,7 +297,7 @@ def load_results(directory: str | os.PathLike) -> Results:
                 if more:
                     errors.append(f"{path}: ... and {more} more problems")
                 continue
-            doc["_file"] = path.name
+            doc["_file"] = str(path.relative_to(directory))
             getattr(results, kind).append(doc)
     if errors:
         raise ResultsError("\n".join(errors))

@@ -210,13 +210,34 @@ def _lsh_quality(results: Results, plot: tuple[str, str] | None) -> list[str]:
     return lines
 
 
+def suite_throughput(results: Results) -> list[str]:
+    """The conformance suite's own speed: one row per backend, device, profile and selection."""
+    if not results.suite_timing:
+        return []
+    rows = []
+    for d in sorted(results.suite_timing, key=lambda d: (d["backend"], d["device"], d["profile"], d["selection"])):
+        rate = d["cases"] / d["seconds"] if d["seconds"] else None
+        rows.append([d["backend"], d["device"], d["profile"], f"`{d['selection']}`" if d["selection"] else "all",
+                     d["jobs"], d["tests"], d["cases"], num(d["seconds"]), num(rate), num(d["first_result_s"]),
+                     "incomplete" if d["incomplete"] else "", d.get("date", "")[:10], d.get("git_commit")])
+    return ["", "## Suite throughput", "",
+            "Wall-clock seconds of `python -m attnspec.conformance.run` (what `nox -s conformance` runs per",
+            "backend, environment already installed), cases per second, and seconds until the first case",
+            "had a result (imports, collection, the backend's set-up). Written by every run into",
+            "`reports/results/suite-timings/`; `nox -s bench` adds a `dev`-profile run per backend.",
+            "JAX rows depend on the persistent compilation cache (`~/.cache/attnspec/jax`): see the",
+            "README's performance section for cold and warm figures.", "",
+            table(["backend", "device", "profile", "selection", "jobs", "tests", "cases", "seconds", "cases/s",
+                   "first result (s)", "", "date", "commit"], rows, "lllllrrrrrlll")]
+
+
 def performance_page(results: Results, plots: Plots | None = None,
                      lsh_plot: tuple[str, str] | None = None) -> str:
     """The Markdown of ``performance.md``; ``plots`` maps a bench run's key to its figures."""
     plots = plots or {}
     lines = ["# Performance", ""]
     if not results.bench:
-        lines += [NO_RESULTS.format(dir=results.directory)]
+        lines += [NO_RESULTS.format(dir=results.directory), *suite_throughput(results)]
         return "\n".join([*lines, *_lsh_quality(results, lsh_plot), ""])
     lines += [
         f"From {len(results.bench)} benchmark run(s). *median* is over the timed repeats after",
@@ -225,6 +246,7 @@ def performance_page(results: Results, plots: Plots | None = None,
         "machines compare by efficiency rather than by raw speed.",
         "", "## Machines", "", _machines(results),
         "", "## Targets", "", _targets(results),
+        *suite_throughput(results),
     ]
     for doc in sorted(results.bench, key=bench_key):
         title = run_label(doc) + (f" — {doc['device_name']}" if doc.get("device_name") else "")

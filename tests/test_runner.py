@@ -61,3 +61,42 @@ def test_interrupt_stops_everything_and_keeps_finished_cases(tmp_path, sig):
     time.sleep(1)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert f"--attn-backend {target}" not in ps  # no orphaned pytest child
+
+
+def _run(tmp_path: Path, name: str, *args: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    env = {**os.environ, "PYTHONPATH": str(HERE), "ATTNSPEC_MAX_SIDE": "8"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnspec.conformance.run", "--backend", "numpy", "--profile", "dev",
+         "--out", str(out), *args, "-k", "sdpa and (matches_golden or key_permutation)"],
+        capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+def test_shards_run_the_same_cases_as_one_child(tmp_path):
+    """--jobs 2 deals the tests to two children; the derandomized cases, and so the rows, are the
+    same as one child's, and the timing file records the run."""
+    one = _run(tmp_path, "one", "--jobs", "1")
+    two = _run(tmp_path, "two", "--jobs", "2")
+    assert two["environment"]["jobs"] == 2 and one["environment"]["jobs"] == 1
+
+    def counts(results):
+        return sorted((r["function"], r["property"], r["feature"], r["dtype"], r["run"], r["passed"])
+                      for r in results["rows"])
+
+    assert counts(one) == counts(two)
+    assert sum(r["run"] for r in two["rows"]) > 50
+    timing = json.loads((tmp_path / "suite-timings" / "numpy-cpu-dev--k_sdpa_and__matches_golden_or_key_permutation_.json")
+                        .read_text())
+    assert timing["jobs"] == 2 and timing["cases"] == sum(r["run"] for r in two["rows"])
+    assert 0 < timing["first_result_s"] <= timing["seconds"]
+
+
+def test_shard_option_rejects_malformed_values(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", "numpy",
+         "--attn-shard", "2/2", "-q", "-p", "no:cacheprovider", "--collect-only"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "--attn-shard='2/2': expected I/N with 0 <= I < N" in proc.stdout + proc.stderr

@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-PROFILES = ("dev", "ci", "thorough")
+from attnspec.conformance.profiles import PROFILES
+
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 

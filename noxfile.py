@@ -159,7 +159,7 @@ SCALING = {"torch": ("adapter,native,lsh", "float32"), "numpy": ("blocked,lsh", 
 @nox.session
 @nox.parametrize("backend", list(BACKENDS))
 def bench(session: nox.Session, backend: str) -> None:
-    """Benchmark each backend in its own env (quick grid, targets, LSH scaling; -- --grid full for all), render."""
+    """Benchmark each backend in its own env (quick grid, targets, LSH scaling, suite throughput; -- --grid full for all), render."""
     install(session, package(BACKENDS[backend]))
     if backend == "example":
         install(session, str(PLUGIN))
@@ -175,6 +175,12 @@ def bench(session: nox.Session, backend: str) -> None:
         session.run("python", "-m", "attnspec.reports.bench", "--backend", backend, "--grid", "lsh",
                     "--impls", impls, "--dtypes", dtypes, "--out", f"reports/results/bench-{backend}-cpu-lsh.json",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
+    if not session.posargs:  # suite throughput: the dev profile's cases per second and first result
+        install(session, package(["test", *BACKENDS[backend]]))
+        session.run("python", "-m", "attnspec.conformance.run", "--backend", backend, "--profile", "dev",
+                    "--out", f"{session.create_tmp()}/conformance-{backend}.json",
+                    "--timings", "reports/results/suite-timings",
+                    env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)}, success_codes=[0, 1])
     if backend == "numpy":  # the LSH approximation study is NumPy-only and takes seconds
         session.run("python", "-m", "attnspec.reports.lsh_quality",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})

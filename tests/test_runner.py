@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,29 @@ def test_shard_option_rejects_malformed_values(tmp_path):
         capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode != 0
     assert "--attn-shard='2/2': expected I/N with 0 <= I < N" in proc.stdout + proc.stderr
+
+
+def test_timing_files_each_sample_under_its_innermost_meaningful_caller():
+    """The breakdown's classifier (python -m attnspec.conformance.timing), on hand-written stacks."""
+    from attnspec.conformance.timing import breakdown, classify
+
+    pytest_outer = [("_pytest.python", "pytest_pyfunc_call"), ("hypothesis.core", "execute_once")]
+    test = ("conformance.test_sdpa", "test_matches_golden")
+    judge = ("conformance.conftest", "run")
+    assert classify(pytest_outer, tests_started=False) == "start-up and collection"
+    assert classify([*pytest_outer, test, judge, ("attnspec.backends.jax", "sdpa"),
+                     ("jax._src.compiler", "compile_or_get_cached")], True) == "XLA compilation"
+    assert classify([*pytest_outer, test, judge, ("attnspec.backends.torch", "sdpa"), ("torch.nn", "f")],
+                    True) == "backend calls"
+    assert classify([*pytest_outer, test, judge, ("my_plugin", "attention")], True) == "backend calls"
+    assert classify([*pytest_outer, test, ("attnspec.conformance.pytest_helpers", "golden_for"),
+                     ("attnspec.spec.tolerance", "reference_sdpa"), ("attnspec.spec.sdpa", "attention_core")],
+                    True) == "tolerance reference"
+    assert classify([*pytest_outer, test, ("attnspec.conformance.pytest_helpers", "golden_for"),
+                     ("attnspec.spec.sdpa", "golden"), ("numpy", "where")], True) == "golden"
+    assert classify([*pytest_outer, test, judge, ("attnspec.conformance.recorder", "_log")], True) == "journaling"
+    assert classify([*pytest_outer, test, ("hypothesis.strategies", "draw"),
+                     ("attnspec.conformance.hypothesis_helpers", "sdpa_cases")], True) == "case generation"
+    assert classify([*pytest_outer, test, judge, ("attnspec.conformance.causes", "explain")], True) == "judging"
+    rows = breakdown(Counter({"golden": 3, "backend calls": 1}), wall=8.0)
+    assert dict((c, s) for c, s, _ in rows)["golden"] == 6.0 and sum(s for _, s, _ in rows) == 8.0

@@ -7,6 +7,10 @@ needs (conversion, devices, dtypes, synchronization, and a per-case support quer
 Feature names used by `supports` (the conformance suite asks with these, and reports them):
     sdpa                 any sdpa call (the case carries the options used)
     sdpa_vjp, mha, mha_vjp, lsh_attention, lsh_attention_vjp, sdpa_blocked
+The attention variants of issue #15 are features of their own, named by `variant_features` from
+a call's keywords (one name per variant: ``softcap``, ``alibi``, ``sinks``, ``lse``,
+``segments``, ``causal_lower_right_lengths``, ``dropout``); a backend lists the ones it
+implements in ``variants``, and `supports` refuses the rest for sdpa, sdpa_blocked and sdpa_vjp.
 The ``case`` keywords are the call's own options plus ``dtype`` (a name from FLOAT_DTYPES),
 ``device`` and the shapes ``q_shape``, ``k_shape``, ``v_shape``; ``bad_input=True`` marks a case
 that must be refused by validation, ``no_call=True`` one that inspects the backend without
@@ -23,11 +27,37 @@ import numpy as np
 
 from attnspec.spec._validate import FLOAT_DTYPES
 
-__all__ = ["Backend", "FLOAT_DTYPES", "MHAArrays", "SPEC_FUNCTIONS", "Unsupported"]
+__all__ = ["Backend", "FLOAT_DTYPES", "MHAArrays", "SPEC_FUNCTIONS", "Unsupported", "VARIANT_FEATURES",
+           "variant_features"]
 
 #: the spec functions a backend may implement (methods of the same name and signature)
 SPEC_FUNCTIONS = ("sdpa", "sdpa_vjp", "mha", "mha_vjp", "lsh_attention", "lsh_attention_vjp",
                   "sdpa_blocked")
+
+
+#: the attention variants (issue #15), as feature names: what `variant_features` reports
+VARIANT_FEATURES = ("softcap", "alibi", "sinks", "lse", "segments", "causal_lower_right_lengths",
+                    "dropout")
+#: the spec functions that take the variant keywords
+VARIANT_FUNCTIONS = ("sdpa", "sdpa_blocked", "sdpa_vjp")
+
+
+def variant_features(options: dict[str, Any]) -> list[str]:
+    """The variants a call's keywords use, as names from `VARIANT_FEATURES` (in that order).
+
+    A keyword at its default uses nothing: ``dropout_p=0`` without a mask, ``return_lse=False``.
+    """
+    o = options
+    used = {
+        "softcap": o.get("softcap") is not None,
+        "alibi": o.get("alibi_slopes") is not None,
+        "sinks": o.get("sinks") is not None,
+        "lse": bool(o.get("return_lse")),
+        "segments": o.get("q_segment_ids") is not None or o.get("kv_segment_ids") is not None,
+        "causal_lower_right_lengths": o.get("causal") == "lower_right_lengths",
+        "dropout": o.get("dropout_mask") is not None or bool(o.get("dropout_p")),
+    }
+    return [f for f in VARIANT_FEATURES if used[f]]
 
 
 class Unsupported(NotImplementedError):
@@ -81,6 +111,9 @@ class Backend:
     #: the spec functions this backend implements; `supports` refuses the others. Derived from
     #: the methods a subclass overrides (see `__init_subclass__`), unless the class sets it.
     implements: ClassVar[frozenset[str]] = frozenset()
+    #: the variants (names from `VARIANT_FEATURES`) its sdpa functions implement; `supports`
+    #: refuses the others, and `refuse_variants` raises for them when called anyway
+    variants: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -139,19 +172,39 @@ class Backend:
         device = case.get("device")
         if device is not None and device not in self.devices():
             reasons.append(f"{self.name} cannot run on device {device!r} here")
+        if feature in VARIANT_FUNCTIONS and not case.get("bad_input"):
+            reasons += self.variant_refusals(feature, case)
         return reasons
+
+    def variant_refusals(self, feature: str, options: dict[str, Any]) -> list[str]:
+        """Why ``feature`` cannot run the variants of ``options`` (empty when it can)."""
+        return [f"{self.name}.{feature} does not implement the {v} variant"
+                for v in variant_features(options) if v not in self.variants]
+
+    def refuse_variants(self, feature: str, options: dict[str, Any]) -> None:
+        """Raise `Unsupported` when ``options`` use a variant this backend does not implement:
+        a keyword it cannot honour is refused, never ignored."""
+        reasons = self.variant_refusals(feature, options)
+        if reasons:
+            raise Unsupported("; ".join(reasons))
 
     # -- the spec's functions ---------------------------------------------------------------
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, return_weights=False):
+             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+             return_weights=False, return_lse=False):
         raise Unsupported(f"{self.name} does not implement sdpa")
 
     def sdpa_blocked(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-                     q_lengths=None, kv_lengths=None, return_weights=False, block_q=256, block_k=512):
+                     q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+                     q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+                     return_weights=False, return_lse=False, block_q=256, block_k=512):
         raise Unsupported(f"{self.name} does not implement sdpa_blocked")
 
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
-                 scale=None, q_lengths=None, kv_lengths=None):
+                 scale=None, q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None,
+                 sinks=None, q_segment_ids=None, kv_segment_ids=None, dropout_mask=None,
+                 dropout_p=None):
         raise Unsupported(f"{self.name} does not implement sdpa_vjp")
 
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,

@@ -23,14 +23,19 @@ def validate(
     info: InfoFn,
     lengths_to_numpy: Callable[[Any], Any],
     q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+    **variants: Any,
 ) -> SDPAPlan:
     """`validate_sdpa` on framework arrays: the spec's checks, so the spec's messages.
 
     ``info(fn, name, x)`` returns the ArrayInfo of one framework array, or raises SpecError when
     ``x`` is not one (nothing is converted silently). Lengths are small and checked by value, so
     ``lengths_to_numpy`` turns framework integer arrays into NumPy and passes anything else on
-    for the validator to judge.
+    for the validator to judge. ``variants`` are the keywords of issue #15 (softcap,
+    alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask, dropout_p, return_lse);
+    their arrays are checked by shape and dtype like q's.
     """
+    arrays = {name: None if variants.get(name) is None else info(fn, name, variants[name])
+              for name in VARIANT_ARRAYS}
     return validate_sdpa(
         fn,
         info(fn, "q", q),
@@ -43,7 +48,62 @@ def validate(
         scale=scale,
         q_lengths=lengths_to_numpy(q_lengths),
         kv_lengths=lengths_to_numpy(kv_lengths),
+        softcap=variants.get("softcap"),
+        dropout_p=variants.get("dropout_p"),
+        return_lse=variants.get("return_lse", False),
+        **arrays,
     )
+
+
+#: the array keywords of the sdpa variants (issue #15)
+VARIANT_ARRAYS = ("alibi_slopes", "sinks", "q_segment_ids", "kv_segment_ids", "dropout_mask")
+#: every keyword of the sdpa variants
+VARIANT_KEYWORDS = ("softcap", *VARIANT_ARRAYS, "dropout_p", "return_lse")
+
+
+def variant_keywords(scope: dict[str, Any]) -> dict[str, Any]:
+    """The variant keywords of a call, picked from its ``locals()`` (those the method takes)."""
+    return {name: scope[name] for name in VARIANT_KEYWORDS if name in scope}
+
+
+def per_sequence_rules(p: SDPAPlan, q_segment_ids, kv_segment_ids) -> bool:
+    """Whether the call's visibility depends on segment ids or each sequence's own lengths
+    (``causal="lower_right_lengths"``): then `spec_visibility` builds it, in NumPy."""
+    return q_segment_ids is not None or p.causal == "lower_right_lengths"
+
+
+def spec_visibility(p: SDPAPlan, q_ids: np.ndarray | None, kv_ids: np.ndarray | None) -> np.ndarray | None:
+    """The structural visibility of the call, segment ids and per-sequence alignment included,
+    from the spec's own builder (NumPy, broadcastable to (*batch, Hq, n, m)); None if all visible.
+
+    The anchors of "lower_right_lengths" with segment ids come from a per-sequence scan of the ids,
+    which is data-dependent: backends read the (small, integer) ids back and build it here.
+    """
+    from attnspec.spec.masks import visibility as spec_vis
+
+    return spec_vis(p.n, p.m, causal=p.causal, window=p.window, q_lengths=p.q_lengths,
+                    kv_lengths=p.kv_lengths, q_segment_ids=q_ids, kv_segment_ids=kv_ids)
+
+
+def fold_per_sequence(p: SDPAPlan, q_ids: np.ndarray | None, kv_ids: np.ndarray | None):
+    """(plan, vis): for a call with per-sequence rules, the plan without its structural rules
+    (causal, window, lengths) and those rules with the segment ids as one NumPy bool array, to be
+    ANDed into the mask; otherwise ``(p, None)``. Anchors for ALiBi come from the original plan."""
+    if not per_sequence_rules(p, q_ids, kv_ids):
+        return p, None
+    vis = spec_visibility(p, q_ids, kv_ids)
+    return dataclasses.replace(p, causal=None, window=None, q_lengths=None, kv_lengths=None), vis
+
+
+def alibi_distance(p: SDPAPlan, q_ids: np.ndarray | None, kv_ids: np.ndarray | None) -> np.ndarray:
+    """|i' - j| as float64 (1, n, m) or (*batch, 1, n, m), i' the spec's anchor (`query_anchor`):
+    times -alibi_slopes[..., :, None, None] it is the ALiBi term of the logits."""
+    from attnspec.spec.masks import query_anchor
+
+    anchor = query_anchor(p.n, p.m, p.causal, q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
+                          q_segment_ids=q_ids, kv_segment_ids=kv_ids)  # (n,) or (..., n)
+    dist = np.abs(anchor[..., :, None] - np.arange(p.m)).astype(np.float64)  # (..., n, m)
+    return dist[..., None, :, :]  # (..., 1, n, m)
 
 
 def refuse(fn: str, name: str, x: object, expected: str) -> SpecError:
@@ -71,6 +131,8 @@ def visibility(n: int, m: int, causal: str | None, window: tuple[int, int] | Non
     ``q_len``/``kv_len`` are framework int arrays shaped (*batch, 1, 1, 1) (see `lengths_column`).
     The result broadcasts against (*batch, Hq, n, m): (n, m), or (*batch, 1, n, m) with lengths.
     """
+    if causal == "lower_right_lengths":  # its anchors depend on the data: see `fold_per_sequence`
+        raise ValueError("visibility: causal='lower_right_lengths' needs spec_visibility")
     i = arange(n)[:, None]  # (n, 1)
     j = arange(m)[None, :]  # (1, m)
     anchor = i + (m - n) if causal == "lower_right" else i  # (n, 1): i', the diagonal

@@ -117,19 +117,31 @@ def _zeros_like(engine: str, x):
 # -- the three vjps ----------------------------------------------------------------------------
 
 def sdpa_vjp(backend, engine: str, q, k, v, d_out, *, mask=None, bias=None, causal=None,
-             window=None, scale=None, q_lengths=None, kv_lengths=None) -> tuple:
+             window=None, scale=None, q_lengths=None, kv_lengths=None, **variants) -> tuple:
+    """(dq, dk, dv), then dbias with a bias, then dsinks with sinks (the spec's order).
+
+    ``variants`` are the keywords of issue #15 the forward takes (softcap, alibi_slopes, sinks,
+    segment ids, dropout_mask and dropout_p); ALiBi slopes, segment ids and the dropout mask are
+    constants of the vjp, sinks a leaf of their own.
+    """
     fn = f"{backend.name}.sdpa_vjp"
     _need(backend, "sdpa_vjp")
-    p = backend._plan(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths)  # the spec's checks
+    p = backend._plan(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+                      **variants)  # the spec's checks
+    backend.refuse_variants("sdpa_vjp", {**variants, "causal": causal})
     _check_d_out(fn, backend, d_out, p.out_shape, p.dtype, "q")
-    leaves = [q, k, v] + ([] if bias is None else [bias])
+    sinks = variants.pop("sinks", None)
+    leaves = [q, k, v] + ([] if bias is None else [bias]) + ([] if sinks is None else [sinks])
     if p.n == 0 or p.m == 0 or p.hq == 0:  # nothing is visible: every gradient is 0, no forward to trace
         return tuple(_zeros_like(engine, x) for x in leaves)  # not x * 0: NaN * 0 is NaN
     options = dict(mask=mask, causal=causal, window=window, scale=scale, q_lengths=q_lengths,
-                   kv_lengths=kv_lengths)
+                   kv_lengths=kv_lengths, **variants)
 
-    def forward(q, k, v, *b):
-        return backend.sdpa(q, k, v, bias=b[0] if b else None, **options)
+    def forward(q, k, v, *rest):
+        rest = list(rest)
+        b = rest.pop(0) if bias is not None else None
+        return backend.sdpa(q, k, v, bias=b, sinks=rest.pop(0) if sinks is not None else None,
+                            **options)
 
     return tuple(ENGINES[engine](backend, forward, leaves, d_out))
 

@@ -19,12 +19,18 @@ from attnspec.backends._common import compute_dtype_name
 from attnspec.spec._validate import SDPAPlan
 
 
-def attention(xp, p: SDPAPlan, q, k, v, vis, bias, *, nonfinite_v: bool, want_weights: bool):
-    """out (*batch, Hq, n, dv) and, if asked, weights (*batch, Hq, n, m), in q's dtype.
+def attention(xp, p: SDPAPlan, q, k, v, vis, bias, *, nonfinite_v: bool, want_weights: bool,
+              alibi=None, sinks=None, keep=None):
+    """out (*batch, Hq, n, dv), weights (*batch, Hq, n, m) if asked (else None), in q's dtype,
+    and lse (*batch, Hq, n) in the plan's lse dtype if ``p.return_lse`` (else None).
 
     q, k, v carry a head axis (rank >= 3); ``vis`` is bool and broadcasts to (*batch, Hq, n, m),
     or None. ``nonfinite_v`` asks for the exact treatment of NaN/inf in v (decided by the caller,
     outside any trace); without it, v must be finite. Callers handle n = 0, m = 0 and Hq = 0.
+    The variants: ``p.softcap`` caps the scaled logits before bias; ``alibi`` (broadcasting to
+    (*batch, Hq, n, m), the term -slope * |i' - j|) is added after bias; ``sinks`` (Hq,) is one
+    more logit of every row's max and denominator; ``keep`` (bool) multiplies the weights by
+    keep / (1 - p.dropout_p).
     """
     dtype = q.dtype
     ct = getattr(xp, compute_dtype_name(p.dtype))
@@ -35,16 +41,32 @@ def attention(xp, p: SDPAPlan, q, k, v, vis, bias, *, nonfinite_v: bool, want_we
     kt5 = xp.matrix_transpose(xp.expand_dims(k, axis=-3))  # (..., Hkv, 1, dk, m)
     s = xp.matmul(q5, kt5)  # (..., Hkv, G, n, m)
     s = xp.reshape(s, (*s.shape[:-4], p.hq, p.n, p.m)) * p.scale  # (..., Hq, n, m)
+    if p.softcap is not None:
+        s = xp.tanh(s / p.softcap) * p.softcap
     if bias is not None:
         s = s + xp.astype(bias, ct)
+    if alibi is not None:
+        s = s + xp.astype(alibi, ct)
     if vis is not None:
         s = xp.where(vis, s, -math.inf)  # absent keys: their k (even NaN) is dropped here
 
     row_max = xp.max(s, axis=-1, keepdims=True)  # (..., Hq, n, 1); NaN propagates
+    sink = None if sinks is None else xp.reshape(xp.astype(sinks, ct), (p.hq, 1, 1))  # (Hq, 1, 1)
+    if sink is not None:
+        row_max = xp.maximum(row_max, sink)  # the sink is one more logit of every row
     row_max = xp.where(row_max == -math.inf, 0.0, row_max)  # rows with no visible key
     e = xp.exp(s - row_max)
     denom = xp.sum(e, axis=-1, keepdims=True)
+    if sink is not None:
+        denom = denom + xp.exp(sink - row_max)
     w = e / xp.where(denom == 0, 1.0, denom)  # no visible key: 0 / 1 = 0
+    lse = None
+    if p.return_lse:
+        lse = row_max + xp.log(denom)  # (..., Hq, n, 1); log(0) = -inf: no visible key, no sink
+        lse = xp.astype(lse[..., 0], getattr(xp, p.lse_dtype))
+        lse = _finish(xp, lse, (*p.batch, p.hq, p.n), p.lse_shape)
+    if keep is not None:
+        w = w * xp.astype(keep, ct) / (1.0 - p.dropout_p)
 
     finite = xp.isfinite(v)
     out = _grouped_matmul(xp, p, w, xp.where(finite, v, 0.0))  # (..., Hq, n, dv)
@@ -53,8 +75,8 @@ def attention(xp, p: SDPAPlan, q, k, v, vis, bias, *, nonfinite_v: bool, want_we
 
     out = _finish(xp, xp.astype(out, dtype), (*p.batch, p.hq, p.n, p.dv), p.out_shape)
     if not want_weights:
-        return out, None
-    return out, _finish(xp, xp.astype(w, dtype), full_w, p.weights_shape)
+        return out, None, lse
+    return out, _finish(xp, xp.astype(w, dtype), full_w, p.weights_shape), lse
 
 
 def _finish(xp, x, full: tuple[int, ...], final: tuple[int, ...]):
@@ -97,9 +119,23 @@ def _nonfinite_values(xp, p: SDPAPlan, w, v, vis, out, full_w, ct):
     return xp.where(nan, math.nan, out)
 
 
-def empty(xp, p: SDPAPlan, dtype, device, want_weights: bool):
-    """The result when n, m or Hq is 0: every row has no visible key, so zeros."""
+def empty(xp, p: SDPAPlan, dtype, device, want_weights: bool, sinks=None):
+    """The result when n, m or Hq is 0: every row has no visible key, so zeros (and lse the sink
+    alone, -inf without one), returned as `results` does."""
     out = xp.zeros(p.out_shape, dtype=dtype, device=device)
-    if not want_weights:
-        return out
-    return out, xp.zeros(p.weights_shape, dtype=dtype, device=device)
+    weights = xp.zeros(p.weights_shape, dtype=dtype, device=device) if want_weights else None
+    lse = None
+    if p.return_lse:
+        lse_dtype = getattr(xp, p.lse_dtype)
+        if sinks is None:
+            lse = xp.full(p.lse_shape, -math.inf, dtype=lse_dtype, device=device)
+        else:  # (Hq,) -> (*batch, Hq, n)
+            col = xp.reshape(xp.astype(sinks, lse_dtype), (p.hq, 1))
+            lse = xp.reshape(xp.broadcast_to(col, (*p.batch, p.hq, p.n)), p.lse_shape)
+    return results(p, out, weights, lse)
+
+
+def results(p: SDPAPlan, out, weights, lse):
+    """out, then weights when given, then lse when the plan asks: the spec's return convention."""
+    found = [out] + ([] if weights is None else [weights]) + ([lse] if p.return_lse else [])
+    return found[0] if len(found) == 1 else tuple(found)

@@ -23,10 +23,14 @@ import ml_dtypes
 import numpy as np
 
 from attnspec.backends import _lsh_xp, _mha, _xp_blocked, _xp_core
-from attnspec.backends._base import Backend, Unsupported
+from attnspec.backends._base import VARIANT_FEATURES, Backend, Unsupported, variant_features
 from attnspec._errors import SpecError
 from attnspec.backends._common import (
+    alibi_distance,
+    compute_dtype_name,
+    fold_per_sequence,
     is_empty,
+    variant_keywords,
     lengths_column,
     refuse,
     to_reference,
@@ -56,6 +60,7 @@ class ArrayAPIBackend(Backend):
     """The generic implementation; subclasses name the namespace module that `asarray` uses."""
 
     name = "array_api"
+    variants = frozenset(VARIANT_FEATURES)
     #: the module whose namespace creates this backend's arrays
     _module: str = ""
 
@@ -134,19 +139,35 @@ class ArrayAPIBackend(Backend):
             return self.to_numpy(x)
         return x
 
+    def variant_refusals(self, feature: str, options) -> list[str]:
+        reasons = super().variant_refusals(feature, options)
+        if feature == "sdpa_blocked":  # the tiles of _xp_blocked have none of them yet
+            reasons += [f"{self.name}.sdpa_blocked does not implement the {v} variant (its tiled path "
+                        "has none yet; sdpa has it)" for v in variant_features(options)
+                        if v in self.variants]
+        return reasons
+
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, return_weights=False):
+             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+             return_weights=False, return_lse=False):
         fn = f"{self.name}.sdpa"
+        variants = variant_keywords(locals())
         p = validate(fn, self._info, self._lengths_to_numpy, q, k, v, mask, bias, causal, window,
-                     scale, q_lengths, kv_lengths)
+                     scale, q_lengths, kv_lengths, **variants)
         try:
             xp = self._compat.array_namespace(*(x for x in (q, k, v, mask, bias) if x is not None))
         except TypeError as e:
             raise SpecError(f"{fn}: q, k, v, mask and bias must come from one array namespace ({e})") from None
         device = self._compat.device(q)
         if is_empty(p):
-            return _xp_core.empty(xp, p, q.dtype, device, return_weights)
+            return _xp_core.empty(xp, p, q.dtype, device, return_weights, sinks)
         nonfinite_v = not bool(xp.all(xp.isfinite(v)))
+        if variant_features({**variants, "causal": causal}):
+            # whole, not tiled: the variants are in _xp_core only (O(n * m) memory, like the
+            # golden's reference for these calls)
+            return self._variants(xp, p, device, q, k, v, mask, bias, nonfinite_v, return_weights,
+                                  alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
         if math.prod(p.full_weights_shape) >= BLOCKED_MIN_LOGITS:  # as the golden: tiled when large
             out, weights = _xp_blocked.attention_blocked(
                 xp, p, _with_head(xp, q), _with_head(xp, k), _with_head(xp, v), mask, bias,
@@ -154,16 +175,39 @@ class ArrayAPIBackend(Backend):
                 block_k=BLOCK_K, device=device)
             return (out, weights) if return_weights else out
         vis = _visibility(xp, p, device, mask, bias)
-        out, weights = _xp_core.attention(xp, p, _with_head(xp, q), _with_head(xp, k),
-                                          _with_head(xp, v), vis, bias, nonfinite_v=nonfinite_v,
-                                          want_weights=return_weights)
+        out, weights, _ = _xp_core.attention(xp, p, _with_head(xp, q), _with_head(xp, k),
+                                             _with_head(xp, v), vis, bias, nonfinite_v=nonfinite_v,
+                                             want_weights=return_weights)
         return (out, weights) if return_weights else out
 
+    def _variants(self, xp, p, device, q, k, v, mask, bias, nonfinite_v, want_weights,
+                  alibi_slopes, sinks, q_segment_ids, kv_segment_ids, keep):
+        q_ids, kv_ids = self._lengths_to_numpy(q_segment_ids), self._lengths_to_numpy(kv_segment_ids)
+        rules, per_sequence = fold_per_sequence(p, q_ids, kv_ids)
+        vis = _visibility(xp, rules, device, mask, bias)
+        if per_sequence is not None:
+            seq = xp.asarray(per_sequence, device=device)
+            vis = seq if vis is None else vis & seq
+        alibi = None
+        if alibi_slopes is not None:  # -slope[h] * |i' - j|, i' from the call's own alignment
+            ct = getattr(xp, compute_dtype_name(p.dtype))  # as the golden: slopes in the compute dtype
+            dist = xp.asarray(alibi_distance(p, q_ids, kv_ids), dtype=ct, device=device)
+            slopes = xp.astype(alibi_slopes, ct)
+            alibi = -xp.reshape(slopes, (*slopes.shape, 1, 1)) * dist  # (..., Hq, n, m)
+        out, weights, lse = _xp_core.attention(
+            xp, rules, _with_head(xp, q), _with_head(xp, k), _with_head(xp, v), vis, bias,
+            nonfinite_v=nonfinite_v, want_weights=want_weights, alibi=alibi, sinks=sinks, keep=keep)
+        return _xp_core.results(p, out, weights, lse)
+
     def sdpa_blocked(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-                     q_lengths=None, kv_lengths=None, return_weights=False, block_q=256, block_k=512):
+                     q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+                     q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+                     return_weights=False, return_lse=False, block_q=256, block_k=512):
         fn = f"{self.name}.sdpa_blocked"
+        variants = variant_keywords(locals())
         p = validate(fn, self._info, self._lengths_to_numpy, q, k, v, mask, bias, causal, window,
-                     scale, q_lengths, kv_lengths)
+                     scale, q_lengths, kv_lengths, **variants)
+        self.refuse_variants("sdpa_blocked", {**variants, "causal": causal})
         bq, bk = check_block("block_q", block_q, fn), check_block("block_k", block_k, fn)
         try:
             xp = self._compat.array_namespace(*(x for x in (q, k, v, mask, bias) if x is not None))

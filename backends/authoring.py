@@ -57,11 +57,14 @@ __all__ = [
 
 
 def plan_sdpa(fn: str, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-              q_lengths=None, kv_lengths=None, library: ArrayLibrary | str | None = None) -> SDPAPlan:
+              q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+              q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+              return_lse=False, library: ArrayLibrary | str | None = None) -> SDPAPlan:
     """Validate one sdpa call on a framework's arrays by the spec's rules; return its plan.
 
-    ``fn`` names the caller in messages (``"mine.sdpa"``). q, k, v, mask and bias must be arrays
-    of one library (``library``, default: q's); lengths may be that library's integer arrays,
+    ``fn`` names the caller in messages (``"mine.sdpa"``). q, k, v, mask, bias and the variants'
+    arrays (alibi_slopes, sinks, segment ids, dropout_mask) must be arrays of one library
+    (``library``, default: q's); softcap, dropout_p and return_lse land in the plan; lengths may be that library's integer arrays,
     NumPy arrays or ints. Nothing is converted silently: an array of another library is refused.
 
     Raises:
@@ -84,6 +87,10 @@ def plan_sdpa(fn: str, q, k, v, *, mask=None, bias=None, causal=None, window=Non
         bias=None if bias is None else info("bias", bias),
         causal=causal, window=window, scale=scale,
         q_lengths=lengths(q_lengths), kv_lengths=lengths(kv_lengths),
+        softcap=softcap, dropout_p=dropout_p, return_lse=return_lse,
+        **{name: None if x is None else info(name, x) for name, x in (
+            ("alibi_slopes", alibi_slopes), ("sinks", sinks), ("q_segment_ids", q_segment_ids),
+            ("kv_segment_ids", kv_segment_ids), ("dropout_mask", dropout_mask))},
     )
 
 
@@ -99,20 +106,25 @@ def _numpy(x):
 
 
 def attend_mask(plan: SDPAPlan, mask=None, bias=None, *, structure: bool = True, lengths: bool = True,
-                full: bool = False):
+                full: bool = False, q_segment_ids=None, kv_segment_ids=None):
     """The one boolean "may attend" mask of a call (NumPy, True = attend), or None if all visible.
 
     Folds in, with AND: causal and window on the plan's alignment (``structure``), q/kv lengths
     (``lengths``), the explicit ``mask``, and ``bias != -inf``. Pass ``structure=False`` or
-    ``lengths=False`` for what an implementation takes through arguments of its own.
+    ``lengths=False`` for what an implementation takes through arguments of its own. Segment ids
+    (any library's integer arrays) are ANDed in when given, and anchor "lower_right_lengths".
     The result broadcasts against (*batch, Hq, n, m) -- for rank-2 inputs it is (n, m), the
     shape of their scores -- or has exactly ``plan.weights_shape`` with ``full``.
     ``mask`` and ``bias`` may be any library's arrays; they are read, never modified.
     """
+    if structure and not lengths and plan.causal == "lower_right_lengths":
+        raise SpecError("attend_mask: causal='lower_right_lengths' is anchored on the lengths; "
+                        "it needs lengths=True")
     vis = visibility(plan.n, plan.m, causal=plan.causal if structure else None,
                      window=plan.window if structure else None,
                      q_lengths=plan.q_lengths if lengths else None,
-                     kv_lengths=plan.kv_lengths if lengths else None)
+                     kv_lengths=plan.kv_lengths if lengths else None,
+                     q_segment_ids=_numpy(q_segment_ids), kv_segment_ids=_numpy(kv_segment_ids))
     vis = with_mask_and_bias(vis, _numpy(mask), _numpy(bias), -np.inf)
     if full and vis is None:
         vis = np.ones((), bool)
@@ -122,7 +134,7 @@ def attend_mask(plan: SDPAPlan, mask=None, bias=None, *, structure: bool = True,
 
 
 def additive_mask(plan: SDPAPlan, mask=None, bias=None, *, structure: bool = True, lengths: bool = True,
-                  dtype: str | None = None):
+                  dtype: str | None = None, q_segment_ids=None, kv_segment_ids=None):
     """The call as one additive float mask (NumPy): ``bias`` (or 0) where visible, -inf elsewhere.
 
     None when nothing is masked and there is no bias. ``dtype`` defaults to the plan's (q's)
@@ -130,7 +142,8 @@ def additive_mask(plan: SDPAPlan, mask=None, bias=None, *, structure: bool = Tru
     """
     from attnspec.backends._common import numpy_dtype
 
-    vis = attend_mask(plan, mask, None, structure=structure, lengths=lengths)
+    vis = attend_mask(plan, mask, None, structure=structure, lengths=lengths,
+                      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
     b = _numpy(bias)
     if vis is None and b is None:
         return None

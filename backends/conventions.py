@@ -16,10 +16,15 @@ Built in (``CONVENTIONS``):
                 is bool (True = attend) or an additive float mask. Lower-right causal, windows
                 and lengths go into ``attn_mask``; a bias makes it a float mask with -inf where
                 not visible. No weights.
-``flash``       ``fn(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1))`` on
-                (B, L, H, D) arrays (FlashAttention's ``flash_attn_func``). ``causal`` and
-                ``window_size`` are lower-right aligned; kv head h // G serves query head h. No
-                mask, bias or lengths; upper-left alignment only when n == m. No weights.
+``flash``       ``fn(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1),
+                softcap=0.0, alibi_slopes=None, return_attn_probs=False)`` on (B, L, H, D)
+                arrays (FlashAttention's ``flash_attn_func``). ``causal``, ``window_size`` and
+                ALiBi are lower-right aligned (so the spec's "lower_right_lengths" is
+                "lower_right" here: this function has no lengths); kv head h // G serves query
+                head h; ``return_attn_probs=True`` returns (out, softmax_lse, S_dmask), whose
+                lse is the spec's. No mask, bias, lengths, segment ids (varlen and kvcache are
+                other functions), sinks or given dropout mask; upper-left alignment and an
+                upper-left ALiBi anchor only when n == m. No weights.
 ``jax``         ``fn(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                 query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None)``
                 on (B, T, N, H) arrays (``jax.nn.dot_product_attention``). ``is_causal`` and
@@ -53,6 +58,7 @@ from attnspec.backends.authoring import (
     to_blhd,
     unflatten_batch,
 )
+from attnspec.backends._base import VARIANT_FEATURES, variant_features
 from attnspec.spec._validate import SDPAPlan
 
 __all__ = ["CONVENTIONS", "Call", "Convention", "call_needs", "get_convention", "register_convention"]
@@ -63,6 +69,7 @@ NEEDS = (
     "gqa", "dk_ne_dv", "rank2", "batch_broadcast", "empty", "scale", "mask", "bias",
     "causal_upper_left", "causal_lower_right", "window", "window_lower_right",
     "q_lengths", "kv_lengths", "return_weights",
+    *VARIANT_FEATURES,
 )
 
 
@@ -101,7 +108,8 @@ def call_needs(q_shape, k_shape, v_shape, options: dict[str, Any]) -> Call:
     if causal is not None:
         needs.add(f"causal_{causal}")
     if options.get("window") is not None:
-        needs.add("window_lower_right" if causal == "lower_right" else "window")
+        needs.add("window_lower_right" if causal in ("lower_right", "lower_right_lengths") else "window")
+    needs.update(variant_features(options))
     return Call(frozenset(needs), n, m)
 
 
@@ -119,10 +127,15 @@ class Convention:
     causal_flag: str | None = None
     #: whether the function has a window argument of its own
     window_argument: bool = False
+    #: the attention variants (`VARIANT_FEATURES`) it can carry; the others are refused
+    variants: frozenset[str] = frozenset()
 
     def refusals(self, call: Call) -> list[str]:
         """Why this convention cannot express ``call`` (empty when it can)."""
-        return [f"the {self.name} convention {why}" for need, why in self.cannot.items() if need in call.needs]
+        why = [f"the {self.name} convention {why}" for need, why in self.cannot.items() if need in call.needs]
+        return why + [f"the {self.name} convention has no argument for the {v} variant"
+                      for v in VARIANT_FEATURES if v in call.needs and v not in self.variants
+                      and v not in self.cannot]
 
     def call(self, fn: Callable, lib: ArrayLibrary, p: SDPAPlan, q, k, v, options: dict[str, Any]):
         """Call ``fn`` for the validated call ``p``; return (out in ``p.out_shape``, weights or None)."""
@@ -189,12 +202,20 @@ class Flash(Convention):
         "q_lengths": "has no sequence lengths (varlen is another function)",
         "kv_lengths": "has no sequence lengths (varlen is another function)",
         "return_weights": "returns no attention weights",
+        "segments": "has no segment ids (varlen, flash_attn_varlen_func with cu_seqlens, is another function)",
+        "sinks": "has no attention sinks",
+        "dropout": "draws its own dropout mask (dropout_p) and takes no given one",
     }
     causal_flag = "lower_right"
     window_argument = True
+    variants = frozenset({"softcap", "alibi", "lse", "causal_lower_right_lengths"})
 
     def refusals(self, call: Call) -> list[str]:
         why = super().refusals(call)
+        lower_right = {"causal_lower_right", "causal_lower_right_lengths"} & call.needs
+        if call.n != call.m and "alibi" in call.needs and not lower_right:
+            why.append("the flash convention anchors ALiBi lower-right (i + m - n): the spec's "
+                       "upper-left anchor (no causal, or upper_left) differs when n != m")
         if call.n != call.m and "causal_upper_left" in call.needs:
             why.append("the flash convention's causal is lower-right: upper-left differs when n != m")
         if call.n != call.m and "window" in call.needs:
@@ -211,8 +232,22 @@ class Flash(Convention):
             kw["window_size"] = p.window
         if options.get("scale") is not None:
             kw["softmax_scale"] = p.scale
-        out = _first(fn(qf, kf, vf, **kw))  # (B, n, Hq, dv)
-        return unflatten_batch(p, out, layout="blhd"), None
+        if p.softcap is not None:
+            kw["softcap"] = p.softcap
+        slopes = options.get("alibi_slopes")
+        if slopes is not None:  # (Hq,) or (..., Hq) -> (B, Hq), float32 as FlashAttention wants
+            B = math.prod(p.batch)
+            slopes = lib.reshape(lib.broadcast_to(slopes, (*p.batch, p.hq)), (B, p.hq))
+            kw["alibi_slopes"] = lib.asarray(np.ascontiguousarray(lib.to_numpy(slopes), np.float32),
+                                             device=_device(lib, q))
+        if p.return_lse:
+            kw["return_attn_probs"] = True
+        result = fn(qf, kf, vf, **kw)
+        out = unflatten_batch(p, _first(result), layout="blhd")  # (B, n, Hq, dv) -> spec's
+        if not p.return_lse:
+            return out, None
+        lse = lib.reshape(result[1], p.lse_shape)  # (B, Hq, n)
+        return (out, lse), None
 
 
 class Jax(Convention):

@@ -22,6 +22,7 @@ from attnspec._errors import SpecError
 from attnspec.backends._base import FLOAT_DTYPES, Backend, Unsupported
 from attnspec.backends.arrays import ArrayLibrary, array_library
 from attnspec.backends.authoring import plan_sdpa
+from attnspec.backends._common import variant_keywords
 from attnspec.backends.conventions import Convention, call_needs, describe, get_convention
 from attnspec.backends.probe import Capabilities, probe
 
@@ -108,13 +109,22 @@ class FunctionBackend(Backend):
                 "signature": self.convention.signature, "arrays": self.arrays.name}
 
     # -- the spec's function -------------------------------------------------------------------
+    def variant_refusals(self, feature: str, options) -> list[str]:
+        if feature == "sdpa":
+            return []  # the convention decides (`supports` asks it), with reasons naming it
+        return super().variant_refusals(feature, options)
+
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, return_weights=False):
+             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+             return_weights=False, return_lse=False):
         fn = f"{self.name}.sdpa"
+        variants = variant_keywords(locals())
         p = plan_sdpa(fn, q, k, v, mask=mask, bias=bias, causal=causal, window=window, scale=scale,
-                      q_lengths=q_lengths, kv_lengths=kv_lengths, library=self.arrays)
+                      q_lengths=q_lengths, kv_lengths=kv_lengths, library=self.arrays, **variants)
         options = {"mask": mask, "bias": bias, "causal": causal, "window": window, "scale": scale,
-                   "q_lengths": q_lengths, "kv_lengths": kv_lengths, "return_weights": return_weights}
+                   "q_lengths": q_lengths, "kv_lengths": kv_lengths, "return_weights": return_weights,
+                   **variants}
         refused = self.convention.refusals(call_needs(q.shape, k.shape, v.shape, options))
         if refused:
             raise Unsupported(f"{fn}: " + "; ".join(refused))
@@ -125,11 +135,13 @@ class FunctionBackend(Backend):
                 self.last_result = self.fn(*args, **kwargs)
                 return self.last_result
         out, weights = self.convention.call(fn, self.arrays, p, q, k, v, options)
-        if not return_weights:
-            return out
-        if weights is None:
+        lse = None
+        if p.return_lse:  # a convention that carries lse returns (out, lse) as its output
+            out, lse = out
+        if return_weights and weights is None:
             raise Unsupported(f"{fn}: the function returned no attention weights")
-        return out, weights
+        found = [out] + ([weights] if return_weights else []) + ([lse] if p.return_lse else [])
+        return found[0] if len(found) == 1 else tuple(found)
 
 
 def from_function(fn: Callable, convention: str | Convention, *, name: str | None = None,

@@ -19,7 +19,7 @@ from functools import partial
 import jax
 
 from attnspec.backends._base import Unsupported
-from attnspec.backends._common import static_plan
+from attnspec.backends._common import variant_keywords, static_plan
 from attnspec.backends.jax import JaxArrays, from_btnh, lengths_arrays, native_call
 from attnspec.spec._validate import SDPAPlan
 
@@ -53,9 +53,14 @@ class JaxNativeBackend(JaxArrays):
         return reasons
 
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, return_weights=False):
+             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+             return_weights=False, return_lse=False):
+        variants = variant_keywords(locals())
         p = self._plan("jax-native.sdpa", q, k, v, mask, bias, causal, window, scale,
-                       q_lengths, kv_lengths)
+                       q_lengths, kv_lengths, **variants)
+        # jax.nn.dot_product_attention has no softcap, ALiBi, sinks, segment ids, lengths-aligned causal or dropout argument, and returns no logsumexp: a native backend measures, so it refuses rather than emulates them
+        self.refuse_variants("sdpa", {**variants, "causal": causal})
         if return_weights:
             raise Unsupported("jax-native.sdpa: jax.nn.dot_product_attention returns no attention weights")
         q_len, kv_len = lengths_arrays(p)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from attnspec.backends import _mha
-from attnspec.backends._base import Backend, MHAArrays
-from attnspec.backends._common import refuse, to_reference
-from attnspec.spec._validate import ArrayInfo, validate_sdpa
+from attnspec.backends._base import VARIANT_FEATURES, Backend, MHAArrays
+from attnspec.backends._common import VARIANT_ARRAYS, refuse, to_reference
+from attnspec.backends._common import variant_keywords as _variants
+from attnspec.spec._validate import ArrayInfo, SDPAExtras, validate_sdpa
 from attnspec.spec.mha import MHAParams, mha
 from attnspec.spec.lsh import lsh_attention as spec_lsh_attention
 from attnspec.spec.lsh import validate_lsh
@@ -32,10 +33,25 @@ def _info(fn: str, name: str, x: object) -> ArrayInfo:
     return ArrayInfo(tuple(x.shape), x.dtype.name)
 
 
+def _plan(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, variants: dict):
+    arrays = {name: None if variants.get(name) is None else _info(fn, name, variants[name])
+              for name in VARIANT_ARRAYS}
+    plan = validate_sdpa(
+        fn, _info(fn, "q", q), _info(fn, "k", k), _info(fn, "v", v),
+        mask=None if mask is None else _info(fn, "mask", mask),
+        bias=None if bias is None else _info(fn, "bias", bias),
+        causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+        softcap=variants.get("softcap"), dropout_p=variants.get("dropout_p"),
+        return_lse=variants.get("return_lse", False), **arrays,
+    )
+    return plan, SDPAExtras(*(variants.get(name) for name in VARIANT_ARRAYS))
+
+
 class NumpyBackend(Backend):
     """The golden definition: float64 computation, one rounding to the inputs' dtype."""
 
     name = "numpy"
+    variants = frozenset(VARIANT_FEATURES)
 
     def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> np.ndarray:
         return np.array(to_reference(x, dtype))  # a copy: callers may mutate their input
@@ -44,27 +60,22 @@ class NumpyBackend(Backend):
         return np.asarray(x)
 
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, return_weights=False):
-        fn = "numpy.sdpa"
-        plan = validate_sdpa(
-            fn, _info(fn, "q", q), _info(fn, "k", k), _info(fn, "v", v),
-            mask=None if mask is None else _info(fn, "mask", mask),
-            bias=None if bias is None else _info(fn, "bias", bias),
-            causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-        )
-        return golden(plan, q, k, v, mask, bias, return_weights)  # tiled for large inputs
+             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+             return_weights=False, return_lse=False):
+        plan, extras = _plan("numpy.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths,
+                             kv_lengths, _variants(locals()))
+        return golden(plan, q, k, v, mask, bias, return_weights, extras)  # tiled for large inputs
 
     def sdpa_blocked(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-                     q_lengths=None, kv_lengths=None, return_weights=False, block_q=256, block_k=512):
+                     q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+                     q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+                     return_weights=False, return_lse=False, block_q=256, block_k=512):
         fn = "numpy.sdpa_blocked"
-        plan = validate_sdpa(
-            fn, _info(fn, "q", q), _info(fn, "k", k), _info(fn, "v", v),
-            mask=None if mask is None else _info(fn, "mask", mask),
-            bias=None if bias is None else _info(fn, "bias", bias),
-            causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-        )
+        plan, extras = _plan(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+                             _variants(locals()))
         bq, bk = check_block("block_q", block_q, fn), check_block("block_k", block_k, fn)
-        return blocked_core(plan, q, k, v, mask, bias, return_weights, bq, bk)
+        return blocked_core(plan, q, k, v, mask, bias, return_weights, bq, bk, extras=extras)
 
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
             bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
@@ -89,9 +100,12 @@ class NumpyBackend(Backend):
 
     # the golden gradients themselves (attnspec.spec.grads*): analytic, float64
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
-                 scale=None, q_lengths=None, kv_lengths=None):
+                 scale=None, q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None,
+                 sinks=None, q_segment_ids=None, kv_segment_ids=None, dropout_mask=None,
+                 dropout_p=None):
         return spec_sdpa_vjp(q, k, v, d_out, mask=mask, bias=bias, causal=causal, window=window,
-                             scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+                             scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                             **_variants(locals()))
 
     def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
                 bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None):
@@ -110,3 +124,4 @@ class NumpyBackend(Backend):
 
 def _same(x):
     return x
+

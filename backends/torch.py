@@ -13,6 +13,9 @@ spec's answer; two cases go to an exact math path written here in torch:
   drops masked keys with ``where`` like the golden.
 * NaN/inf in q: the CPU flash kernel returns 0 for a row whose logits are all NaN, where the
   spec propagates NaN (``torch.nonfinite-query-row-zeroed``).
+* the variants of issue #15 that change the softmax itself (softcap, sinks, lse, dropout with a
+  given mask): torch's SDPA has no argument for them. Segment ids and "lower_right_lengths" are
+  visibility and ALiBi (without softcap) is an additive term, so those stay fused, in the mask.
 
 Checking for non-finite values reads three flags back from the device (a sync), on every call.
 """
@@ -29,9 +32,13 @@ import torch.nn.functional as F
 
 from attnspec.backends import _vjp
 from attnspec.backends import _mha
-from attnspec.backends._base import Backend
+from attnspec.backends._base import VARIANT_FEATURES, Backend
 from attnspec.backends._common import (
+    alibi_distance,
     is_empty,
+    per_sequence_rules,
+    spec_visibility,
+    variant_keywords,
     lengths_column,
     refuse,
     to_reference,
@@ -81,9 +88,10 @@ class TorchArrays(Backend):
             raise refuse(fn, name, x, "torch.Tensor")
         return ArrayInfo(tuple(x.shape), self.dtype_name(x))
 
-    def _plan(self, fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths) -> SDPAPlan:
+    def _plan(self, fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+              **variants) -> SDPAPlan:
         return validate(fn, self._info, _lengths_to_numpy, q, k, v, mask, bias, causal, window,
-                        scale, q_lengths, kv_lengths)
+                        scale, q_lengths, kv_lengths, **variants)
 
     # -- gradients: autodiff through this backend's own forward (attnspec.backends._vjp) --------
     def __init_subclass__(cls, **kwargs) -> None:
@@ -99,9 +107,12 @@ class TorchArrays(Backend):
         return reasons
 
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
-                 scale=None, q_lengths=None, kv_lengths=None):
+                 scale=None, q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None,
+                 sinks=None, q_segment_ids=None, kv_segment_ids=None, dropout_mask=None,
+                 dropout_p=None):
         return _vjp.sdpa_vjp(self, "torch", q, k, v, d_out, mask=mask, bias=bias, causal=causal,
-                             window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+                             window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                             **variant_keywords(locals()))
 
     def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
                 bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None):
@@ -136,10 +147,42 @@ def with_head(x: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(0) if x.ndim == 2 else x  # (L, d) -> (1, L, d): one head
 
 
-def structural_visibility(p: SDPAPlan, device) -> torch.Tensor | None:
+def structural_visibility(p: SDPAPlan, device, q_segment_ids=None, kv_segment_ids=None) -> torch.Tensor | None:
+    if per_sequence_rules(p, q_segment_ids, kv_segment_ids):  # data-dependent anchors: read the ids back
+        vis = spec_visibility(p, _ids_to_numpy(q_segment_ids), _ids_to_numpy(kv_segment_ids))
+        return None if vis is None else torch.from_numpy(np.ascontiguousarray(vis)).to(device)
     q_len, kv_len = (None if a is None else torch.from_numpy(a).to(device) for a in lengths_column(p))
     return visibility(p.n, p.m, p.causal, p.window, q_len, kv_len,
                       lambda size: torch.arange(size, device=device))
+
+
+def _ids_to_numpy(ids) -> np.ndarray | None:
+    return None if ids is None else ids.detach().cpu().numpy()
+
+
+def alibi_term(p: SDPAPlan, slopes: torch.Tensor, q_segment_ids, kv_segment_ids, dtype) -> torch.Tensor:
+    """-slope[h] * |i' - j| in ``dtype``, broadcastable to (*batch, Hq, n, m)."""
+    dist = alibi_distance(p, _ids_to_numpy(q_segment_ids), _ids_to_numpy(kv_segment_ids))  # (..., 1, n, m)
+    dist = torch.from_numpy(dist).to(device=slopes.device, dtype=dtype)
+    return -slopes.to(dtype)[..., :, None, None] * dist  # (..., Hq, n, m)
+
+
+def empty_results(p: SDPAPlan, q: torch.Tensor, sinks, return_weights: bool):
+    """What sdpa returns when n, m or Hq is 0: zeros, and lse = the sink alone (-inf without)."""
+    out = q.new_zeros(p.out_shape)
+    weights = q.new_zeros(p.weights_shape)
+    lse_dtype = getattr(torch, p.lse_dtype)
+    if sinks is None:
+        lse = torch.full(p.lse_shape, -math.inf, dtype=lse_dtype, device=q.device)
+    else:  # (Hq,) -> (*batch, Hq, n)
+        lse = sinks.to(lse_dtype)[:, None].expand(*p.batch, p.hq, p.n).reshape(p.lse_shape)
+    return results(p, out, weights, lse, return_weights)
+
+
+def results(p: SDPAPlan, out, weights, lse, return_weights: bool):
+    """out, then weights if asked, then lse if planned: the spec's return convention."""
+    found = [out] + ([weights] if return_weights else []) + ([lse] if p.return_lse else [])
+    return found[0] if len(found) == 1 else tuple(found)
 
 
 class TorchHeadOps(_mha.HeadOps):
@@ -162,39 +205,57 @@ class TorchBackend(TorchArrays):
     """torch SDPA (fused kernel) with the spec's semantics; exact math path where it leaks."""
 
     name = "torch"
+    variants = frozenset(VARIANT_FEATURES)
 
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, return_weights=False):
-        p = self._plan("torch.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths)
+             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+             return_weights=False, return_lse=False):
+        p = self._plan("torch.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+                       **variant_keywords(locals()))
         if is_empty(p):
-            out = q.new_zeros(p.out_shape)
-            return (out, q.new_zeros(p.weights_shape)) if return_weights else out
+            return empty_results(p, q, sinks, return_weights)
         # Kernels differ in which batch broadcasts they accept; expand (a view) makes them equal.
         q = with_head(q).expand(*p.batch, p.hq, p.n, p.dk)
         k = with_head(k).expand(*p.batch, p.hkv, p.m, p.dk)
         v = with_head(v).expand(*p.batch, p.hkv, p.m, p.dv)
         finite_q, finite_k, finite_v = _finite(q, k, v)
+        # softcap, sinks, lse and dropout change the softmax: no fused kernel has them
+        softmax_variant = (softcap is not None or sinks is not None or return_lse
+                           or dropout_mask is not None)
         plain_causal = (p.causal == "upper_left" and mask is None and bias is None
-                        and p.window is None and p.q_lengths is None and p.kv_lengths is None)
+                        and p.window is None and p.q_lengths is None and p.kv_lengths is None
+                        and q_segment_ids is None and alibi_slopes is None and not softmax_variant)
         if plain_causal and finite_q and finite_k and finite_v and not return_weights:
             # the common case needs no mask at all
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=p.scale,
                                                  enable_gqa=p.group > 1)
             return out.reshape(p.out_shape)
 
-        vis = with_mask_and_bias(structural_visibility(p, q.device), mask, bias, -math.inf)
+        vis = with_mask_and_bias(structural_visibility(p, q.device, q_segment_ids, kv_segment_ids),
+                                 mask, bias, -math.inf)
         if not (finite_k and finite_v) and vis is not None:
             # fixes torch.masked-nonfinite-k and torch.masked-nonfinite-v where it can stay fused
             k, v = _drop_hidden_keys(p, vis, k, v)
             finite_q, finite_k, finite_v = _finite(q, k, v)
         # the exact path covers torch.masked-nonfinite-k/-v where zeroing cannot, and fixes
         # torch.nonfinite-query-row-zeroed
-        if return_weights or not (finite_q and finite_k and finite_v):
-            out, weights = _exact(p, q, k, v, vis, bias)
-            out = out.to(q.dtype).reshape(p.out_shape)
-            return (out, weights.to(q.dtype).reshape(p.weights_shape)) if return_weights else out
+        if return_weights or softmax_variant or not (finite_q and finite_k and finite_v):
+            ct = torch.float64 if q.dtype == torch.float64 else torch.float32
+            alibi = None if alibi_slopes is None else alibi_term(p, alibi_slopes, q_segment_ids,
+                                                                 kv_segment_ids, ct)
+            out, weights, lse = _exact(p, q, k, v, vis, bias, softcap=p.softcap, alibi=alibi,
+                                       sinks=sinks, keep=dropout_mask, dropout_p=p.dropout_p)
+            return results(p, out.to(q.dtype).reshape(p.out_shape),
+                           weights.to(q.dtype).reshape(p.weights_shape),
+                           lse.to(getattr(torch, p.lse_dtype)).reshape(p.lse_shape), return_weights)
 
-        attn_mask = vis if bias is None else torch.where(vis, bias, -math.inf)  # one additive term
+        additive = bias
+        if alibi_slopes is not None:  # ALiBi is one more additive term, after bias (no softcap here)
+            alibi = alibi_term(p, alibi_slopes, q_segment_ids, kv_segment_ids, q.dtype)
+            additive = alibi if bias is None else bias + alibi
+        attn_mask = vis if additive is None else (
+            additive if vis is None else torch.where(vis, additive, -math.inf))  # one additive term
         if attn_mask is not None and attn_mask.ndim < 2:  # torch wants (..., n, m)
             attn_mask = attn_mask.expand(p.n, p.m)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=p.scale,
@@ -257,32 +318,48 @@ def _drop_hidden_keys(p: SDPAPlan, vis: torch.Tensor, k: torch.Tensor, v: torch.
     return torch.where(seen, k, 0.0), torch.where(seen, v, 0.0)
 
 
-def _exact(p: SDPAPlan, q, k, v, vis, bias):
-    """The golden's algorithm in torch: out (*batch, Hq, n, dv), weights (*batch, Hq, n, m).
+def _exact(p: SDPAPlan, q, k, v, vis, bias, *, softcap=None, alibi=None, sinks=None, keep=None,
+           dropout_p=0.0):
+    """The golden's algorithm in torch: out (*batch, Hq, n, dv), weights (*batch, Hq, n, m) and
+    lse (*batch, Hq, n), in the compute dtype.
 
     float32 for narrower inputs, float64 for float64; masked keys are dropped with a fill of
-    -inf before the softmax, and non-finite values reach only the rows that see them.
+    -inf before the softmax, and non-finite values reach only the rows that see them. The
+    variants as the spec orders them: softcap on the scaled logits, then bias and ALiBi, the sink
+    as one more logit of the max and the denominator, dropout on the normalized weights.
     """
     ct = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v = q.to(ct), k.to(ct), v.to(ct)
     q5 = q.reshape(*p.batch, p.hkv, p.group, p.n, p.dk)  # (*batch, Hkv, G, n, dk)
     s = q5 @ k.unsqueeze(-3).transpose(-1, -2)  # (*batch, Hkv, G, n, m)
     s = s.reshape(*p.batch, p.hq, p.n, p.m) * p.scale  # (*batch, Hq, n, m)
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
     if bias is not None:
         s = s + bias.to(ct)
+    if alibi is not None:
+        s = s + alibi
     if vis is not None:
         s = s.masked_fill(~vis, -math.inf)  # absent keys: even a NaN k is dropped here
     row_max = s.amax(dim=-1, keepdim=True)  # (*batch, Hq, n, 1); NaN propagates
+    sink = None if sinks is None else sinks.to(ct)[:, None, None]  # (Hq, 1, 1)
+    if sink is not None:
+        row_max = torch.maximum(row_max, sink)  # the sink is one more logit of every row
     row_max = row_max.masked_fill(row_max == -math.inf, 0.0)  # rows with no visible key
     e = torch.exp(s - row_max)
     denom = e.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        denom = denom + torch.exp(sink - row_max)
     w = e / denom.masked_fill(denom == 0, 1.0)  # no visible key: 0 / 1 = 0
+    lse = (row_max + torch.log(denom))[..., 0]  # log(0) = -inf: no visible key and no sink
+    if keep is not None:
+        w = w * keep.to(ct) / (1.0 - dropout_p)
 
     finite = torch.isfinite(v)
     out = _grouped_matmul(p, w, v.masked_fill(~finite, 0.0))  # (*batch, Hq, n, dv)
     if not bool(finite.all()):
         out = _nonfinite_values(p, w, v, vis, out)
-    return out, w
+    return out, w.expand(*p.batch, p.hq, p.n, p.m), lse.expand(*p.batch, p.hq, p.n)
 
 
 def _grouped_matmul(p: SDPAPlan, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from attnspec.backends import _mha
 from attnspec.backends._base import Unsupported
-from attnspec.backends._common import with_mask_and_bias
+from attnspec.backends._common import variant_keywords, with_mask_and_bias
 from attnspec.backends.torch import TorchArrays, _lengths_to_numpy, structural_visibility
 
 __all__ = ["TorchNativeBackend"]
@@ -50,9 +50,14 @@ class TorchNativeBackend(TorchArrays):
         return reasons
 
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, return_weights=False):
+             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+             return_weights=False, return_lse=False):
+        variants = variant_keywords(locals())
         p = self._plan("torch-native.sdpa", q, k, v, mask, bias, causal, window, scale,
-                       q_lengths, kv_lengths)
+                       q_lengths, kv_lengths, **variants)
+        # torch's F.scaled_dot_product_attention has no softcap, ALiBi, sinks, logsumexp, segment ids or lengths-aligned causal argument, and draws its own dropout mask: a native backend measures, so it refuses rather than emulates them
+        self.refuse_variants("sdpa", {**variants, "causal": causal})
         if return_weights:
             raise Unsupported("torch-native.sdpa: torch SDPA returns no attention weights")
         kw = {"scale": p.scale, "enable_gqa": p.group > 1}

@@ -169,13 +169,24 @@ def sdpa_cases(draw, dtype: str, features: tuple[str, ...] = SDPA_FEATURES) -> S
     return SDPACase(feature, dtype, q, k, v, options, frozenset(tags), seed)
 
 
-def _tag_visibility(tags: set[str], q, k, v, options) -> None:
-    """Add the tags that depend on the final visibility: empty rows, poisoned absent keys."""
+def case_plan(q, k, v, options: dict[str, Any]):
+    """(plan, extras) of a call with these options: the spec's validated plan and the variants'
+    arrays (`SDPAExtras`)."""
+    from attnspec.spec._validate import SDPAExtras
     from attnspec.spec.sdpa import _validate
 
-    plan = _validate("sdpa", q, k, v, options.get("mask"), options.get("bias"), options.get("causal"),
-                     options.get("window"), options.get("scale"), options.get("q_lengths"),
-                     options.get("kv_lengths"))
+    o = options
+    extras = SDPAExtras(o.get("alibi_slopes"), o.get("sinks"), o.get("q_segment_ids"),
+                        o.get("kv_segment_ids"), o.get("dropout_mask"))
+    plan = _validate("sdpa", q, k, v, o.get("mask"), o.get("bias"), o.get("causal"), o.get("window"),
+                     o.get("scale"), o.get("q_lengths"), o.get("kv_lengths"), extras, o.get("softcap"),
+                     o.get("dropout_p"), bool(o.get("return_lse")))
+    return plan, extras
+
+
+def _tag_visibility(tags: set[str], q, k, v, options) -> None:
+    """Add the tags that depend on the final visibility: empty rows, poisoned absent keys."""
+    plan, _ = case_plan(q, k, v, options)
     vis = full_visibility(plan, options)
     if plan.n and plan.hq and (plan.m == 0 or not vis.any(axis=-1).all()):
         tags.add("no_visible_row")
@@ -187,6 +198,9 @@ def _tag_visibility(tags: set[str], q, k, v, options) -> None:
     for name in ("mask", "bias", "window", "kv_lengths", "q_lengths", "scale"):
         if name in options:
             tags.add(name)
+    from attnspec.backends._base import variant_features
+
+    tags.update(variant_features(options))
 
 
 def full_visibility(plan, options) -> np.ndarray:
@@ -194,7 +208,9 @@ def full_visibility(plan, options) -> np.ndarray:
     from attnspec.spec.masks import visibility
 
     vis = visibility(plan.n, plan.m, causal=plan.causal, window=plan.window,
-                     q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths)
+                     q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths,
+                     q_segment_ids=options.get("q_segment_ids"),
+                     kv_segment_ids=options.get("kv_segment_ids"))
     full = np.ones(plan.full_weights_shape, bool)
     if vis is not None:
         full &= vis
@@ -203,3 +219,64 @@ def full_visibility(plan, options) -> np.ndarray:
     if options.get("bias") is not None:
         full &= options["bias"] != -np.inf
     return full
+
+
+# -- the attention variants of issue #15 --------------------------------------------------------
+
+#: one feature per variant (the names of `attnspec.backends.VARIANT_FEATURES`), and all together
+VARIANT_FEATURES = ("softcap", "alibi", "sinks", "lse", "segments", "causal_lower_right_lengths",
+                    "dropout", "variants_combined")
+#: the sdpa features a variant case is drawn on top of (rank-2 and empty cases are the base
+#: suite's business)
+_VARIANT_BASES = ("plain", "gqa", "mask", "bias", "kv_lengths", "q_lengths", "causal_lower_right",
+                  "window_lower_right", "large_logits", "combined")
+
+
+def segment_ids(rng: np.random.Generator, shape: tuple[int, ...], segments: int) -> np.ndarray:
+    """Sorted ids in [0, segments) along the last axis, with a tail of -1 (padding) at times."""
+    ids = np.sort(rng.integers(0, segments, size=shape), axis=-1)
+    if shape[-1] and rng.random() < 0.5:
+        pad = int(rng.integers(0, shape[-1] // 2 + 1))
+        ids[..., shape[-1] - pad:] = -1
+    return ids.astype(np.int64)
+
+
+@st.composite
+def variant_cases(draw, dtype: str, features: tuple[str, ...] = VARIANT_FEATURES,
+                  bases: tuple[str, ...] = _VARIANT_BASES) -> SDPACase:
+    """One sdpa call with a drawn variant (or all of them) on top of a drawn base case."""
+    feature = draw(st.sampled_from(features))
+    base = draw(sdpa_cases(dtype, bases))
+    rng = np.random.default_rng(base.seed ^ 0x15)
+    q, k, v = base.q, base.k, base.v
+    batch = tuple(np.broadcast_shapes(q.shape[:-3], k.shape[:-3]))
+    hq, n, m = q.shape[-3], q.shape[-2], k.shape[-2]
+    options = {key: val for key, val in base.options.items()}
+    every = feature == "variants_combined"
+    if feature == "softcap" or every:
+        options["softcap"] = float(draw(st.sampled_from([0.5, 2.0, 5.0, 30.0])))
+    if feature == "alibi" or every:
+        shape = draw(st.sampled_from([(hq,), (*batch, hq)]))
+        options["alibi_slopes"] = (2.0 ** -rng.uniform(0, 8, size=shape)).astype(np.float32)
+    if feature == "sinks" or every:
+        options["sinks"] = (rng.standard_normal(hq) * 2).astype(NP_DTYPES[dtype])
+    if feature == "lse" or every or draw(st.booleans()):
+        options["return_lse"] = True
+    if feature == "segments" or every or (feature == "causal_lower_right_lengths" and draw(st.booleans())):
+        segments = draw(st.sampled_from([1, 2, 3]))
+        options["q_segment_ids"] = segment_ids(rng, (*batch, n), segments)
+        options["kv_segment_ids"] = segment_ids(rng, (*batch, m), segments)
+    if feature == "causal_lower_right_lengths" or (every and draw(st.booleans())):
+        options["causal"] = "lower_right_lengths"
+        options["kv_lengths"] = rng.integers(0, m + 1, size=batch)
+        if draw(st.booleans()):
+            options["q_lengths"] = rng.integers(0, n + 1, size=batch)
+        if draw(st.booleans()):
+            options["window"] = (draw(st.integers(0, 4)), draw(st.integers(0, 4)))
+    if feature == "dropout" or every:
+        p = float(draw(st.sampled_from([0.1, 0.5, 0.9])))
+        options["dropout_p"] = p
+        options["dropout_mask"] = rng.random(draw(st.sampled_from([(*batch, hq, n, m), (n, m)]))) >= p
+    tags = {t for t in base.tags if t not in SDPA_FEATURES or t == base.feature} | {feature, "variants"}
+    _tag_visibility(tags, q, k, v, options)
+    return SDPACase(feature, dtype, q, k, v, options, frozenset(tags), base.seed)

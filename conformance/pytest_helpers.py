@@ -13,10 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.conformance.hypothesis_helpers import SDPACase
+from attnspec.conformance.hypothesis_helpers import SDPACase, case_plan
 from attnspec.spec._validate import FLOAT_DTYPES
 from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS, _validate, sdpa
-from attnspec.spec.tolerance import Comparison, compare, reference_sdpa, sdpa_allowed, visibility_view
+from attnspec.spec.tolerance import (
+    Comparison,
+    compare,
+    lse_allowed,
+    reference_sdpa,
+    sdpa_allowed,
+    visibility_view,
+)
 
 
 @dataclass
@@ -68,6 +75,8 @@ class Golden:
     weights: np.ndarray | None  # None for a large case that did not ask for weights
     allowed_out: float
     allowed_w: float | None
+    lse: np.ndarray | None = None  # float64, when the case asks for it (return_lse)
+    allowed_lse: float | None = None
 
 
 def golden_for(case: SDPACase) -> Golden:
@@ -75,27 +84,32 @@ def golden_for(case: SDPACase) -> Golden:
 
     Large cases (batch * Hq * n * m >= `BLOCKED_MIN_LOGITS`) get weights only when they ask for
     them: golden and reference then run tiled or in row blocks, with no (n, m) array, so n = 16384
-    needs tens of MB rather than tens of GB.
+    needs tens of MB rather than tens of GB. With ``return_lse`` the log-sum-exp is judged too,
+    under `attnspec.spec.tolerance.lse_allowed`.
     """
     f64 = {name: v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype.name in FLOAT_DTYPES else v
            for name, v in case.options.items() if name != "return_weights"}
     q64, k64, v64 = (x.astype(np.float64) for x in (case.q, case.k, case.v))
     o = case.options
-    plan = _validate("sdpa", case.q, case.k, case.v, o.get("mask"), o.get("bias"), o.get("causal"),
-                     o.get("window"), o.get("scale"), o.get("q_lengths"), o.get("kv_lengths"))
+    plan, extras = case_plan(case.q, case.k, case.v, o)
     want_w = bool(o.get("return_weights")) or math.prod(plan.full_weights_shape) < BLOCKED_MIN_LOGITS
     result = sdpa(q64, k64, v64, **f64, return_weights=want_w)
-    out, w = result if want_w else (result, None)
-    ref = reference_sdpa(plan, case.q, case.k, case.v, o.get("mask"), o.get("bias"), want_w)
-    ref, ref_w = ref if want_w else (ref, None)
-    err_out = compare(ref, out, np.inf).max_abs_err
-    vis = visibility_view(plan, o.get("mask"), o.get("bias"))
-    allowed_out = sdpa_allowed(plan, case.q, case.k, case.v, o.get("bias"), vis, err_out)
-    allowed_w = None
+    result = list(result) if isinstance(result, tuple) else [result]
+    out, w, lse = result[0], result[1] if want_w else None, result[-1] if plan.return_lse else None
+    ref = reference_sdpa(plan, case.q, case.k, case.v, o.get("mask"), o.get("bias"), want_w, extras)
+    ref = list(ref) if isinstance(ref, tuple) else [ref]
+    err_out = compare(ref[0], out, np.inf).max_abs_err
+    vis = visibility_view(plan, o.get("mask"), o.get("bias"), extras)
+    allowed_out = sdpa_allowed(plan, case.q, case.k, case.v, o.get("bias"), vis, err_out, extras=extras)
+    allowed_w = allowed_lse = None
     if want_w:
-        err_w = compare(ref_w, w, np.inf).max_abs_err
-        allowed_w = sdpa_allowed(plan, case.q, case.k, case.v, o.get("bias"), vis, err_w, value_scale=1.0)
-    return Golden(out, w, allowed_out, allowed_w)
+        err_w = compare(ref[1], w, np.inf).max_abs_err
+        allowed_w = sdpa_allowed(plan, case.q, case.k, case.v, o.get("bias"), vis, err_w, value_scale=1.0,
+                                 extras=extras)
+    if lse is not None:
+        err_lse = compare(ref[-1], lse, np.inf).max_abs_err
+        allowed_lse = lse_allowed(plan, case.q, case.k, o.get("bias"), vis, err_lse, lse, extras)
+    return Golden(out, w, allowed_out, allowed_w, lse, allowed_lse)
 
 
 def check_metadata(backend, result, expected_shape, dtype: str, device: str | None) -> list[str]:

@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from attnspec import SpecError
 from attnspec.conformance.causes import sdpa_causes
-from attnspec.conformance.hypothesis_helpers import SDPACase, _tag_visibility, full_visibility, sdpa_cases
+from attnspec.conformance.hypothesis_helpers import (
+    SDPACase,
+    _tag_visibility,
+    case_plan,
+    full_visibility,
+    sdpa_cases,
+)
 from attnspec.conformance.pytest_helpers import (
     Verdict,
     call_sdpa,
@@ -19,24 +25,30 @@ from attnspec.conformance.pytest_helpers import (
     to_backend,
 )
 from attnspec.spec._validate import FLOAT_DTYPES
-from attnspec.spec.bad_inputs import SDPA_BAD_INPUTS
-from attnspec.spec.sdpa import _validate
+from attnspec.spec.bad_inputs import ALL_SDPA_BAD_INPUTS
 from attnspec.spec.tolerance import compare
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 
 
 def _plan(case: SDPACase):
-    o = case.options
-    return _validate("sdpa", case.q, case.k, case.v, o.get("mask"), o.get("bias"), o.get("causal"),
-                     o.get("window"), o.get("scale"), o.get("q_lengths"), o.get("kv_lengths"))
+    return case_plan(case.q, case.k, case.v, case.options)[0]
 
 
 def _judge_output(backend, device, prop, case, result, golden_case=None, **extra) -> Verdict:
     g = golden_for(golden_case or case)
-    out, weights = result if isinstance(result, tuple) else (result, None)
+    found = list(result) if isinstance(result, tuple) else [result]
+    lse = found.pop() if case.options.get("return_lse") and len(found) > 1 else None
+    out, weights = found[0], (found[1] if len(found) > 1 else None)
     problems = check_metadata(backend, out, g.out.shape, case.dtype, device)
     comparisons = {"out": compare(backend.to_numpy(out).astype(np.float64), g.out, g.allowed_out)}
+    if case.options.get("return_lse"):
+        if lse is None:
+            problems.append("returned no lse, but return_lse=True asks for it last")
+        else:
+            problems += [p.replace("out.", "lse.") for p in
+                         check_metadata(backend, lse, g.lse.shape, _plan(case).lse_dtype, device)]
+            comparisons["lse"] = compare(backend.to_numpy(lse).astype(np.float64), g.lse, g.allowed_lse)
     if weights is not None:
         problems += [p.replace("out.", "weights.") for p in
                      check_metadata(backend, weights, g.weights.shape, case.dtype, device)]
@@ -176,7 +188,7 @@ def test_deterministic(attn_backend, attn_device, judge, dtype, data):
     judge("sdpa", "deterministic", case, body)
 
 
-@pytest.mark.parametrize("bad", SDPA_BAD_INPUTS, ids=lambda b: b.id)
+@pytest.mark.parametrize("bad", ALL_SDPA_BAD_INPUTS, ids=lambda b: b.id)
 def test_bad_input_raises_spec_error(attn_backend, attn_device, judge, bad):
     """Every entry of the spec's bad-input catalogue raises SpecError from the backend too."""
     (q, k, v), options = bad.build()

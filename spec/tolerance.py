@@ -26,6 +26,12 @@ every non-finite element equals the golden's (same positions, same signs, NaN fo
 report shows ``budget used = max error / allowed``: 1.0 is the edge.
 
 Weights use the same rule with V = 1 (they are probabilities).
+
+The variants (issue #15) enter L: the ALiBi term |slope * (i' - j)| adds to each visible logit's
+magnitude, and a sink is one more logit (L >= |sink|). softcap only shrinks logits and its tanh
+has slope <= 1, so it passes a logit error through at most unchanged: L stays a bound. The
+weights of a row with a sink sum to less than 1, which the V = 1 rule covers as it is. The log-
+sum-exp gets a rule of its own, `lse_allowed`.
 """
 
 from __future__ import annotations
@@ -159,13 +165,52 @@ def compare(result: np.ndarray, golden: np.ndarray, allowed: float) -> Compariso
 
 
 def sdpa_allowed(plan: SDPAPlan, q, k, v, bias, vis: np.ndarray | None, err_ref: float,
-                 value_scale: float | None = None) -> float:
+                 value_scale: float | None = None, extras: SDPAExtras = NO_EXTRAS) -> float:
     """``allowed`` for one sdpa case (outputs; pass value_scale=1 for weights)."""
     v64 = np.asarray(v, dtype=np.float64)
     V = value_scale if value_scale is not None else float(np.abs(v64[np.isfinite(v64)]).max(initial=0.0))
-    L = _logit_scale(plan, q, k, bias, vis)
+    L = logit_scale(plan, q, k, bias, vis, extras)
     floor = eps(plan.dtype) * V * (1.0 + math.sqrt(plan.m) + 2.0 * math.sqrt(plan.dk) * L)
+    if extras.dropout_mask is not None:  # kept weights are scaled by 1 / (1 - p), and so their error
+        floor /= 1.0 - plan.dropout_p
     return K * err_ref + floor
+
+
+def lse_allowed(plan: SDPAPlan, q, k, bias, vis: np.ndarray | None, err_ref: float,
+                golden_lse: np.ndarray, extras: SDPAExtras = NO_EXTRAS) -> float:
+    """``allowed`` for the log-sum-exp of one sdpa case: K * err_ref + floor, where
+
+        floor = eps(D) * (2 * sqrt(dk) * L + sqrt(m) + 1) + eps(lse dtype) * max |lse|
+
+    Derivation. lse = log sum_j exp(s_j) has d lse / d s_j = w_j, and the w_j sum to at most 1,
+    so an error of at most e in every logit moves lse by at most e: the logit error of an
+    implementation exact to its dtype, eps(D) * 2 * sqrt(dk) * L as for the output (L as there).
+    Summing the m exponentials in another order changes the denominator by a relative
+    eps(D) * sqrt(m) (random-walk growth), so its log by that much absolutely; forming M + log Z
+    rounds once more (the 1). Finally lse is stored in its own dtype (float32, or float64 for
+    float64 inputs), a relative rounding of eps(lse dtype) * |lse|. err_ref (the same-precision
+    reference's lse against the golden's) and K = 4 are as for the output. Rows with lse = -inf
+    (no visible key, no sink) must match exactly, as every non-finite element does.
+    """
+    L = logit_scale(plan, q, k, bias, vis, extras)
+    g = np.asarray(golden_lse, dtype=np.float64)
+    top = float(np.abs(g[np.isfinite(g)]).max(initial=0.0))
+    floor = (eps(plan.dtype) * (2.0 * math.sqrt(plan.dk) * L + math.sqrt(plan.m) + 1.0)
+             + eps(plan.lse_dtype) * top)
+    return K * err_ref + floor
+
+
+def logit_scale(plan: SDPAPlan, q, k, bias, vis, extras: SDPAExtras = NO_EXTRAS) -> float:
+    """L: `_logit_scale`, plus the largest |ALiBi term| over visible pairs, at least |sink|."""
+    if extras.alibi_slopes is not None and plan.n and plan.m and plan.hq:
+        from attnspec.spec.sdpa import alibi_term
+
+        term = np.abs(alibi_term(plan, extras))  # (..., Hq, n, m)
+        bias = term if bias is None else np.abs(np.asarray(bias, np.float64)) + term
+    L = _logit_scale(plan, q, k, bias, vis)
+    if extras.sinks is not None:
+        L = max(L, float(np.abs(np.asarray(extras.sinks, np.float64)).max(initial=0.0)))
+    return L
 
 
 def _logit_scale(plan: SDPAPlan, q, k, bias, vis) -> float:

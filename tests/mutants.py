@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnspec.backends._base import Backend
-from attnspec.spec._validate import ArrayInfo, validate_sdpa
+from attnspec.spec._validate import numpy_info, validate_sdpa
 
 
 class Naive(Backend):
@@ -24,11 +24,24 @@ class Naive(Backend):
         return np.asarray(x)
 
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, return_weights=False):
-        info = lambda x: None if x is None else ArrayInfo(tuple(x.shape), x.dtype.name)  # noqa: E731
-        p = validate_sdpa(f"{self.name}.sdpa", info(q), info(k), info(v), mask=info(mask), bias=info(bias),
-                          causal=causal, window=window, scale=scale, q_lengths=q_lengths,
-                          kv_lengths=kv_lengths)
+             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+             return_weights=False, return_lse=False):
+        fn = f"{self.name}.sdpa"
+        info = lambda name, x: None if x is None else numpy_info(fn, name, x)  # noqa: E731
+        p = validate_sdpa(fn, info("q", q), info("k", k), info("v", v), mask=info("mask", mask),
+                          bias=info("bias", bias), causal=causal, window=window, scale=scale,
+                          q_lengths=q_lengths, kv_lengths=kv_lengths, softcap=softcap,
+                          alibi_slopes=info("alibi_slopes", alibi_slopes), sinks=info("sinks", sinks),
+                          q_segment_ids=info("q_segment_ids", q_segment_ids),
+                          kv_segment_ids=info("kv_segment_ids", kv_segment_ids),
+                          dropout_mask=info("dropout_mask", dropout_mask),
+                          dropout_p=dropout_p, return_lse=return_lse)
+        # the variants of issue #15 are not this control's (Naive declares none): refused, not ignored
+        self.refuse_variants("sdpa", dict(softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                                          q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                                          dropout_mask=dropout_mask, dropout_p=dropout_p,
+                                          return_lse=return_lse, causal=causal))
         bug = self.bug
         ct = np.float32 if bug == "f32_accumulation" and p.dtype == "float64" else np.float64
 

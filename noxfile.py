@@ -69,8 +69,8 @@ def package(extras: list[str]) -> str:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the kit's own tests (spec, backends, mutants, runner, plugin, check, atlas) with every framework."""
-    install(session, ".[all,atlas]")
+    """Run the kit's own tests (spec, backends, mutants, runner, plugin, check, atlas, reformer) with every framework."""
+    install(session, ".[all,atlas,reformer]")
     install(session, str(PLUGIN))
     session.run("pytest", *session.posargs)
 

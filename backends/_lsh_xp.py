@@ -6,11 +6,12 @@ and its previous chunk, unsort, combine the rounds by their logsumexp. ``xp`` is
 that implements the standard (array-api-compat's NumPy and torch, array_api_strict, ``jax.numpy``);
 only standard functions are used (``take``, ``argsort(stable=True)``, ``roll``, ``matmul``...).
 
-Memory: nothing is larger than O(nh * Lp * max(2C, d, dv)) per batch element. Queries of one
-chunk and the 2C keys of their window are gathered, so the logits are (B, nc, C, 2C); no L x L
-array is built. The hash projections, (rows, nh * n_buckets / 2), are made for a block of rows at
-a time (`HASH_BLOCK_ELEMENTS`), since n_buckets usually grows with L. dedup adds nh * nh passes
-over arrays of the logits' size.
+Memory: nothing is larger than O(nh * Lp * max(d, dv)) per batch element. Queries of one
+chunk and the 2C keys of their window are gathered a block of chunks at a time
+(`ATTEND_BLOCK_ELEMENTS`), so the logits are (B, chunks per block, C, 2C); no L x L array is
+built. The hash projections, (rows, nh * n_buckets / 2), are made for a block of rows at a time
+(`HASH_BLOCK_ELEMENTS`), since n_buckets usually grows with L. dedup adds nh * nh passes over
+arrays of the logits' size.
 
 Precision: float32 for float16/bfloat16/float32 inputs and float64 for float64 inputs
 (`compute_dtype_name`), hashing included, then one rounding to the input dtype. A float32 hash
@@ -36,6 +37,10 @@ __all__ = ["empty", "lsh_attention", "plan"]
 #: elements (at least one chunk of rows): with n_buckets ~ L / C, hashing all L rows at once would
 #: hold O(L^2 / C) values, 268 MB in float32 at L = 65536, C = 64
 HASH_BLOCK_ELEMENTS = 1 << 22
+#: chunks are attended a block at a time whose (B, chunks, C, 2C) logits hold about this many
+#: elements (at least one chunk): 1 MB of float32 logits, so the block's gathered windows, logits
+#: and weights stay small and the peak no longer grows with nh * L * 2C
+ATTEND_BLOCK_ELEMENTS = 1 << 18
 
 
 def plan(fn: str, info: InfoFn, lengths_to_numpy, x, v, rotations, chunk_length, causal,
@@ -117,37 +122,53 @@ def lsh_attention(xp, p: LSHPlan, x, v, rotations, kv, *, nonfinite_v: bool, dev
     # x = 0 at the spec's 1 / NORM_EPS (k_hat = x / NORM_EPS there)
     norm = xp.where(sq > 0, xp.sqrt(xp.where(sq > 0, sq, 1.0)), 0.0)  # (B, Lp, 1)
     k_hat = x / xp.maximum(norm, xp.asarray(NORM_EPS, dtype=ct, **on))  # (B, Lp, d)
-    q = rows(x, slot_pos)  # (B, nc, C, d)
-    k = rows(k_hat, win_pos)  # (B, nc, 2C, d)
-    s = xp.matmul(q, xp.matrix_transpose(k)) * p.scale  # (B, nc, C, 2C)
+    valid_col = valid[..., None] if padded else None  # (B, Lp, 1)
+    self_logit = xp.asarray(SELF_LOGIT, dtype=ct, **on)
 
-    # step 6: visibility by original positions
-    qp, kp = slot_pos[..., :, None], win_pos[..., None, :]  # (B, nc, C, 1), (B, nc, 1, 2C)
-    vis = None  # (B, nc, C, 2C) or None: every key visible
-    if padded:
-        vis = rows(valid[..., None], slot_pos) & xp.matrix_transpose(rows(valid[..., None], win_pos))
-    if p.causal:
-        vis = (kp <= qp) if vis is None else vis & (kp <= qp)
-    s = xp.where(kp == qp, xp.asarray(SELF_LOGIT, dtype=ct, **on), s)
-    if p.dedup:
-        s = s - xp.log(xp.astype(_window_counts(xp, p, slot_of, slot_pos, win_pos, rows, on), ct))
-    if vis is not None:
-        s = xp.where(vis, s, -math.inf)  # absent keys: their x (even NaN) is dropped here
+    def attend(sp, wp):  # chunks sp (B, c, C) with windows wp (B, c, 2C) -> o (B, c, C, dv), lse (B, c, C)
+        q = rows(x, sp)  # (B, c, C, d)
+        k = rows(k_hat, wp)  # (B, c, 2C, d)
+        s = xp.matmul(q, xp.matrix_transpose(k)) * p.scale  # (B, c, C, 2C)
+        # step 6: visibility by original positions
+        qp, kp = sp[..., :, None], wp[..., None, :]  # (B, c, C, 1), (B, c, 1, 2C)
+        vis = None  # (B, c, C, 2C) or None: every key visible
+        if padded:
+            vis = rows(valid_col, sp) & xp.matrix_transpose(rows(valid_col, wp))
+        if p.causal:
+            vis = (kp <= qp) if vis is None else vis & (kp <= qp)
+        s = xp.where(kp == qp, self_logit, s)
+        if p.dedup:
+            s = s - xp.log(xp.astype(_window_counts(xp, p, slot_of, sp, wp, rows, on), ct))
+        if vis is not None:
+            s = xp.where(vis, s, -math.inf)  # absent keys: their x (even NaN) is dropped here
+        # step 7: per-row softmax and logsumexp
+        row_max = xp.max(s, axis=-1, keepdims=True)  # (B, c, C, 1)
+        if vis is not None:
+            row_max = xp.where(row_max == -math.inf, 0.0, row_max)  # rows with no visible key
+        e = xp.exp(s - row_max)
+        denom = xp.sum(e, axis=-1, keepdims=True)  # (B, c, C, 1)
+        if vis is not None:  # only a padded query row can see nothing (self is always visible)
+            denom = xp.where(denom == 0, 1.0, denom)
+        w = e / denom  # (B, c, C, 2C)
+        lse = (row_max + xp.log(denom))[..., 0]  # (B, c, C); padded rows: 0
+        v_win = rows(v, wp)  # (B, c, 2C, dv)
+        if nonfinite_v:  # zeroed for the matmul (0 * inf = NaN would reach rows not seeing the key)
+            o = xp.matmul(w, xp.where(xp.isfinite(v_win), v_win, 0.0))  # (B, c, C, dv)
+            every = xp.ones(s.shape, dtype=xp.bool, **on)
+            o = _nonfinite_values(xp, w, v_win, every if vis is None else vis, o, ct)
+        else:
+            o = xp.matmul(w, v_win)  # (B, c, C, dv)
+        return o, lse
 
-    # step 7: per-row softmax and logsumexp
-    row_max = xp.max(s, axis=-1, keepdims=True)  # (B, nc, C, 1)
-    row_max = xp.where(row_max == -math.inf, 0.0, row_max)  # rows with no visible key
-    e = xp.exp(s - row_max)
-    denom = xp.sum(e, axis=-1, keepdims=True)  # (B, nc, C, 1)
-    w = e / xp.where(denom == 0, 1.0, denom)  # (B, nc, C, 2C)
-    lse = (row_max + xp.log(xp.where(denom == 0, 1.0, denom)))[..., 0]  # (B, nc, C); padded rows: 0
-    v_win = rows(v, win_pos)  # (B, nc, 2C, dv)
-    if nonfinite_v:  # zeroed for the matmul (0 * inf = NaN would reach rows not seeing the key)
-        o = xp.matmul(w, xp.where(xp.isfinite(v_win), v_win, 0.0))  # (B, nc, C, dv)
-        every = xp.ones(s.shape, dtype=xp.bool, **on)
-        o = _nonfinite_values(xp, w, v_win, every if vis is None else vis, o, ct)
-    else:
-        o = xp.matmul(w, v_win)  # (B, nc, C, dv)
+    # steps 4-7 a block of chunks at a time: the gathered windows, logits and weights of all nc
+    # chunks at once were most of the peak memory (564 MB at L = 65536), and a block that stays
+    # in cache is faster too
+    per_block = max(1, ATTEND_BLOCK_ELEMENTS // (B * C * 2 * C))
+    parts = [attend(slot_pos[:, c:min(c + per_block, nc), :], win_pos[:, c:min(c + per_block, nc), :])
+             for c in range(0, nc, per_block)]
+    o = parts[0][0] if len(parts) == 1 else xp.concat([a for a, _ in parts], axis=1)  # (B, nc, C, dv)
+    lse = parts[0][1] if len(parts) == 1 else xp.concat([b for _, b in parts], axis=1)  # (B, nc, C)
+    del parts
 
     # undo the sort, combine the rounds with softmax(lse)
     flat = xp.reshape(xp.arange(nh, dtype=xp.int64, **on) * Lp, (1, nh, 1)) + slot_of  # (B, nh, Lp)

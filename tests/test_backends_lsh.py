@@ -82,6 +82,24 @@ def test_hashing_in_blocks_of_rows_changes_nothing(backend_name, case_name, rows
             jax.clear_caches()
 
 
+@pytest.mark.parametrize("chunks", [1, 3])
+@pytest.mark.parametrize("case_name", ["ragged", "everything", "kv_lengths", "dedup", "four_hashes"])
+@pytest.mark.parametrize("backend_name", [b for b in BACKENDS if b != "numpy"])  # numpy: the spec itself
+def test_attending_in_blocks_of_chunks_changes_nothing(backend_name, case_name, chunks, monkeypatch):
+    """`_lsh_xp` attends ATTEND_BLOCK_ELEMENTS of logits at a time; blocks of one chunk, or of 3
+    (which do not divide the chunk count, so the last block is short), still give the spec's output."""
+    batch, _, _, _, _, _, C, *_ = CASES[case_name]
+    monkeypatch.setattr(_lsh_xp, "ATTEND_BLOCK_ELEMENTS", int(np.prod(batch)) * C * 2 * C * chunks)
+    jax = pytest.importorskip("jax") if backend_name == "jax" else None
+    if jax:
+        jax.clear_caches()
+    try:
+        test_matches_spec_float64(backend_name, case_name)
+    finally:
+        if jax:
+            jax.clear_caches()
+
+
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_float32_hash_uses_the_given_rotations(backend_name):
     """float32 inputs hash in float32 with the given rotations: buckets equal the spec's away

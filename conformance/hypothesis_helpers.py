@@ -253,6 +253,10 @@ def variant_cases(draw, dtype: str, features: tuple[str, ...] = VARIANT_FEATURES
     hq, n, m = q.shape[-3], q.shape[-2], k.shape[-2]
     options = {key: val for key, val in base.options.items()}
     every = feature == "variants_combined"
+    if feature == "alibi_lower_right_lengths":  # ALiBi anchored on each sequence's lengths
+        feature = "alibi"
+        options["causal"] = "lower_right_lengths"
+        options["kv_lengths"] = rng.integers(0, m + 1, size=batch)
     if feature == "softcap" or every:
         options["softcap"] = float(draw(st.sampled_from([0.5, 2.0, 5.0, 30.0])))
     if feature == "alibi" or every:

@@ -40,6 +40,39 @@ def test_variants_match_golden(attn_backend, attn_device, judge, dtype, data):
 
 @DTYPES
 @given(data=st.data())
+def test_softcap_before_bias(attn_backend, attn_device, judge, dtype, data):
+    """Softcap with a bias (and ALiBi at times) on top: the cases where capping before or after
+    the additive terms differ (decision 12). variants_match_golden draws these only now and then."""
+    case = data.draw(variant_cases(dtype, ("softcap", "variants_combined"), bases=("bias", "combined")),
+                     label="case")
+
+    def body():
+        return _judge_output(attn_backend, attn_device, "softcap_before_bias", case,
+                             call_sdpa(attn_backend, case, attn_device))
+
+    judge("sdpa", "softcap_before_bias", case, body)
+
+
+@DTYPES
+@given(data=st.data())
+def test_alibi_anchor(attn_backend, attn_device, judge, dtype, data):
+    """ALiBi on n != m under each alignment (none, lower_right, lower_right_lengths): the cases
+    where its anchor i' and its sign show (decision 13). With n == m every anchor agrees, and under
+    a causal rule a per-row shift of the distance leaves the softmax unchanged, so the draws lean
+    on the non-causal and the lower-right cases."""
+    case = data.draw(variant_cases(dtype, ("alibi", "alibi_lower_right_lengths"), bases=(
+        "plain", "gqa", "kv_lengths", "causal_lower_right", "window_lower_right", "combined")),
+        label="case")
+
+    def body():
+        return _judge_output(attn_backend, attn_device, "alibi_anchor", case,
+                             call_sdpa(attn_backend, case, attn_device))
+
+    judge("sdpa", "alibi_anchor", case, body)
+
+
+@DTYPES
+@given(data=st.data())
 def test_sink_takes_its_share(attn_backend, attn_device, judge, dtype, data):
     """With sinks, each row's weights sum to 1 - p_sink, p_sink = exp(sink - lse) (0 for a row
     with no visible key): the sink has a logit in the denominator and no value."""

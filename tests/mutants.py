@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec.backends._base import Backend
+from attnspec.backends._base import VARIANT_FEATURES, Backend
 from attnspec.spec._validate import numpy_info, validate_sdpa
 
 
 class Naive(Backend):
     name = "naive"
     bug = None
+    variants = frozenset(VARIANT_FEATURES)  # all of issue #15's, so their mutants can be switched on
 
     def asarray(self, x, dtype=None, device=None):
         return np.array(x, dtype=dtype)
@@ -37,11 +38,6 @@ class Naive(Backend):
                           kv_segment_ids=info("kv_segment_ids", kv_segment_ids),
                           dropout_mask=info("dropout_mask", dropout_mask),
                           dropout_p=dropout_p, return_lse=return_lse)
-        # the variants of issue #15 are not this control's (Naive declares none): refused, not ignored
-        self.refuse_variants("sdpa", dict(softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-                                          q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                                          dropout_mask=dropout_mask, dropout_p=dropout_p,
-                                          return_lse=return_lse, causal=causal))
         bug = self.bug
         ct = np.float32 if bug == "f32_accumulation" and p.dtype == "float64" else np.float64
 
@@ -57,43 +53,95 @@ class Naive(Backend):
         if bug == "no_scale":
             scale = 1.0
         s = np.einsum("...id,...jd->...ij", q, k) * ct(scale)  # (..., Hq, n, m)
+        if softcap is not None and bug != "softcap_after_bias":
+            s = ct(softcap) * np.tanh(s / ct(softcap))
         i, j = np.arange(p.n)[:, None], np.arange(p.m)[None, :]
+        q_ids = None if q_segment_ids is None else np.broadcast_to(q_segment_ids, (*p.batch, p.n))
+        kv_ids = None if kv_segment_ids is None else np.broadcast_to(kv_segment_ids, (*p.batch, p.m))
+        anchor = self._anchor(p, causal, q_ids, kv_ids)[..., None, :, None]  # (..., 1, n, 1): i'
         vis = np.ones(p.full_weights_shape, bool)
-        shift = p.m - p.n if causal == "lower_right" and bug != "wrong_alignment" else 0
         if causal is not None:
-            vis &= (j <= i + shift + 1) if bug == "causal_off_by_one" else (j <= i + shift)
+            vis &= (j <= anchor + 1) if bug == "causal_off_by_one" else (j <= anchor)
         if window is not None:
-            vis &= (j >= i + shift - window[0]) & (j <= i + shift + window[1])
+            vis &= (j >= anchor - window[0]) & (j <= anchor + window[1])
         if kv_lengths is not None:
             vis &= j < p.kv_lengths[..., None, None, None]
         if q_lengths is not None:
             vis &= i < p.q_lengths[..., None, None, None]
+        if q_ids is not None:
+            qi, kj = q_ids[..., None, :, None], kv_ids[..., None, None, :]  # (..., 1, n, 1), (..., 1, 1, m)
+            vis &= ((qi <= kj) if bug == "segments_le" else (qi == kj)) & (qi >= 0)
         if mask is not None:
             vis &= mask
         if bias is not None:
             vis &= bias != -np.inf
             if bug != "bias_ignored":
                 s = s + np.where(bias == -np.inf, 0, bias).astype(ct)
+        if alibi_slopes is not None:
+            if bug == "alibi_upper_left_anchor":
+                anchor = np.arange(p.n)[:, None]
+            elif bug == "alibi_lower_right_anchor":
+                anchor = np.arange(p.n)[:, None] + p.m - p.n
+            slopes = np.broadcast_to(alibi_slopes.astype(ct), (*p.batch, p.hq))[..., None, None]
+            distance = np.abs(anchor - j).astype(ct)  # (..., 1, n, m)
+            s = s + slopes * distance if bug == "alibi_wrong_sign" else s - slopes * distance
+        if softcap is not None and bug == "softcap_after_bias":
+            s = ct(softcap) * np.tanh(s / ct(softcap))
+        sink = None if sinks is None else sinks.astype(ct)[:, None, None]  # (Hq, 1, 1)
         if bug == "fill_minus_1e9":
             s = np.where(vis, s, -1e9)
             w = _softmax(s, -1)
             out = w @ v  # 0 * NaN: masked NaN leaks; empty rows become mean(V)
         else:
-            if bug == "no_renormalize":
+            if sink is not None:
+                w, p_sink = _softmax_with_sink(np.where(vis, s, -np.inf), sink)
+            elif bug == "no_renormalize":
                 w = _softmax(s, -1) * vis
             elif bug == "softmax_wrong_axis":
                 w = _softmax(np.where(vis, s, -np.inf), -2)
             else:
                 w = _softmax(np.where(vis, s, -np.inf), -1)
             w = np.where(vis, np.nan_to_num(w), 0)
+            if dropout_mask is not None:
+                keep = dropout_mask.astype(ct)
+                w = w * keep if bug == "dropout_not_rescaled" else w * keep / ct(1.0 - dropout_p)
             out = np.where(vis[..., None], w[..., None] * v[..., None, :, :], 0).sum(-2)
             if bug == "empty_rows_mean":
                 empty = ~vis.any(-1, keepdims=True)
                 out = np.where(empty, v.mean(-2, keepdims=True), out)
+            if sink is not None and bug == "sink_in_numerator":
+                out = out + p_sink  # as if the sink had a value vector of ones
         dt = _np_dtype(p.dtype)
-        shape = p.out_shape
-        out = out.astype(dt).reshape(shape)
-        return (out, w.astype(dt).reshape(p.weights_shape)) if return_weights else out
+        result = [out.astype(dt).reshape(p.out_shape)]
+        if return_weights:
+            result.append(w.astype(dt).reshape(p.weights_shape))
+        if return_lse:
+            lse = _logsumexp(np.where(vis, s, -np.inf), sink, shifted=bug == "lse_no_max")
+            result.append(lse.astype(_np_dtype(p.lse_dtype)).reshape(p.lse_shape))
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _anchor(self, p, causal, q_ids, kv_ids) -> np.ndarray:
+        """i' (*batch, n) of each query row, written out row by row for lower_right_lengths."""
+        i = np.arange(p.n)
+        lengths_on_padded = self.bug == "lengths_on_padded"
+        if causal == "lower_right" and self.bug != "wrong_alignment" or (
+                causal == "lower_right_lengths" and lengths_on_padded):
+            return np.broadcast_to(i + p.m - p.n, (*p.batch, p.n))
+        anchor = np.broadcast_to(i, (*p.batch, p.n)).copy()
+        if causal != "lower_right_lengths":
+            return anchor
+        for b in np.ndindex(*p.batch):
+            q_len = p.n if p.q_lengths is None else int(p.q_lengths[b])
+            kv_len = p.m if p.kv_lengths is None else int(p.kv_lengths[b])
+            for r in range(p.n):
+                if q_ids is None:
+                    anchor[b][r] = r + kv_len - q_len
+                    continue
+                sid = q_ids[b][r]  # the ends of row r's own sequence, within the lengths
+                q_end = max((x + 1 for x in range(q_len) if q_ids[b][x] == sid), default=0)
+                kv_end = max((x + 1 for x in range(kv_len) if kv_ids[b][x] == sid), default=0)
+                anchor[b][r] = r + kv_end - q_end
+        return anchor
 
 
 def _softmax(s, axis):
@@ -101,6 +149,30 @@ def _softmax(s, axis):
         top = np.max(s, axis=axis, keepdims=True, initial=-np.inf)
         e = np.exp(s - np.where(np.isfinite(top), top, 0))
         return e / e.sum(axis=axis, keepdims=True)
+
+
+def _softmax_with_sink(s, sink):
+    """Weights (..., Hq, n, m) and the sink's share (..., Hq, n, 1) of a softmax with one extra
+    logit per head that has no key."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        top = np.maximum(np.max(s, axis=-1, keepdims=True, initial=-np.inf), sink)
+        e = np.exp(s - top)
+        e_sink = np.exp(sink - top)
+        z = e.sum(axis=-1, keepdims=True) + e_sink
+        return e / z, e_sink / z
+
+
+def _logsumexp(s, sink, shifted=False):
+    """log(sum_j exp(s_j) + exp(sink)) over the last axis; ``shifted`` leaves out the max."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        top = np.max(s, axis=-1, keepdims=True, initial=-np.inf)
+        if sink is not None:
+            top = np.maximum(top, sink)
+        top = np.where(top == -np.inf, 0, top)
+        z = np.exp(s - top).sum(axis=-1, keepdims=True)
+        if sink is not None:
+            z = z + np.exp(sink - top)
+        return np.log(z)[..., 0] if shifted else (top + np.log(z))[..., 0]
 
 
 def _np_dtype(name):
@@ -123,6 +195,20 @@ MUTANTS = {
     "f32_accumulation": ("f32_accumulation", "plain"),
     "no_renormalize": ("no_renormalize", "mask"),
 }
+# the attention variants of issue #15; their runs are restricted to the variant tests (`VARIANT_RUN`)
+VARIANT_MUTANTS = {
+    "softcap_after_bias": ("softcap_after_bias", "softcap"),  # TransformerEngine's order (TE PR 3391)
+    "alibi_upper_left_anchor": ("alibi_upper_left_anchor", "alibi"),  # |i - j| under lower_right
+    "alibi_lower_right_anchor": ("alibi_lower_right_anchor", "alibi"),  # |i + m - n - j| always
+    "alibi_wrong_sign": ("alibi_wrong_sign", "alibi"),
+    "sink_in_numerator": ("sink_in_numerator", "sinks"),  # the sink's share added to the output
+    "lse_no_max": ("lse_no_max", "lse"),  # log of the max-shifted sum
+    "segments_le": ("segments_le", "segments"),  # q_id <= kv_id instead of ==
+    "dropout_not_rescaled": ("dropout_not_rescaled", "dropout"),  # no 1 / (1 - p)
+    "lengths_on_padded": ("lengths_on_padded", "causal_lower_right_lengths"),  # = lower_right
+}
+#: pytest -k of a variant mutant's run: the variant properties only (test_variants.py)
+VARIANT_RUN = "test_variants"
 
 
 def make(bug):
@@ -133,7 +219,7 @@ def control():
     return Naive()
 
 
-for _name, (_bug, _) in MUTANTS.items():
+for _name, (_bug, _) in {**MUTANTS, **VARIANT_MUTANTS}.items():
     globals()[f"mutant_{_name}"] = (lambda b: (lambda: make(b)()))(_bug)
 
 

@@ -15,25 +15,33 @@ from pathlib import Path
 
 import pytest
 
-from mutants import MUTANTS
+from mutants import MUTANTS, VARIANT_MUTANTS, VARIANT_RUN
 
 HERE = Path(__file__).parent
 
 
-def run_suite(target: str, results: Path) -> subprocess.CompletedProcess:
+def run_suite(target: str, results: Path, keyword: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
            "--attn-profile", "dev", "--attn-results", str(results), "-q", "-p", "no:cacheprovider",
-           "-W", "ignore::RuntimeWarning"]
+           "-W", "ignore::RuntimeWarning", *(["-k", keyword] if keyword else [])]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=results.parent)
 
 
 @pytest.fixture(scope="module")
-def suite_runs(tmp_path_factory):
+def suite_runs(tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("mutants")
-    targets = {"control": "mutants:control", **{m: f"mutants:mutant_{m}" for m in MUTANTS}}
+    targets = {"control": ("mutants:control", None),
+               **{m: (f"mutants:mutant_{m}", None) for m in MUTANTS},
+               # a variant's bug only shows in the variant properties: run just those (fast)
+               **{m: (f"mutants:mutant_{m}", VARIANT_RUN) for m in VARIANT_MUTANTS}}
+    # only the runs the selected tests read (pytest -k no_scale runs one suite, not thirteen)
+    wanted = {getattr(item, "callspec", None) and item.callspec.params.get("mutant") or "control"
+              for item in request.session.items if item.module is request.module}
+    targets = {name: t for name, t in targets.items() if name in wanted}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(run_suite, t, tmp / f"{name}.json") for name, t in targets.items()}
+        futures = {name: pool.submit(run_suite, t, tmp / f"{name}.json", kw)
+                   for name, (t, kw) in targets.items()}
         return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
 
 
@@ -45,13 +53,13 @@ def test_control_passes(suite_runs):
     assert not any(r["failed"] for r in rows)
 
 
-@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+@pytest.mark.parametrize("mutant", sorted(MUTANTS) + sorted(VARIANT_MUTANTS))
 def test_mutant_is_caught_and_feature_named(suite_runs, mutant):
     proc, path = suite_runs[mutant]
     assert proc.returncode == 1, f"mutant {mutant} survived the suite:\n{proc.stdout[-2000:]}"
     results = json.loads(path.read_text())
     failed_features = {r["feature"] for r in results["rows"] if r["failed"]}
-    expected = MUTANTS[mutant][1]
+    expected = {**MUTANTS, **VARIANT_MUTANTS}[mutant][1]
     assert expected in failed_features, f"{mutant}: failures {sorted(failed_features)} miss {expected}"
     # the message a user sees names the feature and carries a reproducer
     assert any(f"feature={expected}" in f["message"] for f in results["failures"]) or \

@@ -43,6 +43,28 @@ def test_example_plugin_is_found_and_conforms():
             be.sdpa(bq, bk, bv, **opts)
 
 
+@pytest.mark.skipif(not example_installed, reason="the example plugin is not installed: "
+                    "pip install -e examples/attnspec-example-plugin")
+def test_example_plugin_variants_match_the_spec_and_alibi_is_refused():
+    from attnspec import spec
+    from attnspec.backends import Unsupported
+
+    be = registry.get("example")
+    r = np.random.default_rng(1)
+    q, k, v = r.standard_normal((2, 4, 5, 8)), r.standard_normal((2, 2, 7, 8)), r.standard_normal((2, 2, 7, 3))
+    options = dict(softcap=2.0, sinks=r.standard_normal(4), causal="lower_right_lengths",
+                   kv_lengths=np.array([6, 3]), q_segment_ids=spec.segment_ids_from_cu_seqlens([0, 2, 5], 5),
+                   kv_segment_ids=spec.segment_ids_from_cu_seqlens([0, 3, 6], 7),
+                   dropout_mask=r.random((5, 7)) < 0.8, dropout_p=0.2, return_weights=True, return_lse=True)
+    got, want = be.sdpa(q, k, v, **options), spec.sdpa(q, k, v, **options)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+    assert "alibi" not in be.variants and be.supports("sdpa", alibi_slopes=np.ones(4))
+    with pytest.raises(Unsupported, match="alibi"):
+        be.sdpa(q, k, v, alibi_slopes=np.ones(4))
+
+
 def _fake_entry_points(*extra: metadata.EntryPoint):
     real = list(metadata.entry_points(group=GROUP))
 

@@ -22,6 +22,11 @@ CALLS = {  # spec calls that reach the framework's own arguments
     "gqa_mask": ((1, 4, 5, 8), (1, 2, 7, 8), {"mask": np.arange(7) < 5}),
     "causal": ((2, 2, 6, 8), (2, 2, 6, 8), {"causal": "upper_left"}),
     "plain": ((1, 2, 8, 8), (1, 2, 8, 8), {}),
+    # the variants of issue #15 an implementation takes as its own arguments (flex: softcap and
+    # ALiBi as score_mod, lse through return_aux; MLX: sinks)
+    "softcap_alibi_lse": ((1, 4, 5, 8), (1, 2, 7, 8), {"softcap": 5.0, "causal": "lower_right", "return_lse": True,
+                                                       "alibi_slopes": np.array([0.5, 0.25, 0.125, 0.0625])}),
+    "sinks": ((1, 4, 5, 8), (1, 2, 7, 8), {"sinks": np.array([0.5, -1.0, 2.0, 0.0], np.float32)}),
 }
 
 
@@ -74,7 +79,7 @@ def same_as_framework(name, call):
     recorded = b.last_result[0] if isinstance(b.last_result, tuple) else b.last_result
     assert np.array_equal(b.to_numpy(direct), b.to_numpy(recorded), equal_nan=True)
     # what the backend returns is those values, only moved to the spec's layout
-    got = b.to_numpy(out)
+    got = b.to_numpy(out[0] if isinstance(out, tuple) else out)  # (out, lse) with return_lse
     assert got.size == math.prod(b.to_numpy(direct).shape)
     assert np.array_equal(_values(got), _values(b.to_numpy(direct)))
 

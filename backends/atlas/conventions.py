@@ -6,6 +6,7 @@ it cannot express. Nothing here corrects a result.
 
 from __future__ import annotations
 
+import math
 import types
 from typing import Any
 
@@ -31,15 +32,18 @@ def _full(p, x: np.ndarray) -> np.ndarray:
 
 class MLX(Convention):
     name = "mlx"
-    signature = ("fn(q, k, v, *, scale, mask=None) on (B, H, L, D) arrays; mask 'causal' (lower-right), "
-                 "bool (True = attend) or additive")
+    signature = ("fn(q, k, v, *, scale, mask=None, sinks=None) on (B, H, L, D) arrays; mask 'causal' "
+                 "(lower-right), bool (True = attend) or additive; sinks (Hq,)")
     arrays = "mlx"
     cannot = {"return_weights": "returns no attention weights"}
     causal_flag = "lower_right"
+    variants = frozenset({"sinks"})  # sinks=(Hq,): a logit in every row's denominator, no value
 
     def call(self, fn, lib, p, q, k, v, options):
         qf, kf, vf = flat_qkv(p, q, k, v)  # (B, Hq, n, dk), (B, Hkv, m, dk), (B, Hkv, m, dv)
         kw: dict[str, Any] = {"scale": p.scale}
+        if options.get("sinks") is not None:
+            kw["sinks"] = options["sinks"]  # (Hq,), q's dtype: MLX's own argument
         square = p.n == p.m
         if _only(options) and (p.causal == "lower_right" or (p.causal == "upper_left" and square)):
             kw["mask"] = "causal"  # MLX's causal string is lower-right aligned
@@ -89,8 +93,9 @@ class _HF(Convention):
               "scale": None}
 
     def refusals(self, call: Call) -> list[str]:
-        return [f"the {self.name} convention {why}" for need, why in self.cannot.items()
-                if why and need in call.needs]
+        # the base class' refusals, less the needs whose reason is None (carried after all)
+        carried = frozenset(n for n in call.needs if self.cannot.get(n, "") is not None)
+        return super().refusals(Call(carried, call.n, call.m))
 
     def _vis(self, p, options):
         vis = attend_mask(p, options.get("mask"))
@@ -153,20 +158,26 @@ class HFSdpa(_HF):
 class Flex(Convention):
     name = "flex"
     signature = ("flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, "
-                 "enable_gqa=False) on (B, H, L, D); visibility as mask_mod, bias as score_mod")
+                 "enable_gqa=False, *, return_aux=None) on (B, H, L, D); visibility as mask_mod, bias, "
+                 "softcap and ALiBi as score_mod, lse through return_aux=AuxRequest(lse=True)")
     arrays = "torch"
-    cannot = {"return_weights": "returns no attention weights"}
+    cannot = {"return_weights": "returns no attention weights",
+              "sinks": "has no sink argument (a sink is emulated with an extra key or through the lse)",
+              "dropout": "has no dropout"}
+    variants = frozenset({"softcap", "alibi", "lse", "segments", "causal_lower_right_lengths"})
 
     def call(self, fn, lib, p, q, k, v, options):
         import torch
-        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
 
         qf, kf, vf = flat_qkv(p, q, k, v)  # (B, Hq, n, dk), (B, Hkv, m, dk), (B, Hkv, m, dv)
         kw: dict[str, Any] = {"scale": p.scale}
         if p.group > 1:
             kw["enable_gqa"] = True
         dev = _device(lib, q)
-        vis = attend_mask(p, options.get("mask"), options.get("bias"))
+        q_ids, kv_ids = options.get("q_segment_ids"), options.get("kv_segment_ids")
+        vis = attend_mask(p, options.get("mask"), options.get("bias"), q_segment_ids=q_ids,
+                          kv_segment_ids=kv_ids)
         if vis is not None:
             table = torch.from_numpy(_full(p, vis)).to(dev)  # (B, Hq or 1, n, m)
             per_head = table.shape[1] != 1
@@ -176,15 +187,49 @@ class Flex(Convention):
 
             kw["block_mask"] = create_block_mask(mask_mod, table.shape[0], p.hq if per_head else None, p.n, p.m,
                                                  device=dev)
+        mods = []  # score_mod terms in the spec's order: softcap, then bias, then ALiBi
+        if p.softcap is not None:
+            cap = p.softcap
+            mods.append(lambda score, b, h, qi, kv: cap * torch.tanh(score / cap))
         if options.get("bias") is not None:
             bias = flatten_mask(p, options["bias"])  # (B, Hq or 1, n, m)
             bias_heads = bias.shape[1] != 1
-
+            mods.append(lambda score, b, h, qi, kv: score + bias[b, h if bias_heads else 0, qi, kv])
+        if options.get("alibi_slopes") is not None:
+            slopes, anchor = _alibi_tables(p, lib, options, dev)  # (B, Hq), (B, n): i'
+            mods.append(lambda score, b, h, qi, kv: score - slopes[b, h] * (anchor[b, qi] - kv).abs())
+        if mods:
             def score_mod(score, b, h, qi, kv):
-                return score + bias[b, h if bias_heads else 0, qi, kv]
+                for mod in mods:
+                    score = mod(score, b, h, qi, kv)
+                return score
 
             kw["score_mod"] = score_mod
-        return unflatten_batch(p, _first(fn(qf, kf, vf, **kw))), None
+        if p.return_lse:
+            kw["return_aux"] = AuxRequest(lse=True)
+        result = fn(qf, kf, vf, **kw)
+        out = unflatten_batch(p, _first(result))
+        if not p.return_lse:
+            return out, None
+        return (out, lib.reshape(result[1].lse, p.lse_shape)), None  # (B, Hq, n) -> spec's
+
+
+def _alibi_tables(p, lib, options, dev):
+    """ALiBi's slopes (B, Hq) in the score's dtype and each query's anchor i' (B, n), the spec's
+    (`attnspec.spec.masks.query_anchor`: it follows the causal alignment), as torch tensors."""
+    import torch
+
+    from attnspec.spec.masks import query_anchor
+
+    B = math.prod(p.batch)
+    slopes = np.broadcast_to(lib.to_numpy(options["alibi_slopes"]), (*p.batch, p.hq)).reshape(B, p.hq)
+    ids = [None if options.get(o) is None else lib.to_numpy(options[o]) for o in ("q_segment_ids", "kv_segment_ids")]
+    anchor = query_anchor(p.n, p.m, p.causal, q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
+                          q_segment_ids=ids[0], kv_segment_ids=ids[1])
+    anchor = np.broadcast_to(anchor, (*p.batch, p.n)).reshape(B, p.n)
+    dtype = getattr(torch, p.dtype)
+    return (torch.from_numpy(np.ascontiguousarray(slopes)).to(dev, dtype),
+            torch.from_numpy(np.ascontiguousarray(anchor)).to(dev))
 
 
 class Pallas(Convention):

@@ -159,7 +159,7 @@ SCALING = {"torch": ("adapter,native,lsh", "float32"), "numpy": ("blocked,lsh", 
 @nox.session
 @nox.parametrize("backend", list(BACKENDS))
 def bench(session: nox.Session, backend: str) -> None:
-    """Benchmark each backend in its own env (quick grid, targets, LSH scaling, suite throughput; -- --grid full for all), render."""
+    """Benchmark each backend in its own env (quick grid, targets, LSH scaling, Reformer libraries, suite throughput; -- --grid full for all), render."""
     install(session, package(BACKENDS[backend]))
     if backend == "example":
         install(session, str(PLUGIN))
@@ -181,6 +181,10 @@ def bench(session: nox.Session, backend: str) -> None:
                     "--out", f"{session.create_tmp()}/conformance-{backend}.json",
                     "--timings", "reports/results/suite-timings",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)}, success_codes=[0, 1])
+    if not session.posargs and backend == "torch":  # #17: torch LSH vs the two Reformer libraries
+        install(session, package(["reformer"]))
+        session.run("python", "-m", "attnspec.reports.bench_reformer",
+                    env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     if backend == "numpy":  # the LSH approximation study is NumPy-only and takes seconds
         session.run("python", "-m", "attnspec.reports.lsh_quality",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})

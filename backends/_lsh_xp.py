@@ -41,6 +41,10 @@ HASH_BLOCK_ELEMENTS = 1 << 22
 #: elements (at least one chunk): 1 MB of float32 logits, so the block's gathered windows, logits
 #: and weights stay small and the peak no longer grows with nh * L * 2C
 ATTEND_BLOCK_ELEMENTS = 1 << 18
+#: but at most this many blocks: each block is ~30 framework calls, and on a busy CPU every call's
+#: thread hand-off can cost milliseconds (measured: 128 blocks at L = 32768, 4 hashes took 11 s
+#: against 2.3 s for reformer-pytorch on a 2-core machine at load 5)
+MAX_ATTEND_BLOCKS = 8
 
 
 def plan(fn: str, info: InfoFn, lengths_to_numpy, x, v, rotations, chunk_length, causal,
@@ -163,7 +167,7 @@ def lsh_attention(xp, p: LSHPlan, x, v, rotations, kv, *, nonfinite_v: bool, dev
     # steps 4-7 a block of chunks at a time: the gathered windows, logits and weights of all nc
     # chunks at once were most of the peak memory (564 MB at L = 65536), and a block that stays
     # in cache is faster too
-    per_block = max(1, ATTEND_BLOCK_ELEMENTS // (B * C * 2 * C))
+    per_block = max(1, ATTEND_BLOCK_ELEMENTS // (B * C * 2 * C), -(-nc // MAX_ATTEND_BLOCKS))
     parts = [attend(slot_pos[:, c:min(c + per_block, nc), :], win_pos[:, c:min(c + per_block, nc), :])
              for c in range(0, nc, per_block)]
     o = parts[0][0] if len(parts) == 1 else xp.concat([a for a, _ in parts], axis=1)  # (B, nc, C, dv)

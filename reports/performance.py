@@ -185,6 +185,49 @@ def lsh_scaling(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+REFORMER_LIBS = ("lucidrains-lsh", "hf-lsh")
+
+
+def reformer_comparison(doc: dict[str, Any]) -> list[str]:
+    """attnspec's LSH against the Reformer libraries at each L of one `bench_reformer` run (#17).
+
+    Goal: attnspec-lsh at most as slow as the faster library and within the smaller library peak.
+    """
+    rows = [r for r in doc["rows"] if r["implementation"] in ("attnspec-lsh", *REFORMER_LIBS)]
+    ours = {r["n"]: r for r in rows if r["implementation"] == "attnspec-lsh"}
+    if not ours:
+        return []
+    body = []
+    for L in sorted(ours):
+        r = ours[L]
+        libs = {x["implementation"]: x for x in rows if x["n"] == L and x["implementation"] in REFORMER_LIBS}
+        cells = [L, (r.get("params") or {}).get("n_buckets", DASH), seconds(r["median_s"]),
+                 nbytes(r["peak_mem_bytes"]) if r.get("peak_mem_bytes") is not None else DASH]
+        for name in REFORMER_LIBS:
+            lib = libs.get(name)
+            cells += [seconds(lib["median_s"]) if lib else DASH,
+                      nbytes(lib["peak_mem_bytes"]) if lib and lib.get("peak_mem_bytes") is not None else DASH]
+        fastest = min((x["median_s"] for x in libs.values()), default=None)
+        peaks = [x["peak_mem_bytes"] for x in libs.values() if x.get("peak_mem_bytes") is not None]
+        speed = f"{fastest / r['median_s']:.2f}x" if fastest else DASH
+        time_ok = fastest is not None and r["median_s"] <= fastest
+        mem_ok = bool(peaks) and r.get("peak_mem_bytes") is not None and r["peak_mem_bytes"] <= min(peaks)
+        cells += [speed, "yes" if time_ok else "no", "yes" if mem_ok else "no"]
+        body.append(cells)
+    nh = (next(iter(ours.values())).get("params") or {}).get("n_hashes", "?")
+    headers = ["L", "n_buckets", "attnspec median", "attnspec peak"]
+    for name in REFORMER_LIBS:
+        headers += [f"{name} median", f"{name} peak"]
+    headers += ["faster library / attnspec", "time goal", "memory goal"]
+    return ["", f"### Reformer libraries: {doc['backend']} / {doc['device']} / float32 / {nh} hashes", "",
+            "attnspec's torch `lsh_attention` against reformer-pytorch's `LSHAttention` and Hugging Face's "
+            "`LSHSelfAttention` (its two 64 x 64 projections included), B=1, one head, d=64, chunk 64, "
+            "L/64 buckets, no autograd, timed interleaved (`python -m attnspec.reports.bench_reformer`, "
+            "run by `nox -s bench-torch`). Goal (#17): time at most the faster library's, peak memory "
+            "at most the smaller library peak.", "",
+            table(headers, body, "lr" + "r" * (len(headers) - 2))]
+
+
 def lsh_quality_stats(results: Results) -> list[tuple[str, int, int, float, float, float]]:
     """(input, n_hashes, seeds, mean, min, max) of rel_err over seeds, from every lsh-quality file."""
     groups: dict[tuple[str, int], list[float]] = defaultdict(list)
@@ -260,6 +303,7 @@ def performance_page(results: Results, plots: Plots | None = None,
             lines += ["", f"### {doc['backend']} / {doc['device']} / {dtype}", "",
                       _dtype_table(doc, by_dtype[dtype])]
         lines += lsh_scaling(doc)
+        lines += reformer_comparison(doc)
         figures = plots.get(bench_key(doc), [])
         if figures:
             lines += ["", "\n\n".join(f"![{t}]({p})" for t, p in figures)]

@@ -21,7 +21,8 @@ from attnspec.spec.reformer import hf_lsh_self_attention, lucidrains_lsh_attenti
 torch = pytest.importorskip("torch", reason="the Reformer interop tests need torch")
 modeling = pytest.importorskip("transformers.models.reformer.modeling_reformer",
                                reason="needs transformers (pip install attnspec[reformer])")
-reformer_pytorch = pytest.importorskip("reformer_pytorch", reason="needs reformer-pytorch (pip install attnspec[reformer])")
+reformer_pytorch = pytest.importorskip("reformer_pytorch",
+                                       reason="needs reformer-pytorch (pip install attnspec[reformer])")
 from transformers import ReformerConfig  # noqa: E402
 
 ATOL = 1e-9

@@ -201,11 +201,11 @@ def reformer_comparison(doc: dict[str, Any]) -> list[str]:
     for L in sorted(ours):
         r = ours[L]
         libs = {x["implementation"]: x for x in rows if x["n"] == L and x["implementation"] in REFORMER_LIBS}
-        cells = [L, (r.get("params") or {}).get("n_buckets", DASH), seconds(r["median_s"]),
+        cells = [L, (r.get("params") or {}).get("n_buckets", DASH), _time(r),
                  nbytes(r["peak_mem_bytes"]) if r.get("peak_mem_bytes") is not None else DASH]
         for name in REFORMER_LIBS:
             lib = libs.get(name)
-            cells += [seconds(lib["median_s"]) if lib else DASH,
+            cells += [_time(lib) if lib else DASH,
                       nbytes(lib["peak_mem_bytes"]) if lib and lib.get("peak_mem_bytes") is not None else DASH]
         fastest = min((x["median_s"] for x in libs.values()), default=None)
         peaks = [x["peak_mem_bytes"] for x in libs.values() if x.get("peak_mem_bytes") is not None]
@@ -215,16 +215,18 @@ def reformer_comparison(doc: dict[str, Any]) -> list[str]:
         cells += [speed, "yes" if time_ok else "no", "yes" if mem_ok else "no"]
         body.append(cells)
     nh = (next(iter(ours.values())).get("params") or {}).get("n_hashes", "?")
-    headers = ["L", "n_buckets", "attnspec median", "attnspec peak"]
+    headers = ["L", "n_buckets", "attnspec median (min – max)", "attnspec peak"]
     for name in REFORMER_LIBS:
-        headers += [f"{name} median", f"{name} peak"]
-    headers += ["faster library / attnspec", "time goal", "memory goal"]
+        headers += [f"{name} median (min – max)", f"{name} peak"]
+    headers += ["faster library / attnspec (medians)", "time goal", "memory goal"]
     return ["", f"### Reformer libraries: {doc['backend']} / {doc['device']} / float32 / {nh} hashes", "",
             "attnspec's torch `lsh_attention` against reformer-pytorch's `LSHAttention` and Hugging Face's "
             "`LSHSelfAttention` (its two 64 x 64 projections included), B=1, one head, d=64, chunk 64, "
             "L/64 buckets, no autograd, timed interleaved (`python -m attnspec.reports.bench_reformer`, "
             "run by `nox -s bench-torch`). Goal (#17): time at most the faster library's, peak memory "
-            "at most the smaller library peak.", "",
+            "at most the smaller library peak. On a shared machine a burst of load can land on one "
+            "implementation's repeats more than another's (attnspec makes more, smaller framework "
+            "calls, which suffer most): read min – max beside the medians.", "",
             table(headers, body, "lr" + "r" * (len(headers) - 2))]
 
 

@@ -112,6 +112,23 @@ def _case(need: str) -> tuple[tuple, tuple, tuple, dict[str, Any]]:
         opts["kv_lengths"] = np.array([3])
     elif need == "return_weights":
         opts["return_weights"] = True
+    elif need == "softcap":
+        opts["softcap"] = 5.0
+    elif need == "alibi":  # n = m: every anchor gives -slope * |i - j|, so no convention refuses it
+        q, opts["alibi_slopes"] = (1, 2, 4, 4), np.array([0.5, 0.25])  # one slope per query head
+    elif need == "sinks":
+        opts["sinks"] = np.array([0.5, -1.0])
+    elif need == "lse":
+        opts["return_lse"] = True
+    elif need == "segments":
+        opts["q_segment_ids"], opts["kv_segment_ids"] = np.array([0, 0, 1]), np.array([0, 0, 1, 1])
+    elif need == "causal_lower_right_lengths":
+        opts["causal"] = "lower_right_lengths"
+    elif need == "dropout":
+        opts["dropout_mask"] = np.array([[1, 0, 1, 1], [1, 1, 1, 0], [0, 1, 1, 1]], bool)
+        opts["dropout_p"] = 0.25
+    elif need != "plain" and need != "empty_q":
+        raise ValueError(f"probe: no case for need {need!r}")  # every need gets a case that exercises it
     return q, k, v, opts
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from mutants import Naive, _np_dtype
 from mutants_lsh import NaiveLSH
 from mutants_mha import NaiveMHA, _info
-from attnspec.backends import _mha
+from attnspec.backends import Unsupported, _mha
 from attnspec.backends._base import MHAArrays
 from attnspec.spec._validate import ArrayInfo, validate_sdpa
 from attnspec.spec.lsh import NORM_EPS, validate_lsh
@@ -30,7 +30,13 @@ class NaiveGrad(Naive):
     grad_bug = None
 
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None, scale=None,
-                 q_lengths=None, kv_lengths=None):
+                 q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+                 q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None):
+        variants = [name for name, value in (("softcap", softcap), ("alibi_slopes", alibi_slopes), ("sinks", sinks),
+                                             ("q_segment_ids", q_segment_ids), ("dropout_mask", dropout_mask))
+                    if value is not None] + (["causal='lower_right_lengths'"] if causal == "lower_right_lengths" else [])
+        if variants:  # this backward is the plain one of the gradient chapter: the variants' is not here
+            raise Unsupported(f"{self.name}.sdpa_vjp: no backward for {', '.join(variants)}")
         info = lambda x: None if x is None else ArrayInfo(tuple(x.shape), x.dtype.name)  # noqa: E731
         p = validate_sdpa(f"{self.name}.sdpa_vjp", info(q), info(k), info(v), mask=info(mask),
                           bias=info(bias), causal=causal, window=window, scale=scale,

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attnspec.backends.conventions import VARIANT_FEATURES
+
 HERE = Path(__file__).parent
 SEEDS = HERE.parent / "examples" / "tutorial" / "seed_attention.py"
 
@@ -66,11 +68,13 @@ def test_correct_function_conforms_and_writes_its_report(runs):
     results = results_of(out)
     assert sum(r["passed"] for r in results["rows"]) > 150  # the suite really ran
     assert (out / "index.md").exists() and (out / "accuracy.md").exists()
-    # the probe's findings are in the results: the convention cannot return weights
+    # the probe's findings are in the results: the convention cannot return weights, and has none
+    # of the #15 variants (torch's SDPA signature has no softcap, ALiBi, sinks, lse, segments...)
     refused = {c["need"]: c["reason"] for c in results["capabilities"] if c["status"] != "ok"}
     assert {c["status"] for c in results["capabilities"]} == {"ok", "convention"}
-    assert list(refused) == ["return_weights"]
+    assert list(refused) == ["return_weights", *VARIANT_FEATURES]
     assert "torch_sdpa convention returns no attention weights" in refused["return_weights"]
+    assert all("torch_sdpa" in refused[f] for f in VARIANT_FEATURES)
     assert results["implementation"]["convention"] == "torch_sdpa"
     assert "CONFORMS" in proc.stderr and "feature" in proc.stderr  # the summary table
 

@@ -66,14 +66,15 @@ class Deviation:
 
 
 def run(backend: Backend, case: Case):
-    """The case through ``backend``, back as NumPy; an exception is returned, not raised."""
+    """The case through ``backend``, back as NumPy (a tuple of them for (out, lse) and the like);
+    an exception is returned, not raised."""
     q, k, v, options = case
     conv = {key: backend.asarray(val) if key in ("mask", "bias") else val for key, val in options.items()}
     try:
         out = backend.sdpa(backend.asarray(q), backend.asarray(k), backend.asarray(v), **conv)
     except Exception as e:  # a refusal is a result here
         return e
-    return backend.to_numpy(out)
+    return tuple(map(backend.to_numpy, out)) if isinstance(out, tuple) else backend.to_numpy(out)
 
 
 def run_vjp(backend: Backend, case: Case):
@@ -161,6 +162,17 @@ def _float64() -> Case:
     return (*_qkv(n=5, m=7, dk=8, dv=8, heads=2, dtype=np.float64), {})
 
 
+def _empty_row_lse() -> Case:
+    q, k, v, options = _empty_row_by_mask()
+    return q, k, v, {**options, "return_lse": True}
+
+
+def _bfloat16_lse() -> Case:
+    import ml_dtypes
+
+    return (*_qkv(dtype=ml_dtypes.bfloat16), {"return_lse": True})
+
+
 # -- what "shows" means for each --------------------------------------------------------------
 
 def _any_nan(result, case) -> bool:
@@ -183,6 +195,16 @@ def _row1_is_zero(result, case) -> bool:
 def _row1_is_masked_value(result, case) -> bool:
     v = case[2]
     return isinstance(result, np.ndarray) and np.allclose(result[..., 1, :], v[..., 4, :], atol=1e-6)
+
+
+def _lse_row1_finite(result, case) -> bool:
+    # JAX fills masked logits with -0.7 * float32 max = -2.38e38, and the lse of a row of them is that
+    return isinstance(result, tuple) and bool(np.isfinite(result[-1][..., 1]).all()
+                                              and (result[-1][..., 1] < -1e38).all())
+
+
+def _lse_in_input_dtype(result, case) -> bool:
+    return isinstance(result, tuple) and result[-1].dtype == case[0].dtype
 
 
 def _refused(result, case) -> bool:
@@ -536,6 +558,47 @@ else:
         fixed_by="jax: bfloat16 calls on CPU take the exact path _exact (float32 compute)",
         case=_bfloat16_single,
         shows=_refused,
+    ),
+    # -- the logsumexp (return_lse=True through return_residual=True) --
+    Deviation(
+        deviation_id="jax.lse-empty-row-finite",
+        tags=frozenset(["lse", "no_visible_row"]),
+        backend="jax-native",
+        feature="sdpa(return_lse=True): the lse of a query row with no visible key (mask, lengths)",
+        spec_says="-inf (the log of an empty denominator)",
+        native_does="a finite -2.3819763e+38 (float32; -2.37932e+38 in bfloat16): the logsumexp of "
+                    "the masked logits, which JAX fills with -0.7 * float32 max, for rows hidden by "
+                    "mask, key_value_seq_lengths or query_seq_lengths alike; a row whose bias is "
+                    "-inf everywhere gives -inf (its logits are -inf, not filled)",
+        reproducer=_JAX + """\
+mask = jnp.ones((3, 5), bool).at[1].set(False)  # query 1 sees no key
+out, lse = jax.nn.dot_product_attention(q, k, v, mask=mask[None, None], return_residual=True)
+assert lse.shape == (1, 3, 1) and jnp.isfinite(lse[0, 1]).all() and lse[0, 1, 0] < -1e38  # the spec: -inf
+""",
+        fixed_by="jax: _variants computes the lse on the exact path, -inf for a row with no visible key",
+        case=_empty_row_lse,
+        shows=_lse_row1_finite,
+    ),
+    Deviation(
+        deviation_id="jax.lse-in-input-dtype",
+        tags=frozenset(["lse", "bfloat16"]),
+        backend="jax-native",
+        feature="sdpa(return_lse=True): bfloat16 (and float16) inputs",
+        spec_says="the lse is float32 for float16 and bfloat16 inputs (float64 for float64), "
+                  "as FlashAttention and flex_attention return it",
+        native_does="the lse comes back in the input dtype: JAX computes it in float32 and casts it "
+                    "to key.dtype, so bfloat16 inputs give a bfloat16 lse, rounded to 8 bits "
+                    "(measured 1.5625 for 1.56537). float16 gives a float16 lse when called eagerly; under "
+                    "jit on CPU float16 is refused (jax.float16-jit-cpu-refused), so the suite "
+                    "meets this only in bfloat16 there",
+        reproducer=_JAX + """\
+q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+out, lse = jax.nn.dot_product_attention(q, k, v, return_residual=True)
+assert lse.dtype == jnp.bfloat16  # the spec: float32
+""",
+        fixed_by="jax: _variants computes the lse on the exact path, in float32 for bfloat16 inputs",
+        case=_bfloat16_lse,
+        shows=_lse_in_input_dtype,
     ),
     # -- gradients (sdpa_vjp through jax.vjp of the native call) --
     Deviation(

@@ -239,11 +239,12 @@ def seq_lengths(p: SDPAPlan, lengths):
     return None if lengths is None else jnp.reshape(lengths, (batch_size(p),)).astype(jnp.int32)  # (B,)
 
 
-def native_call(p: SDPAPlan, q, k, v, mask, bias, q_len, kv_len):
+def native_call(p: SDPAPlan, q, k, v, mask, bias, q_len, kv_len, return_residual: bool = False):
     """`jax.nn.dot_product_attention` with each spec option as its closest native option.
 
-    Returns (B, n, Hq, dv_or_dk). ``mask`` and ``bias`` are in the spec's layout; lower-right
-    causal (and a window anchored on it) has no native option, so it joins ``mask``.
+    Returns (B, n, Hq, dv_or_dk), and with ``return_residual`` also JAX's logsumexp (B, n, Hq).
+    ``mask`` and ``bias`` are in the spec's layout; lower-right causal (and a window anchored on
+    it) has no native option, so it joins ``mask``.
     """
     upper = p.causal != "lower_right"
     explicit = None if upper else visibility(p.n, p.m, p.causal, p.window, None, None, jnp.arange)
@@ -259,6 +260,7 @@ def native_call(p: SDPAPlan, q, k, v, mask, bias, q_len, kv_len):
         query_seq_lengths=seq_lengths(p, q_len),
         key_value_seq_lengths=seq_lengths(p, kv_len),
         local_window_size=p.window if upper else None,
+        return_residual=return_residual,
     )
 
 
@@ -428,8 +430,11 @@ class JaxBackend(JaxArrays):
     def _variants(self, p, q, k, v, mask, bias, want_weights, alibi_slopes, sinks, q_segment_ids,
                   kv_segment_ids, keep):
         """The variants of issue #15, all on the exact path: jax.nn has none of them (no softcap,
-        ALiBi, sinks, logsumexp, segment ids or lengths-aligned causal). The segment ids are read
-        back (a sync; concrete ids only) for the per-sequence anchors."""
+        ALiBi, sinks, segment ids or lengths-aligned causal), and its logsumexp (return_residual)
+        is not the spec's. The segment ids are read back (a sync; concrete ids only) for the
+        per-sequence anchors."""
+        # fixes jax.lse-empty-row-finite and jax.lse-in-input-dtype: the lse comes from the exact
+        # path, -inf for a row with no visible key and float32 (float64 for float64 inputs)
         q_ids, kv_ids = _lengths_to_numpy(q_segment_ids), _lengths_to_numpy(kv_segment_ids)
         rules, per_sequence = fold_per_sequence(p, q_ids, kv_ids)
         if per_sequence is not None:

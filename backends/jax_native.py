@@ -8,6 +8,9 @@ dims flattened into B, heads and length swapped; JAX does not broadcast batch di
 and changes no value. Where the result differs from the spec it is a declared deviation
 (`attnspec.backends.deviations`). Arguments are still validated by the spec's rules.
 
+``return_lse=True`` is JAX's own logsumexp (``return_residual=True``), in the spec's layout
+(..., Hq, n) and otherwise as JAX returns it. Every other variant of issue #15 is refused.
+
 A call JAX refuses (for example dv != dk) raises `Unsupported` carrying JAX's own message, so
 the refusal is measured rather than predicted.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 
 from attnspec.backends._base import Unsupported
 from attnspec.backends._common import variant_keywords, static_plan
@@ -28,14 +32,22 @@ __all__ = ["JaxNativeBackend"]
 
 @partial(jax.jit, static_argnames=("p",))
 def _native(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan):
-    out = native_call(p, q, k, v, mask, bias, q_len, kv_len)  # (B, n, Hq, dv)
-    return from_btnh(p, out).reshape(p.out_shape)
+    result = native_call(p, q, k, v, mask, bias, q_len, kv_len, return_residual=p.return_lse)
+    if not p.return_lse:
+        return from_btnh(p, result).reshape(p.out_shape)  # result: (B, n, Hq, dv)
+    out, lse = result  # (B, n, Hq, dv), (B, n, Hq)
+    lse = jnp.transpose(lse, (0, 2, 1))  # (B, Hq, n)
+    # as JAX returns it: its dtype (jax.lse-in-input-dtype) and its value for a row with no visible
+    # key (jax.lse-empty-row-finite) are measured, not repaired
+    return from_btnh(p, out).reshape(p.out_shape), lse.reshape(p.lse_shape)  # lse: (*batch, Hq, n)
 
 
 class JaxNativeBackend(JaxArrays):
     """jax.nn.dot_product_attention called directly; its deviations are measured, not repaired."""
 
     name = "jax-native"
+    #: the logsumexp through ``return_residual=True``; JAX has none of the other variants
+    variants = frozenset({"lse"})
 
     def supports(self, feature: str, **case) -> list[str]:
         reasons = super().supports(feature, **case)
@@ -59,9 +71,10 @@ class JaxNativeBackend(JaxArrays):
         variants = variant_keywords(locals())
         p = self._plan("jax-native.sdpa", q, k, v, mask, bias, causal, window, scale,
                        q_lengths, kv_lengths, **variants)
-        # jax.nn.dot_product_attention has no softcap, ALiBi, sinks, segment ids, lengths-aligned causal or dropout argument, and returns no logsumexp: a native backend measures, so it refuses rather than emulates them
+        # jax.nn.dot_product_attention has no softcap, ALiBi, sinks, segment ids, lengths-aligned
+        # causal or dropout argument: a native backend measures, so it refuses rather than emulates them
         self.refuse_variants("sdpa", {**variants, "causal": causal})
-        if return_weights:
+        if return_weights:  # with or without return_lse: return_residual adds only the lse
             raise Unsupported("jax-native.sdpa: jax.nn.dot_product_attention returns no attention weights")
         q_len, kv_len = lengths_arrays(p)
         try:

@@ -346,3 +346,28 @@ def test_tolerance_rejects_a_neighbouring_answer():
     assert compare(gold_ul, q, k, v, causal="upper_left") == []
     assert compare(gold_ul, q, k, v, causal="lower_right") != []
     assert compare(gold_ul * np.float32(1 + 1e-3), q, k, v, causal="upper_left") != []
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_jax_native_lse_is_jaxs_own_residual(dtype):
+    """jax-native's lse is return_residual=True of a direct call, only moved to (..., Hq, n):
+    same values and dtype, -2.38e38 (not -inf) for the empty row, GQA head order kept."""
+    if "jax-native" not in INSTALLED:
+        pytest.skip("jax-native is not installed here")
+    import jax
+    import jax.numpy as jnp
+
+    b = registry.get("jax-native")
+    r = np.random.default_rng(0)
+    q, k, v = (r.standard_normal(s).astype(NP_DTYPES[dtype])
+               for s in ((2, 4, 3, 8), (2, 2, 5, 8), (2, 2, 5, 8)))  # (B, H, L, d), Hq = 2 Hkv
+    mask = np.ones((3, 5), bool)
+    mask[1] = False  # query 1 sees no key
+    out, lse = b.sdpa(b.asarray(q), b.asarray(k), b.asarray(v), mask=b.asarray(mask), return_lse=True)
+    direct_out, residual = jax.nn.dot_product_attention(
+        *(jnp.asarray(x).transpose(0, 2, 1, 3) for x in (q, k, v)),  # (B, L, H, d)
+        mask=jnp.asarray(mask)[None, None], return_residual=True)  # residual: (B, n, Hq)
+    assert lse.dtype == residual.dtype == q.dtype  # jax.lse-in-input-dtype for bfloat16
+    assert np.array_equal(np.asarray(lse), np.asarray(residual).transpose(0, 2, 1))  # (B, Hq, n)
+    assert np.array_equal(np.asarray(out), np.asarray(direct_out).transpose(0, 2, 1, 3))
+    assert np.isfinite(np.asarray(lse, np.float64)[..., 1]).all()  # jax.lse-empty-row-finite

@@ -331,7 +331,8 @@ def _finite(q, k, v) -> list[bool]:
     On CPU the arrays are read in place with NumPy: a jitted check would compile once per new
     shape, and the conformance suite, drawing many shapes, spent a share of its JAX time there.
     """
-    if all(_platform(x) == "cpu" for x in (q, k, v)):
+    concrete = not any(isinstance(x, jax.core.Tracer) for x in (q, k, v))  # jax.vjp's tracers read as values
+    if concrete and all(_platform(x) == "cpu" for x in (q, k, v)):
         return [bool(np.isfinite(np.asarray(x)).all()) for x in (q, k, v)]
     return np.asarray(_finite_flags(q, k, v)).tolist()
 
@@ -365,7 +366,7 @@ def _traced(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan, want_weights: bo
 def _nonfinite(v) -> bool:
     """Whether v holds NaN/inf; True (the treatment that is right for any v) under jax.jit."""
     try:
-        if _platform(v) == "cpu":
+        if _platform(v) == "cpu" and not isinstance(v, jax.core.Tracer):
             return not bool(np.isfinite(np.asarray(v)).all())  # no compile per shape (see _finite)
         return not bool(jnp.all(jnp.isfinite(v)))
     except (jax.errors.TracerBoolConversionError, jax.errors.TracerArrayConversionError):

@@ -117,7 +117,10 @@ def conformance(session: nox.Session, backend: str) -> None:
         # a backend that does not conform still gets its report rendered; the session fails after
         try:
             session.run(*cmd, env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
-        except CommandFailed:
+        except CommandFailed as e:
+            if getattr(e, "return_code", None) in (130, 143):  # SIGINT / SIGTERM: stopped, not failed
+                session.notify("report", posargs=[])
+                session.error(f"{name} was interrupted; its finished cases are in reports/results (incomplete)")
             failed.append(name)
     session.notify("report", posargs=[])
     if failed:

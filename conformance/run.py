@@ -33,6 +33,8 @@ from attnspec.conformance.recorder import Recorder
 from attnspec.reports._io import write_json_atomic
 
 MAX_RESTARTS = 20
+#: seconds a child may take to journal its first event (imports, collection) before it counts as hung
+STARTUP_TIMEOUT = 180.0
 
 
 class Interrupted(Exception):
@@ -255,7 +257,9 @@ def _watch(proc: subprocess.Popen, journal: Path, timeout: float, interrupted: l
             last_size, last_change = size, now
         if code is not None:
             return "crashed" if code < 0 or code not in (0, 1, 2, 5) else None
-        if now - last_change > timeout:
+        # before its first journal line the child is importing and collecting, which takes longer
+        # than a case may (two children importing torch on a busy machine: > 4 s)
+        if now - last_change > (timeout if size else max(timeout, STARTUP_TIMEOUT)):
             _kill_group(proc)
             proc.wait()
             return "timeout"

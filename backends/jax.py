@@ -325,14 +325,19 @@ def _finite_flags(q, k, v):
     return jnp.stack([jnp.isfinite(x).all() for x in (q, k, v)])  # one compile, one transfer
 
 
+def _on_host(x) -> bool:
+    """Whether NumPy may read ``x`` in place: a concrete CPU array. Not a tracer, even one that
+    would read as a value (jax.vjp's): a path picked from its values is not the traced path."""
+    return not isinstance(x, jax.core.Tracer) and _platform(x) == "cpu"
+
+
 def _finite(q, k, v) -> list[bool]:
     """Whether each of q, k, v is all finite. Raises TracerArrayConversionError under a trace.
 
     On CPU the arrays are read in place with NumPy: a jitted check would compile once per new
     shape, and the conformance suite, drawing many shapes, spent a share of its JAX time there.
     """
-    concrete = not any(isinstance(x, jax.core.Tracer) for x in (q, k, v))  # jax.vjp's tracers read as values
-    if concrete and all(_platform(x) == "cpu" for x in (q, k, v)):
+    if all(_on_host(x) for x in (q, k, v)):
         return [bool(np.isfinite(np.asarray(x)).all()) for x in (q, k, v)]
     return np.asarray(_finite_flags(q, k, v)).tolist()
 
@@ -366,7 +371,7 @@ def _traced(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan, want_weights: bo
 def _nonfinite(v) -> bool:
     """Whether v holds NaN/inf; True (the treatment that is right for any v) under jax.jit."""
     try:
-        if _platform(v) == "cpu" and not isinstance(v, jax.core.Tracer):
+        if _on_host(v):
             return not bool(np.isfinite(np.asarray(v)).all())  # no compile per shape (see _finite)
         return not bool(jnp.all(jnp.isfinite(v)))
     except (jax.errors.TracerBoolConversionError, jax.errors.TracerArrayConversionError):

@@ -20,7 +20,7 @@ from mutants import Naive, _np_dtype
 from mutants_lsh import NaiveLSH
 from mutants_mha import NaiveMHA, _info
 from attnspec.backends import Unsupported, _mha
-from attnspec.backends._base import MHAArrays
+from attnspec.backends._base import MHAArrays, variant_features
 from attnspec.spec._validate import ArrayInfo, validate_sdpa
 from attnspec.spec.lsh import NORM_EPS, validate_lsh
 
@@ -32,9 +32,9 @@ class NaiveGrad(Naive):
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None, scale=None,
                  q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
                  q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None):
-        variants = [name for name, value in (("softcap", softcap), ("alibi_slopes", alibi_slopes), ("sinks", sinks),
-                                             ("q_segment_ids", q_segment_ids), ("dropout_mask", dropout_mask))
-                    if value is not None] + (["causal='lower_right_lengths'"] if causal == "lower_right_lengths" else [])
+        variants = variant_features(dict(softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, causal=causal,
+                                         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                                         dropout_mask=dropout_mask, dropout_p=dropout_p))
         if variants:  # this backward is the plain one of the gradient chapter: the variants' is not here
             raise Unsupported(f"{self.name}.sdpa_vjp: no backward for {', '.join(variants)}")
         info = lambda x: None if x is None else ArrayInfo(tuple(x.shape), x.dtype.name)  # noqa: E731

@@ -71,7 +71,12 @@ def test_hashing_in_blocks_of_rows_changes_nothing(backend_name, case_name, rows
     batch, _, _, _, nh, nb, C, *_ = CASES[case_name]
     per_row = int(np.prod(batch)) * nh * (nb // 2)
     monkeypatch.setattr(_lsh_xp, "HASH_BLOCK_ELEMENTS", per_row * (C if rows == "one_chunk" else C + C // 2))
-    # jax: drop the functions compiled with the default block size, before and after
+    _matches_spec_recompiled(backend_name, case_name)
+
+
+def _matches_spec_recompiled(backend_name: str, case_name: str) -> None:
+    """`test_matches_spec_float64` with a patched block size; jax drops the functions it compiled
+    with the default sizes, before and after, so the patch is traced in and then traced out."""
     jax = pytest.importorskip("jax") if backend_name == "jax" else None
     if jax:
         jax.clear_caches()
@@ -91,14 +96,7 @@ def test_attending_in_blocks_of_chunks_changes_nothing(backend_name, case_name, 
     batch, _, _, _, _, _, C, *_ = CASES[case_name]
     monkeypatch.setattr(_lsh_xp, "ATTEND_BLOCK_ELEMENTS", int(np.prod(batch)) * C * 2 * C * chunks)
     monkeypatch.setattr(_lsh_xp, "MAX_ATTEND_BLOCKS", 10**9)
-    jax = pytest.importorskip("jax") if backend_name == "jax" else None
-    if jax:
-        jax.clear_caches()
-    try:
-        test_matches_spec_float64(backend_name, case_name)
-    finally:
-        if jax:
-            jax.clear_caches()
+    _matches_spec_recompiled(backend_name, case_name)
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)

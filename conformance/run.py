@@ -91,8 +91,8 @@ def run_suite(target: str, backend, device: str, profile: str, out: Path, case_t
 
     The tests are split round-robin into ``jobs`` shards (``--attn-shard I/N``), each run by its own
     child process with its own journal and restarts, so a crash or hang in one shard costs only
-    that case. The derandomized profiles (dev, ci) seed Hypothesis per test, so the cases drawn do not depend on
-    ``jobs``.
+    that case. The derandomized profiles (dev, default, ci) seed Hypothesis per test, so the cases
+    drawn do not depend on ``jobs``.
 
     Raises:
         Interrupted: after SIGINT/SIGTERM, once the children are stopped and the partial results

@@ -11,7 +11,7 @@ split(v))`` and ``out = merge(o) W_o^T + b_o``, and dO = d_out:
 
     dM      = dO W_o                  d_w_o = sum over (..., n) of dO^T merge(o);  d_b_o = sum dO
     do      = split(dM)               (..., H, n, hd), the upstream gradient of sdpa
-    dq, dk, dv (, dbias) = sdpa_vjp(q, k, v, do, ...)
+    dq, dk, dv (, dbias)(, dsinks) = sdpa_vjp(q, k, v, do, ...)   every sdpa keyword passed through
     d_query = merge(dq) W_q           d_w_q = sum merge(dq)^T query;  d_b_q = sum merge(dq)
     d_key   = merge(dk) W_k           d_w_k = sum merge(dk)^T key;    d_b_k = 0 exactly
     d_value = merge(dv) W_v           d_w_v = sum merge(dv)^T value;  d_b_v = sum merge(dv)
@@ -28,7 +28,7 @@ import numpy as np
 from attnspec._errors import SpecError
 from attnspec.spec._validate import numpy_info
 from attnspec.spec.grads import sdpa_vjp
-from attnspec.spec.mha import MHAParams, _project, _validate, merge_heads, split_heads
+from attnspec.spec.mha import MHAParams, _project, _validate, in_float64, merge_heads, split_heads
 from attnspec.spec.sdpa import sdpa
 
 __all__ = ["mha_vjp"]
@@ -50,18 +50,27 @@ def mha_vjp(
     scale: float | None = None,
     q_lengths: np.ndarray | int | None = None,
     kv_lengths: np.ndarray | int | None = None,
+    softcap: float | None = None,
+    alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    dropout_mask: np.ndarray | None = None,
+    dropout_p: float | None = None,
 ) -> tuple:
     """The vector-Jacobian product of `mha`: gradients of ``sum(mha(...) * d_out)``.
 
     Args:
         query, key, value, params, num_heads, num_kv_heads, mask, bias, causal, window, scale,
-            q_lengths, kv_lengths: as for `mha`.
+            q_lengths, kv_lengths, softcap, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
+            dropout_mask, dropout_p: as for `mha`.
         d_out: the upstream gradient, with mha's output shape (..., n, E) and query's dtype.
 
     Returns:
-        ``(d_query, d_key, d_value, d_params)``, and ``(..., d_params, d_bias)`` when ``bias`` is
-        given: the inputs' gradients come first in argument order, then the parameters', then the
-        bias's, as in `sdpa_vjp` where dbias comes last. d_query, d_key, d_value have their
+        ``(d_query, d_key, d_value, d_params)``, then ``d_bias`` when ``bias`` is given, then
+        ``d_sinks`` (H,) when ``sinks`` is: the inputs' gradients come first in argument order,
+        then the parameters', then the bias's and the sinks', as `sdpa_vjp` orders dbias and
+        dsinks. ALiBi slopes, segment ids and the dropout mask are constants. d_query, d_key, d_value have their
         input's shape and dtype (summed over broadcast batch dims); d_params is an `MHAParams`
         whose fields have their parameter's shape and dtype, None where the parameter is None;
         d_bias has bias's shape and dtype. ``d_params.b_k`` is exactly zero (see the module
@@ -73,7 +82,9 @@ def mha_vjp(
         SpecError: for any input `mha` refuses, and for a d_out of the wrong type, shape or dtype.
     """
     fn = "mha_vjp"
-    options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+    options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                   softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, q_segment_ids=q_segment_ids,
+                   kv_segment_ids=kv_segment_ids, dropout_mask=dropout_mask, dropout_p=dropout_p)
     _validate(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias, options)
     hkv = num_heads if num_kv_heads is None else num_kv_heads
     out_shape = (*np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2]),
@@ -89,16 +100,16 @@ def mha_vjp(
     w = {name: x.astype(np.float64) for name, x in w.items()}
     b = {name: None if getattr(params, name) is None else getattr(params, name).astype(np.float64)
          for name in ("b_q", "b_k", "b_v", "b_o")}
-    bias64 = None if bias is None else bias.astype(np.float64)
+    kw = in_float64(bias=bias, **options)  # bias and sinks in float64, like the projections
     with np.errstate(invalid="ignore", over="ignore"):  # NaN in padded rows and hidden keys is expected
         q = split_heads(_project(query64, w["w_q"], b["b_q"]), num_heads)  # (..., H, n, hd)
         k = split_heads(_project(key64, w["w_k"], b["b_k"]), hkv)  # (..., Hkv, m, hd)
         v = split_heads(_project(value64, w["w_v"], b["b_v"]), hkv)  # (..., Hkv, m, hd)
-        o = sdpa(q, k, v, mask=mask, bias=bias64, **options)  # (..., H, n, hd)
+        o = sdpa(q, k, v, mask=mask, **kw)  # (..., H, n, hd)
         merged = merge_heads(o)  # (..., n, E)
         d_merged = dO @ w["w_o"]  # (..., n, E) @ (E, E) -> (..., n, E)
         do = split_heads(d_merged, num_heads)  # (..., H, n, hd), o's shape
-        grads = sdpa_vjp(q, k, v, np.ascontiguousarray(do), mask=mask, bias=bias64, **options)
+        grads = sdpa_vjp(q, k, v, np.ascontiguousarray(do), mask=mask, **kw)  # (dq, dk, dv[, dbias][, dsinks])
         # sdpa_vjp sums each gradient to its input's shape, so dq has query's leading dims, dk
         # key's and dv value's: each pairs with its own input below, no further broadcast
         dq, dk, dv = (merge_heads(g) for g in grads[:3])  # (..., n, E), (..., m, P), (..., m, P)
@@ -120,8 +131,11 @@ def mha_vjp(
     inputs = (query, key, value)
     result = [g.reshape(x.shape).astype(x.dtype) for g, x in zip(d_inputs, inputs)]
     result.append(d_params)
+    extra = list(grads[3:])  # sdpa_vjp's dbias, then dsinks (H,)
     if bias is not None:
-        result.append(grads[3].astype(bias.dtype))
+        result.append(extra.pop(0).astype(bias.dtype))
+    if sinks is not None:
+        result.append(extra.pop(0).astype(sinks.dtype))
     return tuple(result)
 
 

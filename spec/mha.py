@@ -15,7 +15,7 @@ Definition, with weights in torch.nn.Linear's (out_features, in_features) layout
     k = key   @ w_k.T + b_k                       (..., m, P)
     v = value @ w_v.T + b_v                       (..., m, P)
     head h of q is columns h*hd : (h+1)*hd       (..., H, n, hd); likewise k, v with Hkv heads
-    o = sdpa(q, k, v, <visibility keywords>)      (..., H, n, hd)   query head h reads kv head h // G
+    o = sdpa(q, k, v, <sdpa keywords>)            (..., H, n, hd)   query head h reads kv head h // G
     out = merge(o) @ w_o.T + b_o                  (..., n, E)       merge puts head h back at h*hd
 
 A missing bias is zero. b_k adds the same scale * (q . b_k) to every logit of a query row, so it
@@ -23,326 +23,32 @@ never changes the result (softmax ignores a shift); it is kept because torch sto
 is computed in float64 and the result is cast to the inputs' dtype. A query row with no visible
 key gets attention output 0 (sdpa's decision 1), so its mha output is b_o, the output projection
 of zero.
+
+Every keyword of `sdpa` passes through to the per-head call unchanged, the variants of issue #15
+included (softcap, alibi_slopes, sinks, segment ids, causal="lower_right_lengths", dropout,
+return_lse): each is defined per query head, on the projected logits, and means here what it
+means there (spec/README.md, "mha and the variants"). sinks, like bias, come in the inputs' dtype
+and are read in float64; the log-sum-exp is sdpa's, per head, (..., H, n).
+
+The parameters are `MHAParams` (`attnspec.spec.mha_params`; torch's state dicts in
+`attnspec.spec.mha_torch`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 
 from attnspec._errors import SpecError
 from attnspec.spec._validate import FLOAT_DTYPES, ArrayInfo, SDPAPlan, is_int, numpy_info, validate_sdpa
+from attnspec.spec.mha_params import MHAParams, ParamDims, _check_heads, check_param_infos
 from attnspec.spec.sdpa import sdpa
 
-__all__ = ["MHAParams", "merge_heads", "mha", "split_heads"]
+__all__ = ["MHAParams", "ParamDims", "check_param_infos", "merge_heads", "mha", "split_heads", "validate_mha"]
 
-_PACKED_KEYS = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")
-_SEPARATE_KEYS = (
-    "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias",
-)
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class MHAParams:
-    """The parameters of one multi-head attention layer, as NumPy arrays.
-
-    Weights use torch.nn.Linear's (out_features, in_features) layout: w_q (E, E), w_k (P, kdim),
-    w_v (P, vdim), w_o (E, E), with P = Hkv * head_dim (P = E without grouped key/value heads).
-    Biases have out_features entries, or are None (zero). Any float dtype among float16,
-    bfloat16, float32 and float64; `mha` reads them in float64 whatever the inputs' dtype.
-    The head counts are not stored: they are arguments of `mha`.
-    """
-
-    w_q: np.ndarray
-    b_q: np.ndarray | None = None
-    w_k: np.ndarray
-    b_k: np.ndarray | None = None
-    w_v: np.ndarray
-    b_v: np.ndarray | None = None
-    w_o: np.ndarray
-    b_o: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        check_param_infos("MHAParams", lambda name: _param_info("MHAParams", name, getattr(self, name)))
-
-    @property
-    def embed_dim(self) -> int:
-        """E: query features, query projection size and output features."""
-        return self.w_q.shape[0]
-
-    @property
-    def kdim(self) -> int:
-        """Key input features."""
-        return self.w_k.shape[1]
-
-    @property
-    def vdim(self) -> int:
-        """Value input features."""
-        return self.w_v.shape[1]
-
-    @property
-    def kv_dim(self) -> int:
-        """P = num_kv_heads * head_dim: the size keys and values are projected to."""
-        return self.w_k.shape[0]
-
-    @classmethod
-    def init(
-        cls,
-        embed_dim: int,
-        num_heads: int,
-        *,
-        num_kv_heads: int | None = None,
-        kdim: int | None = None,
-        vdim: int | None = None,
-        bias: bool = True,
-        seed: int,
-        dtype=np.float64,
-    ) -> MHAParams:
-        """Random parameters for tests and demos, a pure function of the arguments.
-
-        Weights are uniform in +-sqrt(6 / (fan_in + fan_out)) (Xavier/Glorot uniform, per matrix).
-        Biases are uniform in +-1 / sqrt(fan_in), not zero as torch initializes them, so that a
-        test which ignores a bias fails. kdim and vdim default to embed_dim; num_kv_heads to
-        num_heads.
-        """
-        fn = "MHAParams.init"
-        kdim = embed_dim if kdim is None else kdim
-        vdim = embed_dim if vdim is None else vdim
-        hkv = num_heads if num_kv_heads is None else num_kv_heads
-        _, head_dim = _check_heads(fn, embed_dim, num_heads, hkv)
-        for name, value in (("kdim", kdim), ("vdim", vdim)):
-            if not is_int(value) or value < 0:
-                raise SpecError(f"{fn}: {name}={value!r} must be an int >= 0")
-        name = np.dtype(dtype).name
-        if name not in FLOAT_DTYPES:
-            raise SpecError(f"{fn}: dtype={name} must be one of {', '.join(FLOAT_DTYPES)}")
-        rng = np.random.default_rng(seed)
-        p = hkv * head_dim
-
-        def weight(out_f: int, in_f: int) -> np.ndarray:
-            limit = np.sqrt(6.0 / max(1, out_f + in_f))
-            return rng.uniform(-limit, limit, (out_f, in_f)).astype(dtype)
-
-        def bias_of(out_f: int, in_f: int) -> np.ndarray | None:
-            if not bias:
-                return None
-            return (rng.uniform(-1.0, 1.0, out_f) / np.sqrt(max(1, in_f))).astype(dtype)
-
-        return cls(
-            w_q=weight(embed_dim, embed_dim), b_q=bias_of(embed_dim, embed_dim),
-            w_k=weight(p, kdim), b_k=bias_of(p, kdim),
-            w_v=weight(p, vdim), b_v=bias_of(p, vdim),
-            w_o=weight(embed_dim, embed_dim), b_o=bias_of(embed_dim, embed_dim),
-        )
-
-    @classmethod
-    def from_torch_state_dict(
-        cls,
-        state_dict: Mapping[str, np.ndarray],
-        *,
-        num_heads: int | None = None,
-        add_zero_attn: bool = False,
-    ) -> MHAParams:
-        """Parameters from a torch.nn.MultiheadAttention state dict whose values are NumPy arrays.
-
-        Accepts both of torch's layouts: packed (``in_proj_weight`` (3E, E), used when
-        kdim == vdim == E) and separate (``q_proj_weight``, ``k_proj_weight``,
-        ``v_proj_weight``); plus ``in_proj_bias`` (3E,), ``out_proj.weight`` and
-        ``out_proj.bias``. Arrays are copied. ``num_heads``, when given, is checked to divide E
-        (a state dict does not record it).
-
-        Refused with `SpecError`: ``bias_k``/``bias_v`` (add_bias_kv=True appends a learned key
-        and value to every sequence, which the spec does not define); ``add_zero_attn=True`` (the
-        same for an all-zero key and value; the flag is not in the state dict, so the caller says
-        it); unknown keys; missing keys; shapes that are not torch's.
-        """
-        fn = "MHAParams.from_torch_state_dict"
-        if add_zero_attn:
-            raise SpecError(
-                f"{fn}: add_zero_attn=True is not supported: it appends an all-zero key and value "
-                "to every sequence, which mha does not define"
-            )
-        if not isinstance(state_dict, Mapping):
-            raise SpecError(
-                f"{fn}: state_dict must be a mapping of names to numpy arrays, got {type(state_dict).__name__}"
-            )
-        keys = set(state_dict)
-        if keys & {"bias_k", "bias_v"}:
-            raise SpecError(
-                f"{fn}: bias_k and bias_v (from add_bias_kv=True) are not supported: they append a "
-                "learned key and value to every sequence, which mha does not define"
-            )
-        packed = "in_proj_weight" in keys
-        allowed = _PACKED_KEYS if packed else _SEPARATE_KEYS
-        unknown = sorted(keys - set(allowed))
-        if unknown:
-            layout = "packed (in_proj_weight)" if packed else "separate (q/k/v_proj_weight)"
-            raise SpecError(
-                f"{fn}: unknown keys {unknown} for the {layout} layout; expected keys among {list(allowed)}"
-            )
-        required = [k for k in allowed if k.endswith("weight")]
-        missing = [k for k in required if k not in keys]
-        if missing:
-            raise SpecError(f"{fn}: missing keys {missing}; got {sorted(keys)}")
-        for k, v in state_dict.items():
-            info = numpy_info(fn, k, v)  # torch tensors are refused: convert with .numpy() first
-            want = 2 if k.endswith("weight") else 1
-            if len(info.shape) != want:
-                raise SpecError(f"{fn}: {k}.ndim={len(info.shape)} must be {want}, got shape {info.shape}")
-        sd = {k: np.array(v, copy=True) for k, v in state_dict.items()}
-
-        if packed:
-            w_in = sd["in_proj_weight"]
-            e = w_in.shape[1]
-            _expect_shape(fn, "in_proj_weight", w_in, (3 * e, e), "(3 * embed_dim, embed_dim)")
-            w_q, w_k, w_v = w_in[:e], w_in[e : 2 * e], w_in[2 * e :]  # 3 x (E, E)
-        else:
-            w_q, w_k, w_v = sd["q_proj_weight"], sd["k_proj_weight"], sd["v_proj_weight"]
-            e = w_q.shape[0]
-            _expect_shape(fn, "q_proj_weight", w_q, (e, e), "(embed_dim, embed_dim)")
-            _expect_shape(fn, "k_proj_weight", w_k, (e, w_k.shape[1]), f"(embed_dim={e}, kdim)")
-            _expect_shape(fn, "v_proj_weight", w_v, (e, w_v.shape[1]), f"(embed_dim={e}, vdim)")
-        _expect_shape(fn, "out_proj.weight", sd["out_proj.weight"], (e, e), f"(embed_dim={e}, embed_dim={e})")
-        b_q = b_k = b_v = None
-        if "in_proj_bias" in sd:
-            b_in = sd["in_proj_bias"]
-            _expect_shape(fn, "in_proj_bias", b_in, (3 * e,), f"(3 * embed_dim,) with embed_dim={e}")
-            b_q, b_k, b_v = b_in[:e], b_in[e : 2 * e], b_in[2 * e :]  # 3 x (E,)
-        b_o = sd.get("out_proj.bias")
-        if b_o is not None:
-            _expect_shape(fn, "out_proj.bias", b_o, (e,), f"(embed_dim={e},)")
-        if num_heads is not None:
-            _check_heads(fn, e, num_heads, num_heads)
-        w_o = sd["out_proj.weight"]
-        return cls(w_q=w_q, b_q=b_q, w_k=w_k, b_k=b_k, w_v=w_v, b_v=b_v, w_o=w_o, b_o=b_o)
-
-    def to_torch_state_dict(self, packed: bool | None = None) -> dict[str, np.ndarray]:
-        """A state dict (NumPy arrays, copies) that torch.nn.MultiheadAttention loads.
-
-        ``packed=None`` picks torch's own layout: packed ``in_proj_weight`` when
-        kdim == vdim == embed_dim, separate ``q/k/v_proj_weight`` otherwise. ``packed=True`` is
-        refused when kdim or vdim differs from embed_dim. ``packed=False`` always works, but torch
-        only builds modules with that layout when kdim or vdim differs from embed_dim.
-
-        Refused with `SpecError`: grouped key/value heads (kv_dim != embed_dim; torch has none),
-        and biases on some projections but not all (torch's ``bias`` flag covers all four).
-        """
-        fn = "MHAParams.to_torch_state_dict"
-        e = self.embed_dim
-        if self.kv_dim != e:
-            raise SpecError(
-                f"{fn}: kv_dim=w_k.shape[0]={self.kv_dim} must equal embed_dim={e}: "
-                "torch.nn.MultiheadAttention has no grouped key/value heads"
-            )
-        biases = {"b_q": self.b_q, "b_k": self.b_k, "b_v": self.b_v, "b_o": self.b_o}
-        present = [k for k, b in biases.items() if b is not None]
-        if present and len(present) != 4:
-            absent = [k for k in biases if k not in present]
-            raise SpecError(
-                f"{fn}: torch.nn.MultiheadAttention has biases on all four projections or none; "
-                f"got {', '.join(present)} set and {', '.join(absent)} None"
-            )
-        same_dims = self.kdim == e and self.vdim == e
-        if packed is None:
-            packed = same_dims
-        if packed and not same_dims:
-            raise SpecError(
-                f"{fn}: packed=True needs kdim == vdim == embed_dim={e}, "
-                f"got kdim={self.kdim}, vdim={self.vdim}"
-            )
-        out: dict[str, np.ndarray] = {}
-        if packed:
-            out["in_proj_weight"] = np.concatenate([self.w_q, self.w_k, self.w_v])  # (3E, E)
-        else:
-            out["q_proj_weight"] = self.w_q.copy()
-            out["k_proj_weight"] = self.w_k.copy()
-            out["v_proj_weight"] = self.w_v.copy()
-        if present:
-            out["in_proj_bias"] = np.concatenate([self.b_q, self.b_k, self.b_v])  # (3E,)
-        out["out_proj.weight"] = self.w_o.copy()
-        if present:
-            out["out_proj.bias"] = self.b_o.copy()
-        return out
-
-
-@dataclass(frozen=True)
-class ParamDims:
-    """The sizes a layer's parameters fix: embed_dim E, kdim, vdim and kv_dim P = Hkv * hd."""
-
-    embed_dim: int
-    kdim: int
-    vdim: int
-    kv_dim: int
-
-
-def _param_info(fn: str, name: str, x: object) -> ArrayInfo | None:
-    return None if x is None and name.startswith("b_") else numpy_info(fn, name, x)
-
-
-def check_param_infos(fn: str, info: Callable[[str], ArrayInfo | None], prefix: str = "") -> ParamDims:
-    """`MHAParams`' rules on the parameters' ranks, dtypes and shapes; returns their sizes.
-
-    ``info(name)`` gives the ArrayInfo of one field (None for a missing bias), or raises
-    `SpecError` when the field is not an array. Only metadata is read, so backends check their
-    own arrays (`attnspec.backends._base.MHAArrays`) with it. ``prefix`` goes before every field
-    name in the messages (``"params."`` when the arrays are an argument of mha).
-    """
-    infos: dict[str, ArrayInfo | None] = {}
-    for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
-        x = infos[name] = info(name)
-        if x is None:
-            continue
-        want = 2 if name.startswith("w_") else 1
-        if len(x.shape) != want:
-            raise SpecError(f"{fn}: {prefix}{name}.ndim={len(x.shape)} must be {want}, got shape {x.shape}")
-        if x.dtype not in FLOAT_DTYPES:
-            raise SpecError(f"{fn}: {prefix}{name}.dtype={x.dtype} must be one of {', '.join(FLOAT_DTYPES)}")
-    e, p, vdim = infos["w_q"].shape[0], infos["w_k"].shape[0], infos["w_v"].shape[1]
-    expected = {
-        "w_q": (e, e),
-        "w_v": (p, vdim),
-        "w_o": (e, e),
-        "b_q": (e,),
-        "b_k": (p,),
-        "b_v": (p,),
-        "b_o": (e,),
-    }
-    why = {
-        "w_q": "(embed_dim, embed_dim): the query projection is square",
-        "w_v": f"({prefix}w_k.shape[0], vdim): keys and values are projected to the same size {p}",
-        "w_o": f"(embed_dim, embed_dim) with embed_dim={prefix}w_q.shape[0]={e}",
-    }
-    for name, shape in expected.items():
-        x = infos[name]
-        if x is not None and x.shape != shape:
-            hint = why.get(name, "(out_features,) of its weight")
-            raise SpecError(f"{fn}: {prefix}{name}.shape={x.shape} must be {shape}, i.e. {hint}")
-    return ParamDims(e, infos["w_k"].shape[1], vdim, p)
-
-
-def _expect_shape(fn: str, name: str, x: np.ndarray, shape: tuple[int, ...], what: str) -> None:
-    if x.shape != shape:
-        raise SpecError(f"{fn}: {name}.shape={x.shape} must be {what}")
-
-
-def _check_heads(fn: str, embed_dim: object, num_heads: object, num_kv_heads: object) -> tuple[int, int]:
-    """(num_kv_heads, head_dim) after checking the head counts against embed_dim."""
-    for name, value in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
-        if not is_int(value) or value < 1:
-            raise SpecError(f"{fn}: {name}={value!r} must be an int >= 1")
-    if not is_int(embed_dim) or embed_dim < 1 or embed_dim % num_heads:
-        raise SpecError(
-            f"{fn}: embed_dim={embed_dim!r} must be a positive multiple of num_heads={num_heads} "
-            "(head_dim = embed_dim // num_heads)"
-        )
-    if num_heads % num_kv_heads:
-        raise SpecError(
-            f"{fn}: num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads} "
-            "(query head h reads kv head h // (num_heads // num_kv_heads))"
-        )
-    return int(num_kv_heads), int(embed_dim) // int(num_heads)
+#: the array keywords of sdpa's variants, which mha passes through (checked by shape and dtype)
+VARIANT_ARRAYS = ("alibi_slopes", "sinks", "q_segment_ids", "kv_segment_ids", "dropout_mask")
 
 
 def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
@@ -407,7 +113,9 @@ def validate_mha(
     is called. ``info(fn, name, x)`` returns the ArrayInfo of one array (raising SpecError for
     anything that is not the caller's array type); ``params_dims()`` checks the parameters and
     returns their sizes; ``lengths_to_numpy`` turns framework length arrays into NumPy (they are
-    checked by value). The plan's q is (..., H, n, hd), its k and v (..., Hkv, m, hd).
+    checked by value). ``options`` are sdpa's keywords besides mask and bias, the variants'
+    arrays among them (read through ``info``). The plan's q is (..., H, n, hd), its k and v
+    (..., Hkv, m, hd).
     """
     infos = {}
     for name, x in (("query", query), ("key", key), ("value", value)):
@@ -461,6 +169,8 @@ def validate_mha(
     opts = dict(options)
     for name in ("q_lengths", "kv_lengths"):
         opts[name] = lengths_to_numpy(opts.get(name))
+    for name in VARIANT_ARRAYS:  # by shape and dtype, like query
+        opts[name] = None if opts.get(name) is None else info(fn, name, opts[name])
     return validate_sdpa(
         fn,
         ArrayInfo((*qi.shape[:-2], int(num_heads), n, hd), qi.dtype),
@@ -487,7 +197,15 @@ def mha(
     scale: float | None = None,
     q_lengths: np.ndarray | int | None = None,
     kv_lengths: np.ndarray | int | None = None,
+    softcap: float | None = None,
+    alibi_slopes: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    dropout_mask: np.ndarray | None = None,
+    dropout_p: float | None = None,
     return_weights: bool = False,
+    return_lse: bool = False,
 ):
     """Multi-head attention, exactly as defined in this module's docstring.
 
@@ -504,29 +222,48 @@ def mha(
             they mean exactly what they mean there: mask is bool with True = may attend, bias is
             additive in the inputs' dtype with -inf = absent, both broadcast against
             (..., H, n, m); scale defaults to 1 / sqrt(head_dim).
+        softcap, alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask, dropout_p:
+            sdpa's variants, passed to it unchanged: alibi_slopes (H,) or (..., H), sinks (H,)
+            in the inputs' dtype, segment ids (..., n) and (..., m), dropout_mask broadcastable
+            to (..., H, n, m). causal="lower_right_lengths" aligns on each sequence's lengths.
         return_weights: also return the attention weights per head, (..., H, n, m).
+        return_lse: also return each head's log-sum-exp, (..., H, n), float32 (float64 for
+            float64 inputs), as sdpa defines it.
 
     Returns:
-        (..., n, E) in the inputs' dtype, and the weights when asked.
+        (..., n, E) in the inputs' dtype, then the weights when asked, then the lse when asked.
 
     Raises:
         SpecError: for any input outside the definition, naming ``mha`` and the argument.
     """
     fn = "mha"
     options = dict(
-        causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths
+        causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+        softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids, dropout_mask=dropout_mask, dropout_p=dropout_p,
     )
-    _validate(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias, options)
+    plan = _validate(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias,
+                     {**options, "return_lse": return_lse})
     hkv = num_heads if num_kv_heads is None else num_kv_heads
 
     q = split_heads(_project(query, params.w_q, params.b_q), num_heads)  # (..., n, E) -> (..., H, n, hd)
     k = split_heads(_project(key, params.w_k, params.b_k), hkv)  # (..., m, P) -> (..., Hkv, m, hd)
     v = split_heads(_project(value, params.w_v, params.b_v), hkv)  # (..., m, P) -> (..., Hkv, m, hd)
-    bias64 = None if bias is None else bias.astype(np.float64)  # sdpa wants bias in q's dtype
-    o, w = sdpa(q, k, v, mask=mask, bias=bias64, return_weights=True, **options)  # (..., H, n, hd)
-    out = _project(merge_heads(o), params.w_o, params.b_o)  # (..., n, E)
-    out = out.astype(query.dtype)
-    if not return_weights:
-        return out
-    return out, w.astype(query.dtype)  # (..., H, n, m)
+    result = sdpa(q, k, v, mask=mask, return_weights=True, return_lse=return_lse,
+                  **in_float64(bias=bias, **options))  # (..., H, n, hd), (..., H, n, m)[, (..., H, n)]
+    out = _project(merge_heads(result[0]), params.w_o, params.b_o)  # (..., n, E)
+    results = [out.astype(query.dtype)]
+    if return_weights:
+        results.append(result[1].astype(query.dtype))  # (..., H, n, m)
+    if return_lse:
+        results.append(result[2].astype(plan.lse_dtype))  # (..., H, n)
+    return results[0] if len(results) == 1 else tuple(results)
 
+
+def in_float64(**options: Any) -> dict[str, Any]:
+    """sdpa's keywords for the float64 projections: bias and sinks, which sdpa wants in q's dtype,
+    in float64; everything else as given."""
+    for name in ("bias", "sinks"):
+        if options.get(name) is not None:
+            options[name] = options[name].astype(np.float64)
+    return options

@@ -37,7 +37,8 @@ import numpy as np
 from attnspec._errors import SpecError
 from attnspec.spec._validate import numpy_info
 from attnspec.spec.grads import _sum_to, _visible_matmul
-from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, LSHPlan, _rotated, _weighted_values, _window_counts, validate_lsh
+from attnspec.spec._lsh_core import NORM_EPS, SELF_LOGIT, _rotated, _weighted_values, _window_counts
+from attnspec.spec.lsh import LSHPlan, validate_lsh
 
 __all__ = ["lsh_attention_vjp"]
 
@@ -98,7 +99,7 @@ def lsh_attention_vjp(
 
 
 def _lsh_grads(p: LSHPlan, x64, v64, dO, kv, buckets, rnd=None):
-    """(dx (B, L, d), dv (B, L, dv)): the forward of `lsh._lsh_core` with its intermediates kept,
+    """(dx (B, L, d), dv (B, L, dv)): the forward of `_lsh_core._lsh_core` with its intermediates kept,
     then the backward of the module docstring.
 
     Arithmetic runs in x64's dtype (float64 for the golden). ``rnd`` rounds every stored
@@ -109,7 +110,7 @@ def _lsh_grads(p: LSHPlan, x64, v64, dO, kv, buckets, rnd=None):
     ct = x64.dtype
     B, L, d, dv = x64.shape[0], p.L, p.d, p.dv
     nh, nb, C, Lp, nc = p.n_hashes, p.n_buckets, p.chunk_length, p.padded_length, p.n_chunks
-    # -- forward, as lsh._lsh_core --
+    # -- forward, as _lsh_core._lsh_core --
     pos = np.arange(Lp)
     valid = pos < kv[:, None]  # (B, Lp)
     eff = np.full((B, nh, Lp), nb)

@@ -6,7 +6,7 @@ Shape letters as in `attnspec.spec.lsh`, plus: B batch, H heads, hd head dim, D 
 Both libraries run the spec's algorithm (hash by argmax over [xR, -xR], sort by (round, bucket,
 position), attend within chunks, combine rounds by logsumexp) with the differences listed on the
 spec page (spec/README.md, "Reformer interop"). Each difference is a switch of the golden's core
-(`attnspec.spec.lsh._Semantics`), not an option of `lsh_attention`: the golden's public
+(`attnspec.spec._lsh_core._Semantics`), not an option of `lsh_attention`: the golden's public
 definition and every backend are unchanged. The rotations are the ones the library draws from
 torch's random number generator for the given seed, so torch is needed (the layers are torch
 modules anyway). Where a library does something the spec cannot express and this module does
@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from attnspec._errors import SpecError
-from attnspec.spec.lsh import SELF_LOGIT, LSHPlan, _lsh_core, _Semantics
+from attnspec.spec._lsh_core import SELF_LOGIT, _lsh_core, _Semantics
+from attnspec.spec.lsh import LSHPlan
 
 __all__ = ["hf_lsh_self_attention", "lucidrains_lsh_attention"]
 

@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnspec import SpecError
+from attnspec.spec._lsh_loops import _lsh_attention_loops
 from attnspec.spec.lsh import (
     NORM_EPS,
     SELF_LOGIT,
-    _lsh_attention_loops,
     lsh_attention,
     lsh_bucket_margins,
     lsh_buckets,

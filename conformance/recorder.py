@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import attnspec
+from attnspec._results import framework_versions, git_state, write_json_atomic
 from attnspec.conformance.profiles import PROFILE_EXAMPLES
-from attnspec.reports._io import framework_versions, git_state, write_json_atomic
 
 STATUSES = ("passed", "failed", "unsupported", "deviation", "crashed", "timeout")
 MAX_FAILURES_KEPT = 20

@@ -1,4 +1,4 @@
-"""Reading results JSON (validated), writing it atomically, and staging a render.
+"""Reading results JSON (validated) and staging a render; writing it is `attnspec._results`.
 
 Results are written by other processes, possibly on other machines and by older or newer kits, so
 every file is checked against its schema (`reports/SCHEMA.md`) before anything is rendered; a
@@ -8,7 +8,6 @@ problem is reported as ``<file>: <where>: <what is wrong>`` through `ResultsErro
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -16,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Results", "ResultsError", "StagedOutput", "load_results", "write_json_atomic"]
+from attnspec._results import _fsync_dir
+
+__all__ = ["Results", "ResultsError", "StagedOutput", "load_results"]
 
 CONFORMANCE = "attnspec.conformance/1"
 BENCH = "attnspec.bench/1"
@@ -27,52 +28,6 @@ MAX_PROBLEMS_PER_FILE = 5
 
 class ResultsError(ValueError):
     """A results file that cannot be rendered: the message names the file and the problem."""
-
-
-# -- writing --------------------------------------------------------------------------------------
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)  # JSON has no inf or NaN; the reader accepts "inf", "-inf" and "nan"
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return  # not possible on every platform; the rename itself is still atomic
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` so that readers see the old file or the new one, never half.
-
-    The data goes to a temporary file in the same directory, is fsynced, and replaces ``path``
-    with `os.replace`. Non-finite floats are written as the strings "inf", "-inf", "nan".
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(_json_safe(obj), f, indent=1, sort_keys=True, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 # -- staging a render ---------------------------------------------------------------------------
@@ -309,42 +264,3 @@ def as_float(x: Any) -> float | None:
     if x is None:
         return None
     return float(x)
-
-
-# -- environment shared by every results JSON ---------------------------------------------------
-FRAMEWORKS = ("numpy", "ml_dtypes", "torch", "jax", "jaxlib", "array-api-compat", "array-api-strict",
-              "cupy-cuda12x", "cupy-cuda13x", "hypothesis", "mlx", "tinygrad", "keras", "flax",
-              "transformers", "reformer-pytorch")
-
-
-def framework_versions() -> dict[str, str]:
-    """Installed versions of the frameworks a results file depends on."""
-    from importlib import metadata
-
-    out = {}
-    for name in FRAMEWORKS:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
-
-
-def git_state() -> dict[str, Any]:
-    """{"git_commit", "git_dirty"}: from ATTNSPEC_GIT_COMMIT (set by nox, "abc1234[-dirty]"), else git."""
-    import subprocess
-
-    commit, dirty = os.environ.get("ATTNSPEC_GIT_COMMIT"), os.environ.get("ATTNSPEC_GIT_DIRTY")
-    if commit is None:
-        try:
-            git = ["git", "-C", str(Path(__file__).resolve().parent)]
-            commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True, timeout=10, check=True).stdout.strip()
-            dirty = bool(subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
-                                        capture_output=True, text=True, timeout=10).stdout.strip())
-        except (OSError, subprocess.SubprocessError):
-            commit, dirty = "unknown", None
-    else:
-        dirty = commit.endswith("-dirty") if dirty is None else dirty == "1"
-        commit = commit.removesuffix("-dirty")
-    return {"git_commit": commit, "git_dirty": dirty}

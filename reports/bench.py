@@ -39,8 +39,8 @@ from typing import Any, TextIO
 
 import attnspec
 from attnspec._errors import SpecError
+from attnspec._results import framework_versions, git_state, write_json_atomic
 from attnspec.reports import bench_targets
-from attnspec.reports._io import framework_versions, git_state, write_json_atomic
 from attnspec.reports.bench_grid import (
     GRIDS,
     IMPLEMENTATIONS,

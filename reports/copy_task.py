@@ -47,7 +47,8 @@ from typing import Any, Callable
 import numpy as np
 
 from attnspec._errors import SpecError
-from attnspec.reports._io import ResultsError, framework_versions, git_state, write_json_atomic
+from attnspec._results import framework_versions, git_state, write_json_atomic
+from attnspec.reports._io import ResultsError
 from attnspec.spec import MHAParams
 from attnspec.spec.positions import sinusoidal_positions
 

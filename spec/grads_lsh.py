@@ -35,9 +35,9 @@ import math
 import numpy as np
 
 from attnspec._errors import SpecError
+from attnspec.spec._lsh_core import NORM_EPS, SELF_LOGIT, _rotated, _weighted_values, _window_counts
 from attnspec.spec._validate import numpy_info
 from attnspec.spec.grads import _sum_to, _visible_matmul
-from attnspec.spec._lsh_core import NORM_EPS, SELF_LOGIT, _rotated, _weighted_values, _window_counts
 from attnspec.spec.lsh import LSHPlan, validate_lsh
 
 __all__ = ["lsh_attention_vjp"]

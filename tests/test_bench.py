@@ -11,8 +11,9 @@ from contextlib import redirect_stdout
 
 import pytest
 
+from attnspec._results import write_json_atomic
 from attnspec.reports import bench, bench_targets
-from attnspec.reports._io import load_results, write_json_atomic
+from attnspec.reports._io import load_results
 from attnspec.reports.bench_grid import GRIDS, Case, estimated_seconds, grid_cases, workspace_bytes
 from attnspec.reports.bench_measure import probe_peak
 from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS

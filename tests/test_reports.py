@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from attnspec._results import write_json_atomic
 from attnspec.reports import accuracy, plots
-from attnspec.reports._io import ResultsError, load_results, write_json_atomic
+from attnspec.reports._io import ResultsError, load_results
 from attnspec.reports.render import main, render
 
 ENV = {"attnspec": "0.1.0", "git_commit": "abc1234", "git_dirty": True, "python": "3.11.7",

@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     result = run(args.backend)
-    from attnspec.reports._io import framework_versions, write_json_atomic
+    from attnspec._results import framework_versions, write_json_atomic
 
     result["environment"] = {"frameworks": framework_versions()}
     write_json_atomic(args.out, result)

@@ -150,7 +150,7 @@ def atlas(session: nox.Session, backend: str) -> None:
         session.error(f"{backend} failed beyond its declared deviations: see reports/atlas.md")
 
 
-#: the backends `attnspec.reports.bench_targets.TARGETS` measures: a plain `nox -s bench` also
+#: the backends `attnspec.bench.targets.TARGETS` measures: a plain `nox -s bench` also
 #: runs their targets (--targets-only, its own results file)
 TARGET_BACKENDS = ("numpy", "array_api-numpy", "torch", "jax")
 #: backend -> implementations a plain `nox -s bench` times on the "lsh" grid (L = 1024 ... 65536,
@@ -167,15 +167,15 @@ def bench(session: nox.Session, backend: str) -> None:
     if backend == "example":
         install(session, str(PLUGIN))
     # posargs go to the harness: --grid full, --targets-only, --device cuda:0, --no-memory, ...
-    session.run("python", "-m", "attnspec.reports.bench", "--backend", backend, *session.posargs,
+    session.run("python", "-m", "attnspec.bench.run", "--backend", backend, *session.posargs,
                 env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     if not session.posargs and backend in TARGET_BACKENDS:  # the quick grid holds no target shape
-        session.run("python", "-m", "attnspec.reports.bench", "--backend", backend, "--targets-only",
+        session.run("python", "-m", "attnspec.bench.run", "--backend", backend, "--targets-only",
                     "--out", f"reports/results/bench-{backend}-cpu-targets.json",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     if not session.posargs and backend in SCALING:
         impls, dtypes = SCALING[backend]
-        session.run("python", "-m", "attnspec.reports.bench", "--backend", backend, "--grid", "lsh",
+        session.run("python", "-m", "attnspec.bench.run", "--backend", backend, "--grid", "lsh",
                     "--impls", impls, "--dtypes", dtypes, "--out", f"reports/results/bench-{backend}-cpu-lsh.json",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     if not session.posargs:  # suite throughput: the dev profile's cases per second and first result
@@ -186,7 +186,7 @@ def bench(session: nox.Session, backend: str) -> None:
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)}, success_codes=[0, 1])
     if not session.posargs and backend == "torch":  # #17: torch LSH vs the two Reformer libraries
         install(session, package(["reformer"]))
-        session.run("python", "-m", "attnspec.reports.bench_reformer",
+        session.run("python", "-m", "attnspec.bench.reformer",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     if backend == "numpy":  # the LSH approximation study is NumPy-only and takes seconds
         session.run("python", "-m", "attnspec.reports.lsh_quality",

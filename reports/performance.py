@@ -189,7 +189,7 @@ REFORMER_LIBS = ("lucidrains-lsh", "hf-lsh")
 
 
 def reformer_comparison(doc: dict[str, Any]) -> list[str]:
-    """attnspec's LSH against the Reformer libraries at each L of one `bench_reformer` run (#17).
+    """attnspec's LSH against the Reformer libraries at each L of one `attnspec.bench.reformer` run (#17).
 
     Goal: attnspec-lsh at most as slow as the faster library and within the smaller library peak.
     """
@@ -222,7 +222,7 @@ def reformer_comparison(doc: dict[str, Any]) -> list[str]:
     return ["", f"### Reformer libraries: {doc['backend']} / {doc['device']} / float32 / {nh} hashes", "",
             "attnspec's torch `lsh_attention` against reformer-pytorch's `LSHAttention` and Hugging Face's "
             "`LSHSelfAttention` (its two 64 x 64 projections included), B=1, one head, d=64, chunk 64, "
-            "L/64 buckets, no autograd, timed interleaved (`python -m attnspec.reports.bench_reformer`, "
+            "L/64 buckets, no autograd, timed interleaved (`python -m attnspec.bench.reformer`, "
             "run by `nox -s bench-torch`). Goal (#17): time at most the faster library's, peak memory "
             "at most the smaller library peak. On a shared machine a burst of load can land on one "
             "implementation's repeats more than another's (attnspec makes more, smaller framework "

@@ -12,10 +12,11 @@ from contextlib import redirect_stdout
 import pytest
 
 from attnspec._results import write_json_atomic
-from attnspec.reports import bench, bench_targets
+from attnspec.bench import run as bench
+from attnspec.bench import targets as bench_targets
 from attnspec.reports._io import load_results
-from attnspec.reports.bench_grid import GRIDS, Case, estimated_seconds, grid_cases, workspace_bytes
-from attnspec.reports.bench_measure import probe_peak
+from attnspec.bench.grid import GRIDS, Case, estimated_seconds, grid_cases, workspace_bytes
+from attnspec.bench.measure import probe_peak
 from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS
 
 ROW_KEYS = {"implementation", "pass", "dtype", "B", "H", "n", "m", "d", "causal", "median_s",
@@ -109,13 +110,13 @@ def test_skip_rules_memory_and_time():
 
 def test_probe_measures_a_known_allocation():
     nbytes = 200_000_000
-    peak, method = probe_peak("attnspec.reports.bench_measure:allocation", {"nbytes": nbytes})
+    peak, method = probe_peak("attnspec.bench.measure:allocation", {"nbytes": nbytes})
     assert method == "rss-subprocess"
     assert peak == pytest.approx(nbytes, rel=0.2), f"peak {peak} for a {nbytes}-byte allocation"
 
 
 def test_probe_reports_a_dead_child():
-    peak, method = probe_peak("attnspec.reports.bench_measure:no_such_function", {})
+    peak, method = probe_peak("attnspec.bench.measure:no_such_function", {})
     assert peak is None
     assert method.startswith("failed: probe exit code 1") and "AttributeError" in method
 

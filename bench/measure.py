@@ -1,4 +1,4 @@
-"""Measuring for `attnspec.reports.bench`: wall-clock timing, the matmul reference rate, and
+"""Measuring for `attnspec.bench.run`: wall-clock timing, the matmul reference rate, and
 peak memory measured in a fresh subprocess.
 
 Timing: every clock read (``time.perf_counter``) comes right after the device is synchronized
@@ -6,7 +6,7 @@ Timing: every clock read (``time.perf_counter``) comes right after the device is
 covers the queued work and not just its dispatch.
 
 Peak memory: each measurement runs in a new Python process (``python -m
-attnspec.reports.bench_measure '<json>'``) that imports the framework, creates the inputs, then
+attnspec.bench.measure '<json>'``) that imports the framework, creates the inputs, then
 measures one call. What is measured, by where the arrays live:
 
     rss-subprocess   CPU. Peak resident set size during one call minus the resident set size
@@ -216,7 +216,7 @@ def probe_peak(target: str, kwargs: dict[str, Any], timeout_s: float = 900) -> t
     spec = json.dumps({"target": target, "kwargs": kwargs})
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "attnspec.reports.bench_measure", spec],
+            [sys.executable, "-m", "attnspec.bench.measure", spec],
             capture_output=True, text=True, timeout=timeout_s, env=env,
         )
     except subprocess.TimeoutExpired:

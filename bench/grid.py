@@ -1,4 +1,4 @@
-"""The benchmark grid and the implementations it times, for `attnspec.reports.bench`.
+"""The benchmark grid and the implementations it times, for `attnspec.bench.run`.
 
 Shape letters: B batch, H heads (query and key/value heads alike), n queries, m keys (n == m in
 every grid shape, so causal alignment does not matter: "upper_left" is passed), d head dim.
@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from attnspec.reports.bench_measure import is_cpu
+from attnspec.bench.measure import is_cpu
 from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS
 
 __all__ = [

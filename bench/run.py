@@ -1,13 +1,13 @@
 """Benchmark one backend on one device and write ``attnspec.bench/1`` JSON (reports/SCHEMA.md).
 
-    python -m attnspec.reports.bench --backend torch [--device cpu] [--grid quick|full|lsh]
+    python -m attnspec.bench.run --backend torch [--device cpu] [--grid quick|full|lsh]
         [--targets-only] [--out reports/results/bench-torch-cpu.json] [--list]
 
-For every implementation (adapter, native, golden, blocked, lsh: see `bench_grid`), dtype and
+For every implementation (adapter, native, golden, blocked, lsh: see `grid`), dtype and
 shape of the grid: the median, min and max wall time of one forward call over repeats after
-warm-up (`bench_measure.time_calls`); the achieved rate; that rate as a share of the same
+warm-up (`measure.time_calls`); the achieved rate; that rate as a share of the same
 framework's matmul rate on the same dtype and device, measured in the same run; and the call's
-peak memory, measured in a fresh subprocess (`bench_measure`, whose docstring says exactly what
+peak memory, measured in a fresh subprocess (`measure`, whose docstring says exactly what
 each ``mem_method`` counts).
 
 ``tflops`` is dense-equivalent: 4 * B * H * n * m * d forward FLOPs over the median time, for
@@ -19,7 +19,7 @@ when their (n, m) logits would not fit in half the memory available at the start
 or when one call is predicted to exceed ``--max-call-s`` (its FLOPs at the efficiency a smaller
 case of the same implementation reached in this run; at the matmul rate before there is one).
 The "full" grid and ``--targets-only`` also time the target shapes (never skipped for time) and
-evaluate `bench_targets.TARGETS`; they appear in no other grid, except that the "lsh" grid (LSH
+evaluate `targets.TARGETS`; they appear in no other grid, except that the "lsh" grid (LSH
 against full attention as L doubles, B=1 H=1 d=64) holds the LSH target's cases and evaluates it.
 
 Timings on a machine shared with other work are noise: read ``min_s``/``max_s`` beside the median.
@@ -40,8 +40,8 @@ from typing import Any, TextIO
 import attnspec
 from attnspec._errors import SpecError
 from attnspec._results import framework_versions, git_state, write_json_atomic
-from attnspec.reports import bench_targets
-from attnspec.reports.bench_grid import (
+from attnspec.bench import targets as bench_targets
+from attnspec.bench.grid import (
     GRIDS,
     IMPLEMENTATIONS,
     Case,
@@ -56,7 +56,7 @@ from attnspec.reports.bench_grid import (
     static_skip,
     workspace_bytes,
 )
-from attnspec.reports.bench_measure import (
+from attnspec.bench.measure import (
     available_bytes,
     is_cpu,
     jax_device,
@@ -173,7 +173,7 @@ def run_bench(
             "tflops": "dense-equivalent: 4*B*H*n*m*d / median_s, for causal and lsh rows too",
             "share_of_matmul": "tflops / matmul_tflops[dtype], a square matmul of side "
                                "settings.matmul_size in the same framework, dtype and device",
-            "peak_mem_bytes": "see mem_method: attnspec.reports.bench_measure's docstring",
+            "peak_mem_bytes": "see mem_method: attnspec.bench.measure's docstring",
         },
         "matmul_tflops": rates,
         "rows": rows,
@@ -243,7 +243,7 @@ def _run_job(be, backend_spec, fw, device, cases, rates, settings, memory, skipp
     for case, t in timings.items():
         rate = rates.get(case.dtype)
         tflops, share_of_matmul = achieved(case, t.median_s, rate)
-        peak, method = (probe_peak("attnspec.reports.bench_grid:prepare",
+        peak, method = (probe_peak("attnspec.bench.grid:prepare",
                                    {"backend": backend_spec, "device": device,
                                     "case": {"impl": case.impl, "dtype": case.dtype, **case.shape_dict()}})
                         if memory else (None, "none"))
@@ -343,7 +343,7 @@ def _file_part(device: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attnspec.reports.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m attnspec.bench.run", description=__doc__.split("\n")[0])
     ap.add_argument("--backend", help="registry name, or module:attribute (required unless --list)")
     ap.add_argument("--device", help="default: the backend's first device")
     ap.add_argument("--grid", choices=sorted(GRIDS), default="quick")

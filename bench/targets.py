@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from attnspec.reports.bench_grid import Case, human_bytes, human_seconds
+from attnspec.bench.grid import Case, human_bytes, human_seconds
 
 __all__ = ["TARGETS", "Target", "evaluate", "target_jobs"]
 

@@ -1,6 +1,6 @@
 """attnspec's torch LSH against Hugging Face's and reformer-pytorch's at one configuration (#17).
 
-    python -m attnspec.reports.bench_reformer [--L 4096,8192,...] [--hashes 2,4] [--threads N]
+    python -m attnspec.bench.reformer [--L 4096,8192,...] [--hashes 2,4] [--threads N]
         [--no-memory] [--out-dir reports/results]
 
 One ``attnspec.bench/1`` file per hash count, ``bench-torch-cpu-reformer-h<n>.json``. B = 1, one
@@ -11,8 +11,8 @@ head, L positions, d = 64, chunk (bucket) length 64, L / 64 buckets, float32, CP
     hf-lsh          ``LSHSelfAttention`` (hidden 64, one head of 64, chunks before 1, after 0):
                     its two 64 x 64 projections included (under 1% of its FLOPs), as a user calls it
 
-The three run interleaved (`bench_measure.time_calls`), so a busy machine slows them alike; peak
-memory is measured for each in a fresh process (`bench_measure`, method rss-subprocess). The
+The three run interleaved (`measure.time_calls`), so a busy machine slows them alike; peak
+memory is measured for each in a fresh process (`measure`, method rss-subprocess). The
 attnspec rows are named "attnspec-lsh", not "lsh", so the LSH-against-full-attention table of
 performance.md does not mistake the libraries for full attention; `performance.reformer_comparison`
 renders these files.
@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from attnspec.reports.bench_grid import Prepared, human_bytes, human_seconds
+from attnspec.bench.grid import Prepared, human_bytes, human_seconds
 
 __all__ = ["IMPLS", "prepare", "run"]
 
@@ -92,8 +92,8 @@ def run(Ls, n_hashes: int, *, memory: bool = True, budget_s: float = 1.0, max_re
     """One results document: every implementation at every L, for one hash count."""
     import torch
 
-    from attnspec.reports.bench import _device_name, _environment, _load
-    from attnspec.reports.bench_measure import probe_peak, time_calls
+    from attnspec.bench.run import _device_name, _environment, _load
+    from attnspec.bench.measure import probe_peak, time_calls
 
     started, load_start = time.time(), _load()
     rows = []
@@ -103,7 +103,7 @@ def run(Ls, n_hashes: int, *, memory: bool = True, budget_s: float = 1.0, max_re
                              max_repeats=max_repeats)
         del preps
         for impl, t in timings.items():
-            peak, method = (probe_peak("attnspec.reports.bench_reformer:prepare",
+            peak, method = (probe_peak("attnspec.bench.reformer:prepare",
                                        {"impl": impl, "L": L, "n_hashes": n_hashes})
                             if memory else (None, "none"))
             flops = 4 * L * L * D
@@ -128,14 +128,14 @@ def run(Ls, n_hashes: int, *, memory: bool = True, budget_s: float = 1.0, max_re
                                "reformer_pytorch.LSHAttention; hf-lsh: transformers LSHSelfAttention "
                                "(its two d x d projections included); all float32, torch.no_grad()",
             "tflops": "dense-equivalent: 4*L*L*d / median_s",
-            "peak_mem_bytes": "see mem_method: attnspec.reports.bench_measure's docstring",
+            "peak_mem_bytes": "see mem_method: attnspec.bench.measure's docstring",
         },
         "matmul_tflops": {}, "rows": rows, "skipped": [], "targets": [],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attnspec.reports.bench_reformer", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m attnspec.bench.reformer", description=__doc__.split("\n")[0])
     ap.add_argument("--L", default=",".join(map(str, DEFAULT_L)), help="comma-separated lengths")
     ap.add_argument("--hashes", default="2,4", help="comma-separated n_hashes, one file each")
     ap.add_argument("--no-memory", action="store_true")

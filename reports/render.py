@@ -192,23 +192,23 @@ def render(results_dir: str | os.PathLike = "reports/results", out_dir: str | os
 
 def _copy_task_doc(directory: Path) -> dict[str, Any] | None:
     """The copy-task results (`attnspec.reports.copy_task`), checked, or None if there are none."""
-    from attnspec.reports import copy_task
+    from attnspec.reports import copy_task_report
 
     path = directory / "copy_task.json"
-    return copy_task.load(path) if path.is_file() else None
+    return copy_task_report.load(path) if path.is_file() else None
 
 
 def _copy_task_section(doc: dict[str, Any] | None, staged: StagedOutput, source: str,
                        plots: bool) -> list[str]:
-    from attnspec.reports import copy_task
+    from attnspec.reports import copy_task_report
 
     if doc is None:
         return []
     figure = None
     if plots and importlib.util.find_spec("matplotlib") is not None:  # else _make_plots said so
         figure = "plots/copy_task.png"
-        copy_task.plot(doc, staged.path(figure))
-    return copy_task.index_section(doc, source, figure)
+        copy_task_report.plot(doc, staged.path(figure))
+    return copy_task_report.index_section(doc, source, figure)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

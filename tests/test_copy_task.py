@@ -18,7 +18,7 @@ import math
 import numpy as np
 import pytest
 
-from attnspec.reports import copy_task
+from attnspec.reports import copy_task, copy_task_report
 from attnspec.reports._io import ResultsError
 
 SMALL = copy_task.Settings(vocab=32, n=6, embed_dim=16, num_heads=2, batch=16, steps=60, lr=0.02,
@@ -80,12 +80,12 @@ def test_load_names_the_file_and_the_problem(tmp_path):
     doc["runs"][0]["after"]["weights"] = [[1.0, 0.0]]
     path.write_text(json.dumps(doc))
     with pytest.raises(ResultsError, match=r"copy_task\.json: runs\[0\]\.after: field 'weights' must be"):
-        copy_task.load(path)
+        copy_task_report.load(path)
     path.write_text(json.dumps({**_doc(), "schema": "attnspec.bench/1"}))
     with pytest.raises(ResultsError, match="expected 'attnspec.copy_task/1'"):
-        copy_task.load(path)
+        copy_task_report.load(path)
     path.write_text(json.dumps(_doc()))
-    assert copy_task.load(path)["runs"][0]["framework"] == "torch"
+    assert copy_task_report.load(path)["runs"][0]["framework"] == "torch"
 
 
 def test_render_gives_the_index_a_copy_task_section(tmp_path):

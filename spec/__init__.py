@@ -20,7 +20,8 @@ from attnspec.spec.masks import (
 )
 from attnspec.spec.mha import MHAParams, merge_heads, mha, split_heads
 from attnspec.spec.positions import sinusoidal_positions
-from attnspec.spec.sdpa import sdpa, sdpa_loops
+from attnspec.spec.sdpa import sdpa
+from attnspec.spec.sdpa_loops import sdpa_loops
 
 __all__ = [
     "MHAParams",

@@ -2,7 +2,8 @@
 
 A backend adapts one array framework to attnspec. It exposes the spec's public functions with
 the spec's signatures, on the framework's own arrays, plus the few hooks the conformance suite
-needs (conversion, devices, dtypes, synchronization, and a per-case support query).
+needs (conversion, devices and the device of an array, dtypes, synchronization, and a per-case
+support query).
 
 Feature names used by `supports` (the conformance suite asks with these, and reports them):
     sdpa                 any sdpa call (the case carries the options used)
@@ -131,6 +132,15 @@ class Backend:
 
     def to_numpy(self, x: Any) -> np.ndarray:
         raise NotImplementedError
+
+    def device_of(self, x: Any) -> str:
+        """The device one of this backend's arrays lives on, named as `devices` and
+        ``asarray(device=...)`` name it. The suite checks it for every result.
+
+        The default, ``"cpu"``, fits a backend whose arrays live in host memory (the default
+        `devices` is ``["cpu"]``); a backend with other devices overrides both.
+        """
+        return "cpu"
 
     def synchronize(self) -> None:
         """Block until queued device work is done (timing reads the clock only after this)."""

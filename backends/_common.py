@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-import ml_dtypes
 import numpy as np
 
 from attnspec._errors import SpecError
+from attnspec.spec._dtypes import NUMPY_DTYPES, compute_dtype_name, numpy_dtype  # noqa: F401  (re-exported)
 from attnspec.spec._validate import ArrayInfo, SDPAPlan, validate_sdpa
 
 InfoFn = Callable[[str, str, Any], ArrayInfo]
@@ -170,24 +170,6 @@ def static_plan(p: SDPAPlan) -> SDPAPlan:
     return dataclasses.replace(p, q_lengths=None, kv_lengths=None)
 
 
-NUMPY_DTYPES = {
-    "bool": np.dtype(bool),
-    "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64),
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float32": np.dtype(np.float32),
-    "float64": np.dtype(np.float64),
-}
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    try:
-        return NUMPY_DTYPES[name]
-    except KeyError:
-        raise SpecError(f"asarray: dtype={name!r} is not one of {', '.join(NUMPY_DTYPES)}") from None
-
-
 def to_reference(x: np.ndarray, dtype: str | None) -> np.ndarray:
     """``x`` as NumPy in the requested dtype, rounded once, in NumPy (ml_dtypes for bfloat16).
 
@@ -196,12 +178,3 @@ def to_reference(x: np.ndarray, dtype: str | None) -> np.ndarray:
     """
     x = np.asarray(x)
     return x if dtype is None else x.astype(numpy_dtype(dtype))
-
-
-def compute_dtype_name(dtype: str) -> str:
-    """Precision of the exact paths: float64 for float64, float32 for every narrower float.
-
-    float16/bfloat16 inputs are exactly representable in float32, and float32 accumulation keeps
-    the error at the level of the final rounding to the input dtype.
-    """
-    return "float64" if dtype == "float64" else "float32"

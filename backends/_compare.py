@@ -1,43 +1,140 @@
-"""Comparing a backend's result with the golden, with a tolerance derived per case.
+"""Judging one sdpa call against the golden, under the kit's one tolerance rule.
 
-Used by the kit's tests and by the deviation probes; a backend author can use it the same way.
+The rule is `attnspec.spec.tolerance`'s, derived there: a result may be ``K * err_ref + floor``
+from the float64 golden, where ``err_ref`` is the error of the golden's own algorithm run in the
+inputs' precision and ``floor = eps(D) * V * (1 + sqrt(m) + 2 sqrt(dk) L)``; non-finite entries
+must match exactly. This module applies it to a call given as NumPy arrays, so the conformance
+suite (`attnspec.conformance.pytest_helpers.golden_for`), the kit's own backend tests, the
+deviation probes and a plugin's tests all judge with the same numbers:
 
-The rule (FlashAttention / PyTorch SDPA test style): a backend may be at most ``K`` times as far
-from the float64 golden as a same-precision reference is, plus a floor.
-
-* The same-precision reference is the golden's own algorithm (`attention_core`) computed in
-  float32 (float64 for float64 inputs) with every stored intermediate rounded to the input
-  dtype: the error an honest implementation in that precision makes *on these inputs*.
-  ``K = 4`` leaves room for a different summation order or a fused kernel's blocking.
-* The floor covers what the reference does not: both results are rounded once to the dtype
-  (``2 u`` relative, u the unit roundoff of the dtype), and the backend's own accumulation in
-  its compute precision (unit roundoff ``uc``): a dot product of dk terms is off by at most
-  ``dk uc |q||k|`` (the standard gamma_n bound), which moves a softmax weight by twice that
-  relative, on logits bounded by ``L = scale max|q_i| max|k_j| + max|bias|``; the weighted sum
-  of m values adds ``m uc``. So ``floor = max(1, max|v|) (2 u + (m + 2 dk L) uc)``.
-  For float64 that is ~1e-15 relative to max|v| at the kit's sizes; for float32 ~1e-5.
-
-For weights the same rule holds with max|v| replaced by 1. NaN must appear exactly where the
-golden has NaN, and infinities must match exactly.
+    sdpa_golden(q, k, v, **options) -> Golden        the golden and the allowed errors
+    compare(actual, q, k, v, **options) -> [str]     problems of a result; [] when it conforms
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-from attnspec.spec._validate import numpy_info, validate_sdpa
-from attnspec.spec.sdpa import attention_core, finish
+from attnspec.spec._dtypes import FLOAT_DTYPES, numpy_dtype
+from attnspec.spec._validate import SDPAExtras, SDPAPlan, finish, numpy_info, validate_sdpa
+from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS, _validate, attention_core, sdpa
+from attnspec.spec.tolerance import (
+    Comparison,
+    lse_allowed,
+    reference_sdpa,
+    sdpa_allowed,
+    visibility_view,
+)
+from attnspec.spec.tolerance import compare as compare_arrays
 
-K = 4
-UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
-_NUMPY = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+__all__ = ["Golden", "compare", "golden_and_reference", "relative_error", "sdpa_golden", "sdpa_plan"]
+
+
+@dataclass
+class Golden:
+    """The float64 golden of one sdpa call (before the final rounding) and what each result may
+    differ from it by."""
+
+    out: np.ndarray
+    weights: np.ndarray | None  # None for a large call that did not ask for weights
+    allowed_out: float
+    allowed_w: float | None
+    lse: np.ndarray | None = None  # when the call asks for it (return_lse)
+    allowed_lse: float | None = None
+
+
+def sdpa_plan(q, k, v, options: dict[str, Any]) -> tuple[SDPAPlan, SDPAExtras]:
+    """(plan, extras) of an sdpa call on NumPy arrays: the spec's validated plan and the
+    variants' arrays."""
+    o = options
+    extras = SDPAExtras(o.get("alibi_slopes"), o.get("sinks"), o.get("q_segment_ids"),
+                        o.get("kv_segment_ids"), o.get("dropout_mask"))
+    plan = _validate("sdpa", q, k, v, o.get("mask"), o.get("bias"), o.get("causal"), o.get("window"),
+                     o.get("scale"), o.get("q_lengths"), o.get("kv_lengths"), extras, o.get("softcap"),
+                     o.get("dropout_p"), bool(o.get("return_lse")))
+    return plan, extras
+
+
+def sdpa_golden(q, k, v, **options) -> Golden:
+    """The float64 golden of ``sdpa(q, k, v, **options)`` and the allowed errors of
+    `attnspec.spec.tolerance` (``sdpa_allowed``, ``lse_allowed``).
+
+    Large calls (batch * Hq * n * m >= `BLOCKED_MIN_LOGITS`) get weights only when they ask for
+    them: golden and reference then run tiled or in row blocks, with no (n, m) array.
+    """
+    f64 = {name: x.astype(np.float64) if isinstance(x, np.ndarray) and x.dtype.name in FLOAT_DTYPES else x
+           for name, x in options.items() if name != "return_weights"}
+    plan, extras = sdpa_plan(q, k, v, options)
+    want_w = bool(options.get("return_weights")) or math.prod(plan.full_weights_shape) < BLOCKED_MIN_LOGITS
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    result = sdpa(q64, k64, v64, **f64, return_weights=want_w)
+    result = list(result) if isinstance(result, tuple) else [result]
+    out, w, lse = result[0], result[1] if want_w else None, result[-1] if plan.return_lse else None
+    mask, bias = options.get("mask"), options.get("bias")
+    ref = reference_sdpa(plan, q, k, v, mask, bias, want_w, extras)
+    ref = list(ref) if isinstance(ref, tuple) else [ref]
+    vis = visibility_view(plan, mask, bias, extras)
+
+    def allowed(ref_x, gold_x, value_scale=None):
+        err_ref = compare_arrays(ref_x, gold_x, np.inf).max_abs_err
+        return sdpa_allowed(plan, q, k, v, bias, vis, err_ref, value_scale=value_scale, extras=extras)
+
+    allowed_w = allowed(ref[1], w, value_scale=1.0) if want_w else None
+    allowed_lse = None
+    if lse is not None:
+        err_lse = compare_arrays(ref[-1], lse, np.inf).max_abs_err
+        allowed_lse = lse_allowed(plan, q, k, bias, vis, err_lse, lse, extras)
+    return Golden(out, w, allowed(ref[0], out), allowed_w, lse, allowed_lse)
+
+
+def compare(actual, q, k, v, **options) -> list[str]:
+    """Problems of ``actual`` against the golden of ``sdpa(q, k, v, **options)``; [] if none.
+
+    ``actual`` is what sdpa returns for these options, as NumPy: out, then weights when
+    ``return_weights``, then lse when ``return_lse``. Each is checked for shape, dtype (the
+    inputs' dtype; lse float32, or float64 for float64 inputs) and values under the rule.
+    """
+    g = sdpa_golden(q, k, v, **options)
+    plan, _ = sdpa_plan(q, k, v, options)
+    parts = list(actual) if isinstance(actual, tuple) else [actual]
+    expected = [("out", g.out, g.allowed_out, plan.dtype)]
+    if options.get("return_weights"):
+        expected.append(("weights", g.weights, g.allowed_w, plan.dtype))
+    if plan.return_lse:
+        expected.append(("lse", g.lse, g.allowed_lse, plan.lse_dtype))
+    if len(parts) != len(expected):
+        return [f"returned {len(parts)} arrays, but should return {len(expected)} "
+                f"({', '.join(e[0] for e in expected)})"]
+    problems = []
+    for got, (what, gold, allowed, dtype) in zip(parts, expected):
+        got = np.asarray(got)
+        if got.shape != gold.shape:
+            problems.append(f"{what}.shape={got.shape}, but should be {gold.shape}")
+        elif got.dtype.name != dtype:
+            problems.append(f"{what}.dtype={got.dtype.name}, but should be {dtype}")
+        else:
+            c = compare_arrays(got, gold, allowed)
+            if not c.ok:
+                problems.append(describe(what, got, gold, c, plan.dtype))
+    return problems
+
+
+def describe(what: str, got: np.ndarray, gold: np.ndarray, c: Comparison, dtype: str) -> str:
+    """One line for a failed `Comparison`: the worst element, its error, the allowed error."""
+    idx = c.worst_index
+    at = "" if idx is None else f"{what}[{idx}]={got[idx].item()!r}, but should be {gold[idx].item()!r}: "
+    return (f"{at}error {c.max_abs_err:.3g} > allowed {c.allowed:.3g} ({dtype}); "
+            f"{100 * c.out_of_tolerance:.1f}% of elements out of tolerance, "
+            f"{c.nonfinite_mismatch} NaN/inf mismatches")
 
 
 def golden_and_reference(q, k, v, **options):
-    """(golden, same-precision reference) of one call on NumPy inputs; each (out, weights)."""
+    """(golden, same-precision reference, plan) of one call on NumPy inputs; golden and
+    reference are each (out, weights), rounded to the inputs' dtype (for the deviation probes)."""
     fn = "compare"
     plan = validate_sdpa(
         fn, numpy_info(fn, "q", q), numpy_info(fn, "k", k), numpy_info(fn, "v", v),
@@ -48,78 +145,8 @@ def golden_and_reference(q, k, v, **options):
     mask, bias = options.get("mask"), options.get("bias")
     with np.errstate(all="ignore"):  # NaN/inf cases are on purpose
         gold = attention_core(plan, q, k, v, mask, bias, np.float64, lambda x: x)
-    dtype = _NUMPY[plan.dtype]
-    compute = np.float64 if plan.dtype == "float64" else np.float32
-
-    def rnd(x):
-        return x.astype(dtype).astype(compute)
-
-    with np.errstate(all="ignore"):
-        ref = attention_core(plan, q, k, v, mask, bias, compute, rnd)
-    return (finish(plan, *gold, q.dtype, True), finish(plan, *ref, q.dtype, True), plan)
-
-
-def tolerance(golden: np.ndarray, reference: np.ndarray, dtype: str, magnitude: float,
-              m: int, dk: int, logit_bound: float) -> float:
-    """``K * |reference - golden| + floor``, as derived in the module docstring."""
-    g, r = golden.astype(np.float64), reference.astype(np.float64)
-    both = np.isfinite(g) & np.isfinite(r)
-    err_ref = float(np.abs(r - g)[both].max(initial=0.0))
-    uc = UNIT_ROUNDOFF["float64" if dtype == "float64" else "float32"]
-    floor = max(1.0, magnitude) * (2 * UNIT_ROUNDOFF[dtype] + (m + 2 * dk * logit_bound) * uc)
-    return K * err_ref + floor
-
-
-def _logit_bound(q, k, plan, bias) -> float:
-    def biggest(x):
-        x = np.abs(x.astype(np.float64))
-        x = x[np.isfinite(x)]
-        return float(x.max(initial=0.0))
-
-    qn = np.sqrt((np.nan_to_num(q.astype(np.float64), posinf=0, neginf=0) ** 2).sum(-1)).max(initial=0.0)
-    kn = np.sqrt((np.nan_to_num(k.astype(np.float64), posinf=0, neginf=0) ** 2).sum(-1)).max(initial=0.0)
-    return plan.scale * float(qn) * float(kn) + (0.0 if bias is None else biggest(bias))
-
-
-def compare(actual, q, k, v, *, return_weights: bool = False, **options) -> list[str]:
-    """Problems of ``actual`` (NumPy out, or (out, weights)) against the golden; [] if none."""
-    (gold_out, gold_w), (ref_out, ref_w), plan = golden_and_reference(q, k, v, **options)
-    pairs = [("out", actual[0] if return_weights else actual, gold_out, ref_out)]
-    if return_weights:
-        pairs.append(("weights", actual[1], gold_w, ref_w))
-    v_fin = np.abs(v.astype(np.float64))
-    magnitude = float(v_fin[np.isfinite(v_fin)].max(initial=0.0))
-    bound = _logit_bound(q, k, plan, options.get("bias"))
-    problems = []
-    for what, got, gold, ref in pairs:
-        got = np.asarray(got)
-        if got.shape != gold.shape:
-            problems.append(f"{what}.shape={got.shape}, but should be {gold.shape}")
-            continue
-        if got.dtype != gold.dtype:
-            problems.append(f"{what}.dtype={got.dtype}, but should be {gold.dtype}")
-            continue
-        g64, a64 = gold.astype(np.float64), got.astype(np.float64)
-        nan_diff = np.isnan(g64) != np.isnan(a64)
-        if nan_diff.any():
-            idx = tuple(int(i) for i in np.argwhere(nan_diff)[0])
-            problems.append(f"{what}[{idx}]={a64[idx]}, but should be {g64[idx]} (NaN pattern differs "
-                            f"at {int(nan_diff.sum())} places)")
-            continue
-        inf_diff = (np.isinf(g64) | np.isinf(a64)) & (g64 != a64)
-        if inf_diff.any():
-            idx = tuple(int(i) for i in np.argwhere(inf_diff)[0])
-            problems.append(f"{what}[{idx}]={a64[idx]}, but should be {g64[idx]}")
-            continue
-        tol = tolerance(gold, ref, plan.dtype, magnitude if what == "out" else 1.0, plan.m, plan.dk, bound)
-        finite = np.isfinite(g64)
-        err = np.abs(a64 - g64)[finite]
-        worst = float(err.max(initial=0.0))
-        if not worst <= tol:
-            idx = tuple(int(i) for i in np.argwhere(finite)[int(np.argmax(err))])
-            problems.append(f"{what}[{idx}]={a64[idx]!r}, but should be {g64[idx]!r}: error {worst:.3g} "
-                            f"> tolerance {tol:.3g} ({plan.dtype})")
-    return problems
+        ref = reference_sdpa(plan, q, k, v, mask, bias, return_weights=True)
+    return finish(plan, *gold, numpy_dtype(plan.dtype), True), ref, plan
 
 
 def relative_error(actual: np.ndarray, golden: np.ndarray) -> float:

@@ -80,6 +80,9 @@ class ArrayAPIBackend(Backend):
     def _device_name(self, d) -> str:
         return str(d)
 
+    def device_of(self, x) -> str:
+        return self._device_name(self._compat.device(x))
+
     def _device(self, name: str | None):
         if name is None:
             return self._devices()[0]

@@ -113,6 +113,9 @@ class _BackendHooks:
     def devices(self):
         return self._hooks.devices()
 
+    def device_of(self, x):
+        return self._hooks.device_of(x)
+
     def synchronize(self):
         self._hooks.synchronize()
 
@@ -134,10 +137,6 @@ class TorchLibrary(_TensorMethods, _BackendHooks, ArrayLibrary):
         return isinstance(x, self._torch.Tensor)
 
 
-    def device_of(self, x):
-        return str(x.device)
-
-
 class JaxLibrary(_BackendHooks, ArrayLibrary):
     name = module = "jax"
 
@@ -153,12 +152,6 @@ class JaxLibrary(_BackendHooks, ArrayLibrary):
 
     def is_array(self, x: object) -> bool:
         return isinstance(x, self._jax.Array)
-
-
-    def device_of(self, x):
-        from attnspec.backends.jax import device_name
-
-        return device_name(x) or "traced"
 
 
 class MlxLibrary(ArrayLibrary):

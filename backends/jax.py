@@ -118,6 +118,9 @@ class JaxArrays(Backend):
     def to_numpy(self, x: jax.Array) -> np.ndarray:
         return np.asarray(x)
 
+    def device_of(self, x: jax.Array) -> str:
+        return device_name(x) or "traced"  # a tracer (inside the caller's jit) has no device yet
+
     def synchronize(self) -> None:
         # JAX dispatches asynchronously and has no global barrier for computations: wait on the
         # latest result instead.

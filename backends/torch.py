@@ -1,7 +1,9 @@
 """PyTorch, made conformant: `torch.nn.functional.scaled_dot_product_attention` plus fix-ups.
 
 Shape letters as in `attnspec.spec.sdpa`. The fused kernel does the work whenever it gives the
-spec's answer; two cases go to an exact math path written here in torch:
+spec's answer; these cases go to the exact path, `attnspec.backends._xp_core` on
+array-api-compat's torch namespace (the algorithm jax's exact path and the array API backends
+run, written once):
 
 * ``return_weights=True``: the fused kernel returns no weights.
 * NaN/inf left in k or v after the cheap fix below: torch's kernels leak a masked key's NaN into
@@ -30,8 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attnspec.backends import _vjp
-from attnspec.backends import _mha
+from attnspec.backends import _mha, _vjp, _xp_core
 from attnspec.backends._base import VARIANT_FEATURES, Backend
 from attnspec.backends._common import (
     alibi_distance,
@@ -72,6 +73,10 @@ class TorchArrays(Backend):
         if x.dtype == torch.bfloat16:
             return x.float().numpy().astype(ml_dtypes.bfloat16)
         return x.numpy()
+
+    def device_of(self, x: torch.Tensor) -> str:
+        d = x.device  # named as `devices` names it: "cpu", "cuda:0", "mps" ("meta" for meta tensors)
+        return f"{d.type}:{d.index}" if d.type == "cuda" else d.type
 
     def synchronize(self) -> None:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -167,24 +172,6 @@ def alibi_term(p: SDPAPlan, slopes: torch.Tensor, q_segment_ids, kv_segment_ids,
     return -slopes.to(dtype)[..., :, None, None] * dist  # (..., Hq, n, m)
 
 
-def empty_results(p: SDPAPlan, q: torch.Tensor, sinks, return_weights: bool):
-    """What sdpa returns when n, m or Hq is 0: zeros, and lse = the sink alone (-inf without)."""
-    out = q.new_zeros(p.out_shape)
-    weights = q.new_zeros(p.weights_shape)
-    lse_dtype = getattr(torch, p.lse_dtype)
-    if sinks is None:
-        lse = torch.full(p.lse_shape, -math.inf, dtype=lse_dtype, device=q.device)
-    else:  # (Hq,) -> (*batch, Hq, n)
-        lse = sinks.to(lse_dtype)[:, None].expand(*p.batch, p.hq, p.n).reshape(p.lse_shape)
-    return results(p, out, weights, lse, return_weights)
-
-
-def results(p: SDPAPlan, out, weights, lse, return_weights: bool):
-    """out, then weights if asked, then lse if planned: the spec's return convention."""
-    found = [out] + ([weights] if return_weights else []) + ([lse] if p.return_lse else [])
-    return found[0] if len(found) == 1 else tuple(found)
-
-
 class TorchHeadOps(_mha.HeadOps):
     """mha's array operations in torch's own ops."""
 
@@ -214,7 +201,7 @@ class TorchBackend(TorchArrays):
         p = self._plan("torch.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
                        **variant_keywords(locals()))
         if is_empty(p):
-            return empty_results(p, q, sinks, return_weights)
+            return _xp_core.empty(_xp(), p, q.dtype, q.device, return_weights, sinks)
         # Kernels differ in which batch broadcasts they accept; expand (a view) makes them equal.
         q = with_head(q).expand(*p.batch, p.hq, p.n, p.dk)
         k = with_head(k).expand(*p.batch, p.hkv, p.m, p.dk)
@@ -244,11 +231,10 @@ class TorchBackend(TorchArrays):
             ct = torch.float64 if q.dtype == torch.float64 else torch.float32
             alibi = None if alibi_slopes is None else alibi_term(p, alibi_slopes, q_segment_ids,
                                                                  kv_segment_ids, ct)
-            out, weights, lse = _exact(p, q, k, v, vis, bias, softcap=p.softcap, alibi=alibi,
-                                       sinks=sinks, keep=dropout_mask, dropout_p=p.dropout_p)
-            return results(p, out.to(q.dtype).reshape(p.out_shape),
-                           weights.to(q.dtype).reshape(p.weights_shape),
-                           lse.to(getattr(torch, p.lse_dtype)).reshape(p.lse_shape), return_weights)
+            out, weights, lse = _xp_core.attention(
+                _xp(), p, q, k, v, vis, bias, nonfinite_v=not bool(torch.isfinite(v).all()),
+                want_weights=return_weights, alibi=alibi, sinks=sinks, keep=dropout_mask)
+            return _xp_core.results(p, out, weights, lse)
 
         additive = bias
         if alibi_slopes is not None:  # ALiBi is one more additive term, after bias (no softcap here)
@@ -298,6 +284,15 @@ class TorchBackend(TorchArrays):
         return (out, buckets) if return_buckets else out
 
 
+def _xp():
+    """array-api-compat's torch namespace, on which the exact path (`attnspec.backends._xp_core`)
+    runs: the same algorithm as jax's exact path and the array API backends'. Imported on first
+    use, so torch-native, which shares this module's array hooks, does not need array-api-compat."""
+    import array_api_compat.torch as xp
+
+    return xp
+
+
 def _finite(*xs: torch.Tensor) -> list[bool]:
     """Whether each tensor is all finite, read back in one device sync.
 
@@ -316,75 +311,3 @@ def _drop_hidden_keys(p: SDPAPlan, vis: torch.Tensor, k: torch.Tensor, v: torch.
     seen = seen.reshape(*p.batch, p.hkv, p.group, p.m).any(dim=-2)  # (*batch, Hkv, m)
     seen = seen.unsqueeze(-1)  # (*batch, Hkv, m, 1)
     return torch.where(seen, k, 0.0), torch.where(seen, v, 0.0)
-
-
-def _exact(p: SDPAPlan, q, k, v, vis, bias, *, softcap=None, alibi=None, sinks=None, keep=None,
-           dropout_p=0.0):
-    """The golden's algorithm in torch: out (*batch, Hq, n, dv), weights (*batch, Hq, n, m) and
-    lse (*batch, Hq, n), in the compute dtype.
-
-    float32 for narrower inputs, float64 for float64; masked keys are dropped with a fill of
-    -inf before the softmax, and non-finite values reach only the rows that see them. The
-    variants as the spec orders them: softcap on the scaled logits, then bias and ALiBi, the sink
-    as one more logit of the max and the denominator, dropout on the normalized weights.
-    """
-    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
-    q, k, v = q.to(ct), k.to(ct), v.to(ct)
-    q5 = q.reshape(*p.batch, p.hkv, p.group, p.n, p.dk)  # (*batch, Hkv, G, n, dk)
-    s = q5 @ k.unsqueeze(-3).transpose(-1, -2)  # (*batch, Hkv, G, n, m)
-    s = s.reshape(*p.batch, p.hq, p.n, p.m) * p.scale  # (*batch, Hq, n, m)
-    if softcap is not None:
-        s = torch.tanh(s / softcap) * softcap
-    if bias is not None:
-        s = s + bias.to(ct)
-    if alibi is not None:
-        s = s + alibi
-    if vis is not None:
-        s = s.masked_fill(~vis, -math.inf)  # absent keys: even a NaN k is dropped here
-    row_max = s.amax(dim=-1, keepdim=True)  # (*batch, Hq, n, 1); NaN propagates
-    sink = None if sinks is None else sinks.to(ct)[:, None, None]  # (Hq, 1, 1)
-    if sink is not None:
-        row_max = torch.maximum(row_max, sink)  # the sink is one more logit of every row
-    row_max = row_max.masked_fill(row_max == -math.inf, 0.0)  # rows with no visible key
-    e = torch.exp(s - row_max)
-    denom = e.sum(dim=-1, keepdim=True)
-    if sink is not None:
-        denom = denom + torch.exp(sink - row_max)
-    w = e / denom.masked_fill(denom == 0, 1.0)  # no visible key: 0 / 1 = 0
-    lse = (row_max + torch.log(denom))[..., 0]  # log(0) = -inf: no visible key and no sink
-    if keep is not None:
-        w = w * keep.to(ct) / (1.0 - dropout_p)
-
-    finite = torch.isfinite(v)
-    out = _grouped_matmul(p, w, v.masked_fill(~finite, 0.0))  # (*batch, Hq, n, dv)
-    if not bool(finite.all()):
-        out = _nonfinite_values(p, w, v, vis, out)
-    return out, w.expand(*p.batch, p.hq, p.n, p.m), lse.expand(*p.batch, p.hq, p.n)
-
-
-def _grouped_matmul(p: SDPAPlan, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a (*batch, Hq, n, m) @ b (*batch, Hkv, m, c), query head h reading kv head h // G."""
-    a5 = a.reshape(*p.batch, p.hkv, p.group, p.n, p.m)  # (*batch, Hkv, G, n, m)
-    r = a5 @ b.unsqueeze(-3)  # (*batch, Hkv, G, n, c)
-    return r.reshape(*p.batch, p.hq, p.n, r.shape[-1])  # (*batch, Hq, n, c)
-
-
-def _nonfinite_values(p: SDPAPlan, w, v, vis, out):
-    """Add the NaN/inf entries of v back, only in rows that see their key (IEEE rules).
-
-    w @ v ran with them zeroed, since 0 * inf = NaN would reach rows that do not see the key.
-    Per row and column, count the visible keys of each kind with 0/1 matmuls (exact): any NaN
-    gives NaN; w > 0 times +-inf gives +-inf; both signs, or w = 0 times inf, give NaN.
-    """
-    seen = torch.ones_like(w, dtype=torch.bool) if vis is None else vis.expand_as(w)
-
-    def hits(rows, keys):  # (*batch, Hq, n, dv)
-        return _grouped_matmul(p, rows.to(w.dtype), keys.to(w.dtype)) > 0
-
-    pos_inf, neg_inf = v == math.inf, v == -math.inf
-    any_pos = hits(seen & (w > 0), pos_inf)
-    any_neg = hits(seen & (w > 0), neg_inf)
-    nan = (hits(seen, torch.isnan(v)) | (any_pos & any_neg)
-           | hits(seen & (w == 0), pos_inf | neg_inf) | torch.isnan(out))
-    out = out.masked_fill(any_pos, math.inf).masked_fill(any_neg, -math.inf)
-    return out.masked_fill(nan, math.nan)

@@ -7,23 +7,17 @@ reproduces the call.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from attnspec.conformance.hypothesis_helpers import SDPACase, case_plan
-from attnspec.spec._validate import FLOAT_DTYPES
-from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS, _validate, sdpa
-from attnspec.spec.tolerance import (
-    Comparison,
-    compare,
-    lse_allowed,
-    reference_sdpa,
-    sdpa_allowed,
-    visibility_view,
-)
+from attnspec.backends._compare import Golden, sdpa_golden
+from attnspec.conformance.hypothesis_helpers import SDPACase
+from attnspec.spec.tolerance import Comparison
+
+__all__ = ["Golden", "Verdict", "call_sdpa", "check_metadata", "failure_message", "golden_for", "repro",
+           "resolve_backend", "to_backend"]
 
 
 @dataclass
@@ -69,61 +63,34 @@ def call_sdpa(backend, case: SDPACase, device: str | None, **extra: Any):
     return result
 
 
-@dataclass
-class Golden:
-    out: np.ndarray  # float64, unrounded
-    weights: np.ndarray | None  # None for a large case that did not ask for weights
-    allowed_out: float
-    allowed_w: float | None
-    lse: np.ndarray | None = None  # float64, when the case asks for it (return_lse)
-    allowed_lse: float | None = None
-
-
 def golden_for(case: SDPACase) -> Golden:
-    """The float64 golden (before the final rounding) and the tolerance for this case.
+    """The float64 golden (before the final rounding) and the tolerance for this case: the kit's
+    one rule (`attnspec.backends._compare.sdpa_golden`, which applies `attnspec.spec.tolerance`).
 
     Large cases (batch * Hq * n * m >= `BLOCKED_MIN_LOGITS`) get weights only when they ask for
-    them: golden and reference then run tiled or in row blocks, with no (n, m) array, so n = 16384
-    needs tens of MB rather than tens of GB. With ``return_lse`` the log-sum-exp is judged too,
-    under `attnspec.spec.tolerance.lse_allowed`.
+    them. With ``return_lse`` the log-sum-exp is judged too, under `attnspec.spec.tolerance.lse_allowed`.
     """
-    f64 = {name: v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype.name in FLOAT_DTYPES else v
-           for name, v in case.options.items() if name != "return_weights"}
-    q64, k64, v64 = (x.astype(np.float64) for x in (case.q, case.k, case.v))
-    o = case.options
-    plan, extras = case_plan(case.q, case.k, case.v, o)
-    want_w = bool(o.get("return_weights")) or math.prod(plan.full_weights_shape) < BLOCKED_MIN_LOGITS
-    result = sdpa(q64, k64, v64, **f64, return_weights=want_w)
-    result = list(result) if isinstance(result, tuple) else [result]
-    out, w, lse = result[0], result[1] if want_w else None, result[-1] if plan.return_lse else None
-    ref = reference_sdpa(plan, case.q, case.k, case.v, o.get("mask"), o.get("bias"), want_w, extras)
-    ref = list(ref) if isinstance(ref, tuple) else [ref]
-    err_out = compare(ref[0], out, np.inf).max_abs_err
-    vis = visibility_view(plan, o.get("mask"), o.get("bias"), extras)
-    allowed_out = sdpa_allowed(plan, case.q, case.k, case.v, o.get("bias"), vis, err_out, extras=extras)
-    allowed_w = allowed_lse = None
-    if want_w:
-        err_w = compare(ref[1], w, np.inf).max_abs_err
-        allowed_w = sdpa_allowed(plan, case.q, case.k, case.v, o.get("bias"), vis, err_w, value_scale=1.0,
-                                 extras=extras)
-    if lse is not None:
-        err_lse = compare(ref[-1], lse, np.inf).max_abs_err
-        allowed_lse = lse_allowed(plan, case.q, case.k, o.get("bias"), vis, err_lse, lse, extras)
-    return Golden(out, w, allowed_out, allowed_w, lse, allowed_lse)
+    return sdpa_golden(case.q, case.k, case.v, **case.options)
 
 
-def check_metadata(backend, result, expected_shape, dtype: str, device: str | None) -> list[str]:
+def check_metadata(backend, result, expected_shape, dtype: str, device: str | None,
+                   what: str = "out") -> list[str]:
+    """Shape, dtype and device of one result array (``what`` names it in the problems).
+
+    The device is the backend's own name for it (`Backend.device_of`), compared with the device
+    the case ran on: a result that comes back elsewhere fails, naming both.
+    """
     problems = []
     got_shape = tuple(result.shape)
     if got_shape != tuple(expected_shape):
-        problems.append(f"out.shape={got_shape}, but should be {tuple(expected_shape)}")
+        problems.append(f"{what}.shape={got_shape}, but should be {tuple(expected_shape)}")
     got_dtype = backend.dtype_name(result)
     if got_dtype != dtype:
-        problems.append(f"out.dtype={got_dtype}, but should be {dtype}")
-    if device is not None and hasattr(backend, "device_of"):
+        problems.append(f"{what}.dtype={got_dtype}, but should be {dtype}")
+    if device is not None:
         got_device = backend.device_of(result)
         if got_device != device:
-            problems.append(f"out.device={got_device}, but should be {device}")
+            problems.append(f"{what}.device={got_device}, but should be {device}")
     return problems
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnspec._errors import SpecError
+from attnspec.spec._dtypes import FLOAT_DTYPES, compute_dtype_name  # noqa: F401  (re-exported)
 
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 CAUSAL_CHOICES = ("upper_left", "lower_right", "lower_right_lengths")
 
@@ -72,7 +72,7 @@ class SDPAPlan:
     @property
     def lse_dtype(self) -> str:
         """float64 for float64 inputs, else float32 (FlashAttention and flex return float32)."""
-        return "float64" if self.dtype == "float64" else "float32"
+        return compute_dtype_name(self.dtype)
 
     @property
     def out_shape(self) -> tuple[int, ...]:

@@ -40,20 +40,16 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
+from attnspec.spec._dtypes import FLOAT_DTYPES, NUMPY_DTYPES, compute_dtype_name, eps
 from attnspec.spec._validate import NO_EXTRAS, SDPAExtras, SDPAPlan
 from attnspec.spec.masks import visibility
 from attnspec.spec.sdpa import attention_core, finish
 
 K = 4.0
-_NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float64": np.float64}
-
-
-def eps(dtype: str) -> float:
-    """Machine epsilon (distance from 1 to the next float) of a dtype name."""
-    return float(ml_dtypes.finfo(_NP[dtype]).eps)
+#: float dtype name -> NumPy scalar type, from the one dtype table (`attnspec.spec._dtypes`)
+_NP = {name: NUMPY_DTYPES[name].type for name in FLOAT_DTYPES}
 
 
 def reference_sdpa(plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool = False,
@@ -68,7 +64,7 @@ def reference_sdpa(plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool = F
     from the rounded row max and denominator).
     """
     dt = _NP[plan.dtype]
-    compute = np.float32 if plan.dtype in ("float16", "bfloat16") else dt
+    compute = _NP[compute_dtype_name(plan.dtype)]
 
     def rnd(x: np.ndarray) -> np.ndarray:
         return x.astype(dt).astype(compute)

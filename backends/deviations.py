@@ -130,6 +130,14 @@ def _empty_row_by_bias() -> Case:
     return q, k, v, {"bias": bias}
 
 
+def _floor_row() -> Case:
+    q, k, v = _qkv()
+    q[..., 1, :] = 0.0  # query 1's logits are its bias alone
+    bias = np.zeros((3, 5), np.float32)
+    bias[1] = np.finfo(np.float32).min  # query 1 sees keys 0-3 at float32's lowest finite logit
+    return q, k, v, {"mask": np.arange(5) < 4, "bias": bias}
+
+
 def _nan_query_row() -> Case:
     q, k, v = _qkv()
     q, k, v = q[None], k[None], v[None]  # rank 4 with dk == dv: torch picks its CPU flash kernel
@@ -413,6 +421,26 @@ assert jnp.isnan(out[0, 1]).all()  # the spec: 0
         fixed_by="jax: _fused folds -inf bias into the mask and sets rows with no visible key to 0",
         case=_empty_row_by_bias,
         shows=_row1_is_nan,
+    ),
+    Deviation(
+        deviation_id="jax.finite-mask-fill",
+        tags=frozenset(["finite_floor"]),
+        backend="jax-native",
+        feature="sdpa: a row whose visible logits are large negative finite (bias -1e9 .. finfo.min)",
+        spec_says="a masked key is absent: it takes no weight, whatever the visible logits are",
+        native_does="masked logits are set to -0.7 * finfo(dtype).max, a finite value, so where the "
+                    "visible logits are below it (a bias of finfo.min) the masked keys take all the "
+                    "weight, and near it a share of it",
+        reproducer=_JAX + """\
+q = q.at[0, 1].set(0.0)  # query 1's logits are its bias alone
+bias = jnp.zeros((3, 5)).at[1].set(jnp.finfo(jnp.float32).min)
+mask = jnp.arange(5) < 4  # key 4 is masked from every query
+out = attention(q, k, v, bias=bias[None, None], mask=mask[None, None, None])
+assert jnp.allclose(out[0, 1], v[0, 4], atol=1e-6)  # the spec: the mean of keys 0-3's values
+""",
+        fixed_by="jax: _fused excludes masked keys with where on the weights, not with a fill",
+        case=_floor_row,
+        shows=_row1_is_masked_value,
     ),
     Deviation(
         deviation_id="jax.masked-nonfinite-v",

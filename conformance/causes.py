@@ -5,7 +5,9 @@ the rules of the spec the difference lands on:
 
 - "row with no visible key: expected 0, got NaN" (or "got mean(V)", "got values up to X");
 - "a hidden key's NaN/inf reached visible row (...)";
-- "visible weights leak to hidden keys".
+- "visible weights leak to hidden keys";
+- "rows whose visible logits are all <= -1e4 differ: hidden keys took weight there" (a finite mask
+  fill such as -1e9 or finfo.min, instead of excluding the keys).
 
 An empty list means no rule-specific cause was found (a plain numerical difference).
 """
@@ -38,7 +40,7 @@ def _mean_v(v: np.ndarray, group: int, full_shape: tuple[int, ...]) -> np.ndarra
 
 
 def sdpa_causes(plan, vis: np.ndarray, q, k, v, got: np.ndarray, golden: np.ndarray, allowed: float,
-                got_w: np.ndarray | None = None) -> list[str]:
+                got_w: np.ndarray | None = None, bias: np.ndarray | None = None) -> list[str]:
     """Causes for one sdpa case. ``vis`` is the case's visibility (*batch, Hq, n, m); ``got`` and
     ``golden`` are outputs in float64 (any shape holding (*batch, Hq, n, dv) elements)."""
     full = (*vis.shape[:-1], plan.dv)
@@ -68,6 +70,11 @@ def sdpa_causes(plan, vis: np.ndarray, q, k, v, got: np.ndarray, golden: np.ndar
     leak = bad_rows & ~empty & ~np.isfinite(got).all(axis=-1) & np.isfinite(golden).all(axis=-1)
     if hidden_nonfinite and leak.any():
         causes.append(f"a hidden key's NaN/inf reached visible row {_rows(np.argwhere(leak))}")
+    floor = bad_rows & ~empty & (_row_max_logit(plan, vis, q, k, bias) <= FLOOR)
+    if floor.any():
+        causes.append(f"rows whose visible logits are all <= {FLOOR:g} differ (rows {_rows(np.argwhere(floor))}): "
+                      "hidden keys took weight there, as under a finite mask fill (-1e4, -1e9, finfo.min) "
+                      "instead of excluding them")
     if not causes and plan.group > 1 and plan.hkv > 1 and _matches_tiled(plan, q, k, v, vis, got, allowed):
         causes.append("GQA heads tiled: query head h reads kv head h % Hkv; the spec's is h // G "
                       f"(G = Hq / Hkv = {plan.group})")
@@ -78,6 +85,24 @@ def sdpa_causes(plan, vis: np.ndarray, q, k, v, got: np.ndarray, golden: np.ndar
         if leaks.any():
             causes.append(f"visible weights leak to hidden keys (rows {_rows(np.argwhere(leaks))})")
     return causes
+
+
+#: a row whose visible logits all lie at or below this is where a finite mask fill shows
+FLOOR = -1e4
+
+
+def _row_max_logit(plan, vis: np.ndarray, q, k, bias) -> np.ndarray:
+    """The largest visible logit scale * q.k + bias of each row, (*batch, Hq, n); -inf if none."""
+    q64, k64 = (np.asarray(x, np.float64) for x in (q, k))
+    if q64.ndim == 2:
+        q64, k64 = q64[None], k64[None]
+    k64 = np.repeat(k64, plan.group, axis=-3)  # (..., Hq, m, dk): query head h reads kv head h // G
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = plan.scale * (q64 @ np.swapaxes(k64, -1, -2))  # (..., Hq, n, m)
+        if bias is not None:
+            s = s + np.asarray(bias, np.float64)
+        s = np.broadcast_to(s, vis.shape)
+        return np.where(vis, s, -np.inf).max(axis=-1, initial=-np.inf)
 
 
 def _hidden_nonfinite(plan, vis: np.ndarray, k, v) -> bool:

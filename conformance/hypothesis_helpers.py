@@ -16,6 +16,8 @@ import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
 
+from attnspec.conformance.corners import corner_case, floor_levels, floor_rows
+
 MAX_SIDE = int(os.environ.get("ATTNSPEC_MAX_SIDE", "24"))
 SIDES = tuple(s for s in (1, 2, 3, 5, 8, 13, 16, 24, 32, 64) if s <= MAX_SIDE)
 DIMS = (1, 4, 8, 16)
@@ -60,9 +62,15 @@ def _short(v: Any) -> str:
     return repr(v)
 
 
+def sdpa_cases(dtype: str, features: tuple[str, ...] = SDPA_FEATURES):
+    """One sdpa call exercising a drawn feature, in ``dtype``; a `Corner` draws a corner case."""
+    strategy = _sdpa_cases(dtype, features)
+    strategy.attn_corner = lambda corner: corner_case(corner.kind, dtype)  # see corners.py
+    return strategy
+
+
 @st.composite
-def sdpa_cases(draw, dtype: str, features: tuple[str, ...] = SDPA_FEATURES) -> SDPACase:
-    """One sdpa call exercising a drawn feature, in ``dtype``."""
+def _sdpa_cases(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
     feature = draw(st.sampled_from(features))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
@@ -133,6 +141,11 @@ def sdpa_cases(draw, dtype: str, features: tuple[str, ...] = SDPA_FEATURES) -> S
         if feature != "bias":
             bias = np.where(rng.random(bshape) < 0.3, -np.inf, bias)
             tags.add("bias_neg_inf")
+        if feature == "bias_neg_inf" and n and rng.random() < 0.5:
+            rows = np.flatnonzero(rng.random(n) < 0.5)
+            # rows of zero queries whose visible logits sit at large negative finite biases
+            floor_rows(q, bias, rows, rng.choice(floor_levels(dtype), size=len(rows)))
+            tags.add("finite_floor")
         options["bias"] = bias
     if feature in ("causal_upper_left", "window", "combined"):
         options["causal"] = draw(st.sampled_from(["upper_left", None] if feature == "window" else ["upper_left"]))
@@ -241,10 +254,16 @@ def segment_ids(rng: np.random.Generator, shape: tuple[int, ...], segments: int)
     return ids.astype(np.int64)
 
 
-@st.composite
-def variant_cases(draw, dtype: str, features: tuple[str, ...] = VARIANT_FEATURES,
-                  bases: tuple[str, ...] = _VARIANT_BASES) -> SDPACase:
-    """One sdpa call with a drawn variant (or all of them) on top of a drawn base case."""
+def variant_cases(dtype: str, features: tuple[str, ...] = VARIANT_FEATURES,
+                  bases: tuple[str, ...] = _VARIANT_BASES):
+    """One sdpa call with a drawn variant (or all of them) on top of a drawn base case; a `Corner`
+    puts the first of ``features`` on the corner case."""
+    strategy = _variant_cases(dtype, features, bases)
+    strategy.attn_corner = lambda corner: _variant_case(corner, dtype, features, bases)
+    return strategy
+
+
+def _variant_case(draw, dtype: str, features: tuple[str, ...], bases: tuple[str, ...]) -> SDPACase:
     feature = draw(st.sampled_from(features))
     base = draw(sdpa_cases(dtype, bases))
     rng = np.random.default_rng(base.seed ^ 0x15)
@@ -284,3 +303,6 @@ def variant_cases(draw, dtype: str, features: tuple[str, ...] = VARIANT_FEATURES
     tags = {t for t in base.tags if t not in SDPA_FEATURES or t == base.feature} | {feature, "variants"}
     _tag_visibility(tags, q, k, v, options)
     return SDPACase(feature, dtype, q, k, v, options, frozenset(tags), base.seed)
+
+
+_variant_cases = st.composite(_variant_case)

@@ -12,6 +12,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from attnspec.conformance.corners import with_corners
 from attnspec.conformance.hypothesis_helpers import sdpa_cases
 from attnspec.conformance.pytest_helpers import (
     Verdict,
@@ -50,6 +51,7 @@ def judge_blocked(backend, device, prop, case, block_q: int, block_k: int) -> Ve
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_blocked_matches_golden(attn_backend, attn_device, judge, dtype, data):
     """sdpa_blocked's output (and weights, when asked) equal the golden sdpa within the tolerance rule."""
@@ -62,6 +64,7 @@ def test_blocked_matches_golden(attn_backend, attn_device, judge, dtype, data):
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_blocked_one_key_tiles(attn_backend, attn_device, judge, dtype, data):
     """block_k = 1: every key is its own tile, so the running max is rescaled at every new maximum."""

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from attnspec.conformance.corners import with_corners
 from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility, full_visibility, sdpa_cases
 from attnspec.conformance.pytest_helpers import Verdict, check_metadata, repro, to_backend
 from attnspec.spec._validate import FLOAT_DTYPES
@@ -93,6 +94,7 @@ def judge_grads(backend, device, prop, case, d_out, grads, golden_case=None, ext
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_vjp_matches_golden(attn_backend, attn_device, judge, dtype, data):
     """dq, dk, dv (and dbias) each equal the golden within the gradient tolerance rule."""
@@ -114,6 +116,7 @@ def _explicit(case: SDPACase) -> SDPACase:
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, data):
     """Keys no row may see, even holding NaN or inf, get dk = dv = 0 exactly and change no gradient."""
@@ -147,6 +150,7 @@ def test_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, data)
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_vjp_empty_rows_zero_and_finite(attn_backend, attn_device, judge, dtype, data):
     """A query row with no visible key gets dq = 0 (and dbias = 0); every gradient is finite."""
@@ -180,6 +184,7 @@ def _with_head_shape(shape):
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_vjp_deterministic(attn_backend, attn_device, judge, dtype, data):
     """Two identical sdpa_vjp calls give bit-identical gradients (NaN where NaN)."""

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from attnspec import SpecError
 from attnspec.conformance.causes import sdpa_causes
+from attnspec.conformance.corners import with_corners
 from attnspec.conformance.hypothesis_helpers import (
     SDPACase,
     _tag_visibility,
@@ -59,7 +60,7 @@ def _judge_output(backend, device, prop, case, result, golden_case=None, **extra
             got_w = None if weights is None else backend.to_numpy(weights).astype(np.float64)
             causes = sdpa_causes(_plan(case), full_visibility(_plan(golden_case or case), (golden_case or case).options),
                                  case.q, case.k, case.v, backend.to_numpy(out).astype(np.float64), g.out,
-                                 g.allowed_out, got_w)
+                                 g.allowed_out, got_w, bias=case.options.get("bias"))
         return Verdict("failed", comparisons,
                        failure_message(backend.name, prop, case, device, comparisons, problems, causes=causes,
                                        **extra))
@@ -67,6 +68,7 @@ def _judge_output(backend, device, prop, case, result, golden_case=None, **extra
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_matches_golden(attn_backend, attn_device, judge, dtype, data):
     """Output (and, when asked, weights) equal the golden within the tolerance rule."""
@@ -83,6 +85,7 @@ def test_matches_golden(attn_backend, attn_device, judge, dtype, data):
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_weights_rows_sum_to_one_or_zero(attn_backend, attn_device, judge, dtype, data):
     """Returned weights match the golden; each row sums to 1, or exactly 0 with no visible key."""
@@ -123,6 +126,7 @@ def _explicit(case: SDPACase) -> SDPACase:
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_masked_keys_are_absent(attn_backend, attn_device, judge, dtype, data):
     """Changing keys/values that no row may see, even to NaN or inf, changes nothing."""
@@ -148,6 +152,7 @@ def test_masked_keys_are_absent(attn_backend, attn_device, judge, dtype, data):
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_key_permutation(attn_backend, attn_device, judge, dtype, data):
     """Permuting keys and values together with their mask and bias leaves the output unchanged."""
@@ -169,6 +174,7 @@ def test_key_permutation(attn_backend, attn_device, judge, dtype, data):
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_deterministic(attn_backend, attn_device, judge, dtype, data):
     """Two identical calls give bit-identical results (NaN where NaN)."""

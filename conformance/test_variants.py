@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from attnspec.conformance.corners import with_corners
 from attnspec.conformance.hypothesis_helpers import SDPACase, _tag_visibility, full_visibility, variant_cases
 from attnspec.conformance.pytest_helpers import Verdict, call_sdpa, golden_for
 from attnspec.conformance.test_sdpa import _judge_output, _plan
@@ -24,6 +25,7 @@ DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_variants_match_golden(attn_backend, attn_device, judge, dtype, data):
     """Output, weights (when asked) and lse (when asked) equal the golden within the tolerance."""
@@ -39,6 +41,7 @@ def test_variants_match_golden(attn_backend, attn_device, judge, dtype, data):
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_softcap_before_bias(attn_backend, attn_device, judge, dtype, data):
     """Softcap with a bias (and ALiBi at times) on top: the cases where capping before or after
@@ -54,6 +57,7 @@ def test_softcap_before_bias(attn_backend, attn_device, judge, dtype, data):
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_alibi_anchor(attn_backend, attn_device, judge, dtype, data):
     """ALiBi on n != m under each alignment (none, lower_right, lower_right_lengths): the cases
@@ -72,6 +76,7 @@ def test_alibi_anchor(attn_backend, attn_device, judge, dtype, data):
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_sink_takes_its_share(attn_backend, attn_device, judge, dtype, data):
     """With sinks, each row's weights sum to 1 - p_sink, p_sink = exp(sink - lse) (0 for a row
@@ -109,6 +114,7 @@ def _segment_order(ids: np.ndarray, rank: dict[int, int]) -> np.ndarray:
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_segment_permutation(attn_backend, attn_device, judge, dtype, data):
     """Reordering whole segments (queries and keys together, with their ids) reorders the
@@ -149,6 +155,7 @@ def test_segment_permutation(attn_backend, attn_device, judge, dtype, data):
 
 
 @DTYPES
+@with_corners
 @given(data=st.data())
 def test_dropout_keep_all_rescales(attn_backend, attn_device, judge, dtype, data):
     """A dropout mask that keeps every weight still divides the weights by 1 - p: the output is

@@ -13,7 +13,9 @@ For a case with inputs of dtype D:
         by the reference's error once more (2x); fused kernels rescale their running sums once per
         key block, which can double that again.
     V = the largest finite |v| (the scale of the output); L = the largest scale * sum_d |q_d k_d|
-        plus |bias| over visible pairs (the scale of the logits).
+        plus |bias| over visible pairs (the scale of the logits). A pair whose product term is
+        exactly 0 has the logit 0 + bias, the stored bias, exact in any dtype: its |bias|, however
+        large (-1e9, finfo.min), adds no rounding error and does not count (`_logit_scale`).
     floor: the first-order error of an implementation that is as exact as its dtype allows but
         sums in another order: the final rounding (1), the weighted sum of up to m values (sqrt(m),
         random-walk growth), and a logit error of sqrt(dk) * eps * L, which moves each weight by up
@@ -197,20 +199,28 @@ def lse_allowed(plan: SDPAPlan, q, k, bias, vis: np.ndarray | None, err_ref: flo
 
 
 def logit_scale(plan: SDPAPlan, q, k, bias, vis, extras: SDPAExtras = NO_EXTRAS) -> float:
-    """L: `_logit_scale`, plus the largest |ALiBi term| over visible pairs, at least |sink|."""
+    """L: `_logit_scale` with the |ALiBi term| added to each visible pair's, at least |sink|."""
+    term = None
     if extras.alibi_slopes is not None and plan.n and plan.m and plan.hq:
         from attnspec.spec.sdpa import alibi_term
 
         term = np.abs(alibi_term(plan, extras))  # (..., Hq, n, m)
-        bias = term if bias is None else np.abs(np.asarray(bias, np.float64)) + term
-    L = _logit_scale(plan, q, k, bias, vis)
+    L = _logit_scale(plan, q, k, bias, vis, term)
     if extras.sinks is not None:
         L = max(L, float(np.abs(np.asarray(extras.sinks, np.float64)).max(initial=0.0)))
     return L
 
 
-def _logit_scale(plan: SDPAPlan, q, k, bias, vis) -> float:
-    """max over visible (i, j) of scale * sum_d |q_id k_jd| + |bias_ij| (0 when nothing is visible)."""
+def _logit_scale(plan: SDPAPlan, q, k, bias, vis, term: np.ndarray | None = None) -> float:
+    """max over visible (i, j) of scale * sum_d |q_id k_jd| + |term_ij| + |bias_ij| (0 when nothing
+    is visible), where |bias_ij| counts only if the pair's other terms are not all zero.
+
+    Why the exception: L scales the rounding error of a logit, eps * |logit|. A pair whose product
+    q_i . k_j is exactly 0 (a zero query or key row) and that has no ALiBi term has the logit
+    0 + bias_ij = bias_ij, the stored input, exact in every dtype however large |bias_ij| is (-1e9,
+    finfo.min). Counting it would make `allowed` exceed any possible error and judge nothing in
+    exactly the cases that tell a large finite mask fill from excluded keys (conformance/corners.py).
+    """
     if plan.n == 0 or plan.m == 0 or plan.hq == 0:
         return 0.0
     qa = np.abs(np.asarray(q, dtype=np.float64))
@@ -228,9 +238,11 @@ def _logit_scale(plan: SDPAPlan, q, k, bias, vis) -> float:
         q5 = qa[..., i0:i1, :].reshape(*qa.shape[:-3], plan.hkv, G, i1 - i0, plan.dk)  # (..., Hkv, G, r, dk)
         s = q5 @ kt  # (..., Hkv, G, r, m)
         s = plan.scale * s.reshape(*s.shape[:-4], plan.hq, i1 - i0, plan.m)  # (..., Hq, r, m)
+        if term is not None:
+            s = s + rows(term, plan.n, i0, i1)
         if bias is not None:
             b = np.abs(np.asarray(rows(bias, plan.n, i0, i1), dtype=np.float64))
-            s = s + np.where(np.isfinite(b), b, 0.0)
+            s = s + np.where(np.isfinite(b) & (s > 0), b, 0.0)
         if vis is not None:
             s = np.where(rows(vis, plan.n, i0, i1), s, 0.0)
         top = max(top, float(s.max(initial=0.0)))

@@ -88,7 +88,14 @@ class Naive(Backend):
         if softcap is not None and bug == "softcap_after_bias":
             s = ct(softcap) * np.tanh(s / ct(softcap))
         sink = None if sinks is None else sinks.astype(ct)[:, None, None]  # (Hq, 1, 1)
-        if bug == "fill_minus_1e9":
+        if bug is not None and bug.startswith("finite_fill"):
+            # excluded keys get a large finite logit instead of none; patched as real code is:
+            # rows with no visible key give 0, hidden keys' values are zeroed (no NaN leaks)
+            fill = ct(finite_fill(bug, p.dtype))
+            w = _softmax(np.where(vis, s, fill), -1)
+            w = np.where(vis.any(-1, keepdims=True), w, 0)
+            out = (w[..., None] * np.where(vis[..., None], v[..., None, :, :], 0)).sum(-2)
+        elif bug == "fill_minus_1e9":
             s = np.where(vis, s, -1e9)
             w = _softmax(s, -1)
             out = w @ v  # 0 * NaN: masked NaN leaks; empty rows become mean(V)
@@ -195,6 +202,35 @@ MUTANTS = {
     "f32_accumulation": ("f32_accumulation", "plain"),
     "no_renormalize": ("no_renormalize", "mask"),
 }
+# A finite mask fill F, patched (empty rows 0, hidden values zeroed). Why the suite must catch each:
+# its corner rows (conformance/corners.py) see keys only at a bias level l with q = 0, so their
+# logits are exactly l, and F gives each hidden key exp(F - l) times a visible key's weight. For
+# l = finfo.min every finite F >= l, so the hidden keys take at least half the weight and the
+# row's output shrinks toward 0 (their zeroed values); `FILL_CAUGHT_IN` derives the dtypes.
+FINITE_FILLS = ("minus_1e4", "minus_1e9", "finfo_min", "minus_0_7_finfo_max")
+
+
+def finite_fill(bug: str, dtype: str) -> float:
+    """The fill of the mutant ``finite_fill_<name>`` for inputs of ``dtype``."""
+    import ml_dtypes
+
+    fi = ml_dtypes.finfo(_np_dtype(dtype))
+    return {"minus_1e4": -1e4, "minus_1e9": -1e9, "finfo_min": float(fi.min),
+            "minus_0_7_finfo_max": -0.7 * float(fi.max)}[bug.removeprefix("finite_fill_")]
+
+
+def fill_caught_in(bug: str) -> set[str]:
+    """The dtypes where the corner rows must expose ``finite_fill_<name>``: those with a floor
+    level l <= F + 20 (exp(F - l) >= e^-20 relative weight: far above any tolerance there)."""
+    from attnspec.conformance.corners import floor_levels
+    from attnspec.spec._validate import FLOAT_DTYPES
+
+    return {d for d in FLOAT_DTYPES if min(floor_levels(d)) <= finite_fill(bug, d) + 20}
+
+
+FILL_MUTANTS = {f"finite_fill_{name}": (f"finite_fill_{name}", "corner_finite_floor") for name in FINITE_FILLS}
+#: pytest -k of a fill mutant's run: the forward sdpa properties (the corners are in each)
+FILL_RUN = "test_sdpa and not bad_input"
 # the attention variants of issue #15; their runs are restricted to the variant tests (`VARIANT_RUN`)
 VARIANT_MUTANTS = {
     "softcap_after_bias": ("softcap_after_bias", "softcap"),  # TransformerEngine's order (TE PR 3391)
@@ -219,7 +255,7 @@ def control():
     return Naive()
 
 
-for _name, (_bug, _) in {**MUTANTS, **VARIANT_MUTANTS}.items():
+for _name, (_bug, _) in {**MUTANTS, **VARIANT_MUTANTS, **FILL_MUTANTS}.items():
     globals()[f"mutant_{_name}"] = (lambda b: (lambda: make(b)()))(_bug)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mutants import MUTANTS, VARIANT_MUTANTS, VARIANT_RUN
+from mutants import FILL_MUTANTS, FILL_RUN, MUTANTS, VARIANT_MUTANTS, VARIANT_RUN, fill_caught_in
 
 HERE = Path(__file__).parent
 
@@ -34,7 +34,9 @@ def suite_runs(tmp_path_factory, request):
     targets = {"control": ("mutants:control", None),
                **{m: (f"mutants:mutant_{m}", None) for m in MUTANTS},
                # a variant's bug only shows in the variant properties: run just those (fast)
-               **{m: (f"mutants:mutant_{m}", VARIANT_RUN) for m in VARIANT_MUTANTS}}
+               **{m: (f"mutants:mutant_{m}", VARIANT_RUN) for m in VARIANT_MUTANTS},
+               # a finite fill shows in the forward sdpa properties' corner cases: run just those
+               **{m: (f"mutants:mutant_{m}", FILL_RUN) for m in FILL_MUTANTS}}
     # only the runs the selected tests read (pytest -k no_scale runs one suite, not thirteen)
     wanted = {getattr(item, "callspec", None) and item.callspec.params.get("mutant") or "control"
               for item in request.session.items if item.module is request.module}
@@ -65,3 +67,17 @@ def test_mutant_is_caught_and_feature_named(suite_runs, mutant):
     assert any(f"feature={expected}" in f["message"] for f in results["failures"]) or \
         f"feature={expected}" in proc.stdout
     assert "reproduce with:" in proc.stdout
+
+
+@pytest.mark.parametrize("mutant", sorted(FILL_MUTANTS))
+def test_finite_fill_is_caught_in_every_dtype_it_reaches(suite_runs, mutant):
+    """A backend that masks with a finite fill, even with empty rows zeroed and hidden values
+    zeroed, fails matches_golden on the corner case in every dtype whose finfo.min lies at or
+    below its fill (derived in mutants.fill_caught_in), and the message names the cause."""
+    proc, path = suite_runs[mutant]
+    assert proc.returncode == 1, f"mutant {mutant} survived the suite:\n{proc.stdout[-2000:]}"
+    rows = json.loads(path.read_text())["rows"]
+    caught = {r["dtype"] for r in rows if r["failed"] and r["property"] == "matches_golden"
+              and r["feature"] == "corner_finite_floor"}
+    assert caught == fill_caught_in(mutant)
+    assert "hidden keys took weight there, as under a finite mask fill" in proc.stdout

@@ -1,0 +1,138 @@
+"""The corner cases every property draws in every profile, however few examples it runs.
+
+Hypothesis' derandomized draws are many, but with 12 examples (the ``dev`` profile) a property
+and dtype can miss a row with no visible key, or never hide a NaN key. So each property also runs
+three fixed cases as explicit examples (`with_corners`), before its drawn ones:
+
+- ``corner_finite_floor``: every row sees a key, four rows see them only at large negative biases;
+- ``corner_empty_rows``: the same, plus a row hidden by the mask and rows hidden by ``q_lengths``;
+- ``corner_hidden_nonfinite``: the first, plus keys beyond ``kv_lengths`` holding NaN and inf.
+
+They are apart so that a backend's declared deviation for one rule (say, empty rows give
+mean(V)) does not excuse a failure of another in the same case. Each carries rows whose visible keys sit at the bottom of the dtype's finite range: the query row is
+zero, so each logit is its bias alone, and the biases of the row's visible keys are one of
+`floor_levels` (-1e4, -1e9, -0.7 * finfo.max, finfo.min, those the dtype can hold), next to keys
+hidden by the mask and by -inf biases. A backend that masks with a finite fill F instead of
+excluding keys gives a hidden key of such a row the weight exp(F - level) relative to a visible
+one; every finite F >= finfo.min, so the finfo.min row catches every fill, and each level catches
+the fills at or above it. The logits are exact (the bias is stored in the dtype, and 0 + bias is
+exact), so the tolerance rule charges no rounding for their size (`attnspec.spec.tolerance`).
+
+The shapes, (2, 2, 8, 4) for q, k and v, are among the drawn ones, so a compiling backend (JAX)
+reuses its compiled functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+from hypothesis import example
+
+#: the fixed cases, one explicit example each
+CORNERS = ("corner_finite_floor", "corner_empty_rows", "corner_hidden_nonfinite")
+_N = _M = 8  # rows and keys: n, m of the corner cases
+_FLOOR_ROWS = (1, 2, 3, 4)  # rows whose visible keys sit at a floor level
+
+
+def floor_levels(dtype: str) -> tuple[float, ...]:
+    """The large negative finite biases real code fills masks with, those finite in ``dtype``,
+    rounded to it: -1e4, -1e9, -0.7 * finfo.max and finfo.min."""
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES
+
+    npdt = NP_DTYPES[dtype]
+    fi = ml_dtypes.finfo(npdt)
+    levels = (-1e4, -1e9, -0.7 * float(fi.max), float(fi.min))
+    return tuple(float(np.asarray(x).astype(npdt)) for x in levels if x >= float(fi.min))
+
+
+def floor_rows(q: np.ndarray, bias: np.ndarray, rows, levels) -> None:
+    """In place: query rows ``rows`` become zero and their finite biases one level each (-inf
+    biases stay), so each of those rows' logits is exactly its level."""
+    rows = np.asarray(rows, dtype=np.int64)
+    q[..., rows, :] = 0.0
+    b = bias[..., rows, :]  # (..., r, m)
+    bias[..., rows, :] = np.where(b == -np.inf, -np.inf, np.asarray(levels, np.float64)[:, None])
+
+
+def corner_case(kind: str, dtype: str):
+    """The fixed case ``kind`` (one of `CORNERS`) in ``dtype``."""
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
+
+    if kind not in CORNERS:
+        raise ValueError(f"corner_case: kind={kind!r}, expected one of {CORNERS}")
+    rng = np.random.default_rng(19 + CORNERS.index(kind))
+    q = rng.standard_normal((2, 2, _N, 4))  # (B, H, n, dk)
+    k = rng.standard_normal((2, 2, _M, 4))  # (B, H, m, dk)
+    v = rng.standard_normal((2, 2, _M, 4))  # (B, H, m, dv)
+    j = np.arange(_M)
+    mask = np.ones((_N, _M), bool)
+    bias = rng.standard_normal((_N, _M)) * 2
+    for r in range(_N):
+        mask[r, (j + r) % 3 == 0] = False  # hidden by the mask: where a finite fill would land
+        bias[r, (j + r) % 3 == 1] = -np.inf  # hidden by the bias
+    levels = floor_levels(dtype)
+    floor_rows(q, bias, _FLOOR_ROWS, [levels[i % len(levels)] for i in range(len(_FLOOR_ROWS))])
+    options: dict[str, Any] = {"mask": mask}
+    if kind == "corner_empty_rows":
+        mask[0] = False  # row 0 sees no key
+        options["q_lengths"] = np.array([_N, 6], dtype=np.int64)  # rows 6, 7 of batch 1 see nothing
+    elif kind == "corner_hidden_nonfinite":
+        lengths = np.array([6, 4], dtype=np.int64)  # every floor row keeps a visible key below 4
+        options["kv_lengths"] = lengths
+        beyond = j[None, :] >= lengths[:, None]  # (B, m)
+        k[np.broadcast_to(beyond[:, None, :], k.shape[:-1])] = np.nan  # (B, H, m) selects keys
+        v[np.broadcast_to(beyond[:, None, :], v.shape[:-1])] = np.inf
+        v[1, :, -1] = -np.inf
+    npdt = NP_DTYPES[dtype]
+    q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
+    options["bias"] = bias.astype(npdt)
+    tags = {kind, dtype, "finite_floor"}
+    _tag_visibility(tags, q, k, v, options)
+    return SDPACase(kind, dtype, q, k, v, options, frozenset(tags), 19)
+
+
+class Corner:
+    """Stands in for Hypothesis' ``data`` in an explicit example: a draw of a case strategy
+    (`sdpa_cases`, `variant_cases`) gives the corner case ``kind``, every other draw its simplest
+    value (the first of a sampled_from, False, the lower bound, the identity permutation)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def draw(self, strategy, label: Any = None) -> Any:
+        build = getattr(strategy, "attn_corner", None)
+        return build(self) if build is not None else simplest(strategy)
+
+    __call__ = draw  # a composite strategy's body takes ``draw``
+
+    def __repr__(self) -> str:
+        return f"Corner({self.kind!r})"
+
+
+def simplest(strategy) -> Any:
+    """The simplest value of the few plain strategies the suite's properties draw."""
+    s = getattr(strategy, "wrapped_strategy", strategy)
+    name = type(s).__name__
+    if name == "BooleansStrategy":
+        return False
+    if name == "SampledFromStrategy":
+        return s.elements[0]
+    if name == "JustStrategy":
+        return s.value
+    if name == "IntegersStrategy":
+        return max(s.start, min(0, s.end)) if s.start is not None else 0
+    if name == "ListStrategy":
+        return [simplest(s.element_strategy) for _ in range(s.min_size)]
+    if name == "PermutationStrategy":
+        return list(s.values)
+    raise TypeError(f"Corner.draw: no simplest value for {strategy!r} ({name}); add it to corners.simplest")
+
+
+def with_corners(test):
+    """Run the ``@given(data=st.data())`` property ``test`` on every corner case first, in every
+    profile (explicit examples run before the drawn ones)."""
+    for kind in reversed(CORNERS):
+        test = example(data=Corner(kind))(test)
+    return test

@@ -147,3 +147,38 @@ def test_larger_profiles_draw_every_case_of_smaller_ones(tmp_path):
                           if '"event": "start"' in line}
     assert 0 < len(cases["dev"]) < len(cases["default"])
     assert cases["dev"] <= cases["default"]
+
+
+#: the properties that must reach the corners: sdpa, variants, blocked and vjp (not bad_input)
+_PROPERTIES = "(test_sdpa or test_variants or test_blocked or test_grads) and not mha and not lsh and not bad_input"
+
+
+def test_every_property_and_dtype_reaches_the_corners_in_every_profile(tmp_path):
+    """Every property x dtype runs a case with a row that has no visible key, one with NaN/inf
+    in hidden keys, and one with visible keys only at large negative finite biases, in dev and in
+    default (run and read back from the journal). The corners are explicit examples, which every
+    Hypothesis profile runs unless its phases leave out Phase.explicit: checked for ci and thorough."""
+    from hypothesis import Phase, settings
+
+    import attnspec.conformance.plugin  # noqa: F401  (registers the profiles)
+    from attnspec.conformance.profiles import PROFILES
+
+    for profile in PROFILES:
+        assert Phase.explicit in settings.get_profile(profile).phases, profile
+    for profile in ("dev", "default"):
+        journal = tmp_path / f"{profile}.jsonl"
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", "numpy",
+             "--attn-profile", profile, "--attn-journal", str(journal), "-q", "-p", "no:cacheprovider",
+             "-k", _PROPERTIES, "-W", "ignore::RuntimeWarning"],
+            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout[-2000:]
+        reached: dict[str, set[str]] = {}
+        for line in journal.read_text().splitlines():
+            event = json.loads(line)
+            if event["event"] == "case" and event["status"] in ("passed", "deviation"):
+                reached.setdefault(event["node"], set()).update(event["tags"])
+        assert len(reached) >= 17 * 4, sorted(reached)  # every property in all four dtypes
+        for node, tags in reached.items():
+            missing = {"no_visible_row", "masked_nonfinite", "finite_floor"} - tags
+            assert not missing, f"{profile}: {node} never drew {sorted(missing)}"

@@ -74,19 +74,25 @@ class _Builtin:
     requires: tuple[str, ...]  # top-level modules that must be importable
 
 
-# A new built-in costs one module and one line here.
-_BUILTINS: dict[str, _Builtin] = {
-    "numpy": _Builtin("attnspec.backends.numpy:NumpyBackend", ()),
-    "torch": _Builtin("attnspec.backends.torch:TorchBackend", ("torch",)),
-    "jax": _Builtin("attnspec.backends.jax:JaxBackend", ("jax",)),
-    "array_api-numpy": _Builtin("attnspec.backends.array_api:ArrayAPINumpy", ("array_api_compat",)),
-    "array_api-strict": _Builtin("attnspec.backends.array_api:ArrayAPIStrict",
-                                 ("array_api_compat", "array_api_strict")),
-    "array_api-torch": _Builtin("attnspec.backends.array_api:ArrayAPITorch", ("array_api_compat", "torch")),
-    "array_api-cupy": _Builtin("attnspec.backends.array_api:ArrayAPICupy", ("array_api_compat", "cupy")),
-    "torch-native": _Builtin("attnspec.backends.torch_native:TorchNativeBackend", ("torch",)),
-    "jax-native": _Builtin("attnspec.backends.jax_native:JaxNativeBackend", ("jax",)),
+# A new built-in costs one module and one line here. The table is a literal, so the noxfile reads
+# it without importing attnspec (its sessions are derived from it): name -> ("module:attr", the
+# top-level modules that must be importable, the pip extras that install them).
+BUILTINS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "numpy": ("attnspec.backends.numpy:NumpyBackend", (), ()),
+    "torch": ("attnspec.backends.torch:TorchBackend", ("torch", "array_api_compat"), ("torch",)),
+    "jax": ("attnspec.backends.jax:JaxBackend", ("jax",), ("jax",)),
+    "array_api-numpy": ("attnspec.backends.array_api:ArrayAPINumpy", ("array_api_compat",), ("array-api",)),
+    "array_api-strict": ("attnspec.backends.array_api:ArrayAPIStrict", ("array_api_compat", "array_api_strict"),
+                         ("array-api",)),
+    "array_api-torch": ("attnspec.backends.array_api:ArrayAPITorch", ("array_api_compat", "torch"),
+                        ("array-api", "torch")),
+    # CuPy has no extra: its wheel depends on the CUDA version (pip install cupy-cuda12x)
+    "array_api-cupy": ("attnspec.backends.array_api:ArrayAPICupy", ("array_api_compat", "cupy"), ("array-api",)),
+    "torch-native": ("attnspec.backends.torch_native:TorchNativeBackend", ("torch",), ("torch",)),
+    "jax-native": ("attnspec.backends.jax_native:JaxNativeBackend", ("jax",), ("jax",)),
 }
+_BUILTINS: dict[str, _Builtin] = {name: _Builtin(target, requires)
+                                  for name, (target, requires, _extras) in BUILTINS.items()}
 
 
 def _atlas() -> dict[str, _Builtin]:

@@ -7,16 +7,18 @@ reproduces the call.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from attnspec._errors import SpecError
 from attnspec.backends._compare import Golden, sdpa_golden
 from attnspec.conformance.hypothesis_helpers import SDPACase
 from attnspec.spec.tolerance import Comparison
 
-__all__ = ["Golden", "Verdict", "call_sdpa", "check_metadata", "failure_message", "golden_for", "repro",
+__all__ = ["Golden", "Verdict", "bad_input_verdict", "call_sdpa", "check_metadata", "failure_message", "golden_for", "repro",
            "resolve_backend", "to_backend"]
 
 
@@ -71,6 +73,27 @@ def golden_for(case: SDPACase) -> Golden:
     them. With ``return_lse`` the log-sum-exp is judged too, under `attnspec.spec.tolerance.lse_allowed`.
     """
     return sdpa_golden(case.q, case.k, case.v, **case.options)
+
+
+def bad_input_verdict(backend_name: str, fn: str, bad_id: str, match: str, call: Callable[[], Any],
+                      named: str | None = None, named_first: bool = False) -> Verdict:
+    """Judge one entry of a bad-input catalogue: ``call()`` must raise `SpecError` whose message
+    matches ``match`` (a regex) and, when ``named`` is given, contains it (at the start with
+    ``named_first``): the function's name. Any other outcome fails, saying what happened."""
+    head = f"[{backend_name}] {fn} bad_input {bad_id}"
+    name_rule = "" if named is None else f" and {'start with' if named_first else 'name'} {named!r}"
+    try:
+        call()
+    except SpecError as exc:
+        text = str(exc)
+        named_ok = named is None or (text.startswith(named) if named_first else named in text)
+        if re.search(match, text) and named_ok:
+            return Verdict("passed")
+        return Verdict("failed", message=f"{head}: SpecError message {text!r} should match {match!r}{name_rule}")
+    except Exception as exc:
+        return Verdict("failed", message=(f"{head}: raised {type(exc).__name__}: {exc}, but should raise "
+                                          f"SpecError matching {match!r}"))
+    return Verdict("failed", message=f"{head}: returned a result, but should raise SpecError matching {match!r}")
 
 
 def check_metadata(backend, result, expected_shape, dtype: str, device: str | None,

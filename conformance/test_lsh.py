@@ -8,17 +8,15 @@ statements against dense computations written here, not against the golden's cod
 
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnspec import SpecError
 from attnspec.conformance import lsh_cases as lc
 from attnspec.conformance.lsh_cases import LSH_BAD_INPUTS, LSHCase, lsh_cases
-from attnspec.conformance.pytest_helpers import Verdict, check_metadata
+from attnspec.conformance.pytest_helpers import Verdict, bad_input_verdict, check_metadata
 from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, lsh_rotations
 from attnspec.spec._validate import FLOAT_DTYPES
 from attnspec.spec.tolerance import Comparison, compare
@@ -283,20 +281,8 @@ def test_bad_input_raises_spec_error(attn_backend, attn_device, judge, bad):
         conv = {k: attn_backend.asarray(a, device=attn_device) if isinstance(a, np.ndarray) else a
                 for k, a in options.items()}
         args = [attn_backend.asarray(a, device=attn_device) for a in (x, v, rot)]
-        try:
-            attn_backend.lsh_attention(args[0], args[1], rotations=args[2], **conv)
-        except SpecError as exc:
-            if re.search(bad.match, str(exc)) and f"{FN}:" in str(exc):
-                return Verdict("passed")
-            return Verdict("failed", message=(
-                f"[{attn_backend.name}] {FN} bad_input {bad.id}: SpecError message {str(exc)!r} does "
-                f"not match {bad.match!r} or does not name the function ('{FN}:')"))
-        except Exception as exc:
-            return Verdict("failed", message=(
-                f"[{attn_backend.name}] {FN} bad_input {bad.id}: raised {type(exc).__name__}: {exc}, "
-                f"but should raise SpecError matching {bad.match!r}"))
-        return Verdict("failed", message=(
-            f"[{attn_backend.name}] {FN} bad_input {bad.id}: returned a result, but should raise "
-            f"SpecError matching {bad.match!r}"))
+        return bad_input_verdict(attn_backend.name, FN, bad.id, bad.match,
+                                 lambda: attn_backend.lsh_attention(args[0], args[1], rotations=args[2], **conv),
+                                 named=f"{FN}:")
 
     judge(FN, "bad_input", case, body, feature_case={"bad_input": True})

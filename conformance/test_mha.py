@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -11,7 +10,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnspec import SpecError
 from attnspec.conformance.mha_cases import (
     MHA_BAD_INPUTS,
     MHACase,
@@ -20,7 +18,7 @@ from attnspec.conformance.mha_cases import (
     mha_cases,
     retag,
 )
-from attnspec.conformance.pytest_helpers import Verdict, check_metadata
+from attnspec.conformance.pytest_helpers import Verdict, bad_input_verdict, check_metadata
 from attnspec.spec._validate import FLOAT_DTYPES
 from attnspec.spec.mha import MHAParams, merge_heads, split_heads
 from attnspec.spec.sdpa import sdpa
@@ -217,21 +215,9 @@ def test_bad_input_raises_spec_error(attn_backend, attn_device, judge, bad):
         be = attn_backend
         opts = {k: be.asarray(v, device=attn_device) if isinstance(v, np.ndarray) else v for k, v in options.items()}
         prm = be.asparams(params, "float32", attn_device) if bad.params == "raw" else params
-        try:
-            be.mha(*(be.asarray(x, device=attn_device) for x in (query, key, value)), prm, **opts)
-        except SpecError as exc:
-            if re.search(bad.match, str(exc)) and str(exc).startswith(f"{be.name}.mha: "):
-                return Verdict("passed")
-            return Verdict("failed", message=(
-                f"[{be.name}] mha bad_input {bad.id}: SpecError message {str(exc)!r} does not match "
-                f"{bad.match!r} or does not start with '{be.name}.mha: '"))
-        except Exception as exc:
-            return Verdict("failed", message=(
-                f"[{be.name}] mha bad_input {bad.id}: raised {type(exc).__name__}: {exc}, but should "
-                f"raise SpecError matching {bad.match!r}"))
-        return Verdict("failed", message=(
-            f"[{be.name}] mha bad_input {bad.id}: returned a result, but should raise SpecError "
-            f"matching {bad.match!r}"))
+        args = [be.asarray(x, device=attn_device) for x in (query, key, value)]
+        return bad_input_verdict(be.name, "mha", bad.id, bad.match, lambda: be.mha(*args, prm, **opts),
+                                 named=f"{be.name}.mha: ", named_first=True)
 
     judge("mha", "bad_input", case, body, feature_case={"bad_input": True})
 

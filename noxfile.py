@@ -15,21 +15,6 @@ ROOT = Path(__file__).parent
 CONSTRAINTS = os.environ.get("ATTNSPEC_CONSTRAINTS", str(ROOT / "constraints.txt"))
 PLUGIN = ROOT / "examples" / "attnspec-example-plugin"
 
-# backend -> the extras its environment needs. One environment per backend, so a framework's
-# install can never mask another backend's missing dependency.
-BACKENDS = {
-    "numpy": [],
-    "torch": ["torch"],
-    "torch-native": ["torch"],
-    "jax": ["jax"],
-    "jax-native": ["jax"],
-    "array_api-numpy": ["array-api"],
-    "array_api-strict": ["array-api"],
-    "array_api-torch": ["array-api", "torch"],
-    "example": [],  # the example third-party plugin, installed from examples/ like any plugin
-}
-
-
 def _literal(path: str, name: str):
     """The literal value assigned to ``name`` in one of the package's files. nox runs before attnspec
     is installed, so the file is parsed, not imported."""
@@ -41,6 +26,15 @@ def _literal(path: str, name: str):
         if getattr(target, "id", None) == name:
             return ast.literal_eval(node.value)
     raise RuntimeError(f"{path} defines no {name}")
+
+
+#: backend -> the extras its environment needs, from the registry's one table
+#: (`attnspec.backends.BUILTINS`), plus the example third-party plugin, installed from examples/ like
+#: any plugin. One environment per backend, so a framework's install can never mask another
+#: backend's missing dependency.
+BACKENDS = {**{name: list(extras) for name, (_target, _needs, extras)
+               in _literal("backends/__init__.py", "BUILTINS").items()},
+            "example": []}
 
 
 def _atlas_backends() -> dict[str, str]:
@@ -76,7 +70,9 @@ def tests(session: nox.Session) -> None:
 
 
 def _conformance_args(posargs: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="nox -s conformance --")
+    # allow_abbrev=False: an option this parser does not know goes on whole (argparse would take
+    # pytest's --dev... for --device otherwise)
+    ap = argparse.ArgumentParser(prog="nox -s conformance --", allow_abbrev=False)
     ap.add_argument("--backend", action="append", default=None,
                     help="run only these backends (repeatable); a name not built in is run in an "
                          "environment with --install packages added")
@@ -93,7 +89,13 @@ def _conformance_args(posargs: list[str]) -> argparse.Namespace:
 @nox.session
 @nox.parametrize("backend", [*BACKENDS, "other"])
 def conformance(session: nox.Session, backend: str) -> None:
-    """Run the conformance suite for each backend in its own env, then render the reports (-- -k EXPR etc. go to pytest)."""
+    """Run the conformance suite for each backend in its own env, then render the reports.
+
+    ``nox -s conformance -- --profile dev --backend numpy -k mha -x``: --backend, --install,
+    --profile, --device and --case-timeout are read here; every other option (-k, -x, --maxfail N,
+    -m ...) goes on to the runner, which hands it to pytest. A backend that cannot run here (CuPy
+    or a GPU missing) is skipped with the registry's reason.
+    """
     args = _conformance_args(session.posargs)
     if backend == "other":
         names = [b for b in args.backend or [] if b not in BACKENDS]
@@ -107,6 +109,8 @@ def conformance(session: nox.Session, backend: str) -> None:
     install(session, package(["test", *extras]), *args.install)
     if backend == "example":
         install(session, str(PLUGIN))
+    if backend != "other" and (why := _unavailable(session, backend)):
+        session.skip(f"{backend} cannot run here: {why}")
     failed = []
     for name in names:
         cmd = ["python", "-m", "attnspec.conformance.run", "--backend", name, "--profile", args.profile,
@@ -162,29 +166,37 @@ SCALING = {"torch": ("adapter,native,lsh", "float32"), "numpy": ("blocked,lsh", 
 @nox.session
 @nox.parametrize("backend", list(BACKENDS))
 def bench(session: nox.Session, backend: str) -> None:
-    """Benchmark each backend in its own env (quick grid, targets, LSH scaling, Reformer libraries, suite throughput; -- --grid full for all), render."""
+    """Benchmark each backend in its own env (quick grid, targets, LSH scaling, Reformer libraries, suite throughput; -- --grid full for all), render.
+
+    ``nox -s bench -- --grid full``: options go to the harness (--grid, --targets-only, --device,
+    --no-memory, ...), except pytest's selection options (-k EXPR, -m EXPR, -x, --maxfail N),
+    which go to the suite-throughput run (the runner hands them to pytest). With harness options
+    only the harness runs; with none, every step.
+    """
+    pytest_args, harness_args = _split_pytest_args(session.posargs)
     install(session, package(BACKENDS[backend]))
     if backend == "example":
         install(session, str(PLUGIN))
-    # posargs go to the harness: --grid full, --targets-only, --device cuda:0, --no-memory, ...
-    session.run("python", "-m", "attnspec.bench.run", "--backend", backend, *session.posargs,
+    if why := _unavailable(session, backend):
+        session.skip(f"{backend} cannot run here: {why}")
+    session.run("python", "-m", "attnspec.bench.run", "--backend", backend, *harness_args,
                 env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
-    if not session.posargs and backend in TARGET_BACKENDS:  # the quick grid holds no target shape
+    if not harness_args and backend in TARGET_BACKENDS:  # the quick grid holds no target shape
         session.run("python", "-m", "attnspec.bench.run", "--backend", backend, "--targets-only",
                     "--out", f"reports/results/bench-{backend}-cpu-targets.json",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
-    if not session.posargs and backend in SCALING:
+    if not harness_args and backend in SCALING:
         impls, dtypes = SCALING[backend]
         session.run("python", "-m", "attnspec.bench.run", "--backend", backend, "--grid", "lsh",
                     "--impls", impls, "--dtypes", dtypes, "--out", f"reports/results/bench-{backend}-cpu-lsh.json",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
-    if not session.posargs:  # suite throughput: the dev profile's cases per second and first result
+    if not harness_args:  # suite throughput: the dev profile's cases per second and first result
         install(session, package(["test", *BACKENDS[backend]]))
         session.run("python", "-m", "attnspec.conformance.run", "--backend", backend, "--profile", "dev",
                     "--out", f"{session.create_tmp()}/conformance-{backend}.json",
-                    "--timings", "reports/results/suite-timings",
+                    "--timings", "reports/results/suite-timings", *pytest_args,
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)}, success_codes=[0, 1])
-    if not session.posargs and backend == "torch":  # #17: torch LSH vs the two Reformer libraries
+    if not harness_args and backend == "torch":  # #17: torch LSH vs the two Reformer libraries
         install(session, package(["reformer"]))
         session.run("python", "-m", "attnspec.bench.reformer",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
@@ -209,6 +221,44 @@ def report(session: nox.Session) -> None:
     """Render reports/*.md and plots from every results JSON under reports/results/."""
     install(session, ".[report]")
     session.run("python", "-m", "attnspec.reports.render", *session.posargs)
+
+
+#: pytest's selection options that `bench` passes to its suite run (value: takes an argument)
+_PYTEST_SELECTION = {"-k": True, "-m": True, "--maxfail": True, "-x": False, "--exitfirst": False}
+
+
+def _split_pytest_args(posargs: list[str]) -> tuple[list[str], list[str]]:
+    """(pytest's selection options, the rest) of ``posargs``, each in its order."""
+    pytest_args, rest = [], []
+    args = iter(a for a in posargs if a != "--")
+    for a in args:
+        name = a.split("=", 1)[0]
+        if name in _PYTEST_SELECTION:
+            pytest_args.append(a)
+            if _PYTEST_SELECTION[name] and "=" not in a:
+                pytest_args.append(next(args, ""))
+        else:
+            rest.append(a)
+    return pytest_args, rest
+
+
+_AVAILABLE = """import sys
+import attnspec.backends as b
+name = sys.argv[1]
+a = b.available()[name]
+try:
+    why = a.reason if not a.installed else ("" if b.get(name).devices() else "no device")
+except Exception as e:  # e.g. CuPy without a GPU
+    why = f"{type(e).__name__}: {e}"
+print("UNAVAILABLE:" + why if why else "AVAILABLE")
+"""
+
+
+def _unavailable(session: nox.Session, backend: str) -> str:
+    """Why ``backend`` cannot run in the session's environment ("" when it can)."""
+    out = session.run("python", "-c", _AVAILABLE, backend, silent=True) or ""
+    line = out.strip().splitlines()[-1] if out.strip() else "UNAVAILABLE:no answer"
+    return line.removeprefix("UNAVAILABLE:") if line.startswith("UNAVAILABLE:") else ""
 
 
 #: the linters, pinned so a new release's new rules never turn a green tree red by themselves

@@ -11,7 +11,8 @@ Feature names used by `supports` (the conformance suite asks with these, and rep
 The attention variants of issue #15 are features of their own, named by `variant_features` from
 a call's keywords (one name per variant: ``softcap``, ``alibi``, ``sinks``, ``lse``,
 ``segments``, ``causal_lower_right_lengths``, ``dropout``); a backend lists the ones it
-implements in ``variants``, and `supports` refuses the rest for sdpa, sdpa_blocked and sdpa_vjp.
+implements in ``variants``, and `supports` refuses the rest for sdpa, sdpa_blocked, sdpa_vjp,
+mha and mha_vjp (mha passes them to its per-head sdpa).
 The ``case`` keywords are the call's own options plus ``dtype`` (a name from FLOAT_DTYPES),
 ``device`` and the shapes ``q_shape``, ``k_shape``, ``v_shape``; ``bad_input=True`` marks a case
 that must be refused by validation, ``no_call=True`` one that inspects the backend without
@@ -40,7 +41,7 @@ SPEC_FUNCTIONS = ("sdpa", "sdpa_vjp", "mha", "mha_vjp", "lsh_attention", "lsh_at
 VARIANT_FEATURES = ("softcap", "alibi", "sinks", "lse", "segments", "causal_lower_right_lengths",
                     "dropout")
 #: the spec functions that take the variant keywords
-VARIANT_FUNCTIONS = ("sdpa", "sdpa_blocked", "sdpa_vjp")
+VARIANT_FUNCTIONS = ("sdpa", "sdpa_blocked", "sdpa_vjp", "mha", "mha_vjp")
 
 
 def variant_features(options: dict[str, Any]) -> list[str]:
@@ -219,7 +220,8 @@ class Backend:
 
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
             bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-            return_weights=False):
+            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
         raise Unsupported(f"{self.name} does not implement mha")
 
     def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
@@ -227,7 +229,9 @@ class Backend:
         raise Unsupported(f"{self.name} does not implement lsh_attention")
 
     def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
-                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None):
+                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+                dropout_mask=None, dropout_p=None):
         raise Unsupported(f"{self.name} does not implement mha_vjp")
 
     def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,

@@ -15,9 +15,9 @@ operations: cast, linear, split heads, merge heads). Everything else is here, on
   float32 inputs and in float64 for float64 (`compute_dtype_name`, as the backends' exact sdpa
   paths do); the output and the weights are rounded once, to the query's dtype. The golden rounds
   only once too, so the error stays near one rounding of the result;
-* the per-head attention is the backend's own conformant ``sdpa``, given the visibility keywords
-  unchanged (they mean exactly what they mean to sdpa), so a row with no visible key gives
-  attention output 0 and the layer's output is ``b_o``.
+* the per-head attention is the backend's own conformant ``sdpa``, given every sdpa keyword
+  unchanged, the variants of issue #15 included (they mean exactly what they mean to sdpa), so a
+  row with no visible key gives attention output 0 and the layer's output is ``b_o``.
 """
 
 from __future__ import annotations
@@ -117,14 +117,18 @@ def arrays_of(backend: Backend, params, dtype: str, device: str | None) -> MHAAr
 
 def run(backend: Backend, fn: str, ops: HeadOps, info: InfoFn, lengths_to_numpy: Callable[[Any], Any],
         device: Callable[[], str | None], query, key, value, params, *, num_heads, num_kv_heads, mask,
-        bias, causal, window, scale, q_lengths, kv_lengths, return_weights):
+        bias, return_weights, return_lse=False, **options):
     """mha on one backend; the arguments are `attnspec.spec.mha`'s.
 
-    ``device()`` names the query's device for `Backend.asparams` (called only for MHAParams).
+    ``options`` are sdpa's keywords besides mask and bias (causal, window, scale, the lengths and
+    the variants), passed to the backend's sdpa unchanged; bias and sinks go in the compute dtype,
+    as that sdpa wants them in q's. A variant the backend lacks is refused (`Unsupported`), named
+    as mha's. ``device()`` names the query's device for `Backend.asparams` (called only for
+    MHAParams).
     """
-    options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
     plan = validate(fn, info, lengths_to_numpy, query, key, value, params, num_heads, num_kv_heads,
-                    mask, bias, options)
+                    mask, bias, {**options, "return_lse": return_lse})
+    backend.refuse_variants("mha", {**options, "return_lse": return_lse})
     hkv = plan.hkv
     prm = arrays_of(backend, params, plan.dtype, None if isinstance(params, MHAArrays) else device())
     ct = compute_dtype_name(plan.dtype)
@@ -135,10 +139,14 @@ def run(backend: Backend, fn: str, ops: HeadOps, info: InfoFn, lengths_to_numpy:
     q = ops.split_heads(ops.linear(c(query), c(prm.w_q), c(prm.b_q)), num_heads)  # (..., H, n, hd)
     k = ops.split_heads(ops.linear(c(key), c(prm.w_k), c(prm.b_k)), hkv)  # (..., Hkv, m, hd)
     v = ops.split_heads(ops.linear(c(value), c(prm.w_v), c(prm.b_v)), hkv)  # (..., Hkv, m, hd)
-    result = backend.sdpa(q, k, v, mask=mask, bias=c(bias), return_weights=return_weights, **options)
-    o, weights = result if return_weights else (result, None)  # (..., H, n, hd), (..., H, n, m)
-    out = ops.linear(ops.merge_heads(o), c(prm.w_o), c(prm.b_o))  # (..., n, E)
-    out = ops.astype(out, plan.dtype)
-    if not return_weights:
-        return out
-    return out, ops.astype(weights, plan.dtype)
+    options["sinks"] = c(options.get("sinks"))
+    result = backend.sdpa(q, k, v, mask=mask, bias=c(bias), return_weights=return_weights,
+                          return_lse=return_lse, **options)  # (..., H, n, hd)[, (..., H, n, m)][, (..., H, n)]
+    result = list(result) if return_weights or return_lse else [result]
+    out = ops.linear(ops.merge_heads(result[0]), c(prm.w_o), c(prm.b_o))  # (..., n, E)
+    results = [ops.astype(out, plan.dtype)]
+    if return_weights:
+        results.append(ops.astype(result[1], plan.dtype))
+    if return_lse:
+        results.append(ops.astype(result[-1], plan.lse_dtype))
+    return results[0] if len(results) == 1 else tuple(results)

@@ -148,26 +148,36 @@ def sdpa_vjp(backend, engine: str, q, k, v, d_out, *, mask=None, bias=None, caus
 
 def mha_vjp(backend, engine: str, query, key, value, params, d_out, *, num_heads, num_kv_heads=None,
             mask=None, bias=None, causal=None, window=None, scale=None, q_lengths=None,
-            kv_lengths=None) -> tuple:
+            kv_lengths=None, **variants) -> tuple:
+    """(d_query, d_key, d_value, d_params), then d_bias with a bias, then d_sinks with sinks.
+
+    ``variants`` as for `sdpa_vjp`: sinks are a leaf of their own, the rest constants.
+    """
     fn = f"{backend.name}.mha_vjp"
     _need(backend, "mha_vjp")
     if not isinstance(params, MHAArrays):
         raise SpecError(f"{fn}: params must be an MHAArrays (from {backend.name}.asparams), "
                         f"got {type(params).__name__}")
-    options = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask, causal=causal,
-                   window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+    sdpa_options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths,
+                        kv_lengths=kv_lengths, **variants)
     p = _mha.validate(fn, backend._info, _lengths_to_numpy(backend), query, key, value, params, num_heads,
-                      num_kv_heads, mask, bias, dict(causal=causal, window=window, scale=scale,
-                                                     q_lengths=q_lengths, kv_lengths=kv_lengths))
+                      num_kv_heads, mask, bias, sdpa_options)
+    backend.refuse_variants("mha_vjp", sdpa_options)
     _check_d_out(fn, backend, d_out, (*p.batch, p.n, params.embed_dim), p.dtype, "query")
+    sinks = sdpa_options.pop("sinks", None)
+    options = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask, **sdpa_options)
     names = [f.name for f in fields(MHAArrays) if getattr(params, f.name) is not None]
 
     def forward(query, key, value, *rest):
+        rest = list(rest)
         p = MHAArrays(**dict(zip(names, rest[:len(names)])))
-        return backend.mha(query, key, value, p, bias=rest[len(names)] if bias is not None else None,
+        del rest[:len(names)]
+        b = rest.pop(0) if bias is not None else None
+        return backend.mha(query, key, value, p, bias=b, sinks=rest.pop(0) if sinks is not None else None,
                            **options)
 
-    leaves = [query, key, value] + [getattr(params, n) for n in names] + ([] if bias is None else [bias])
+    leaves = ([query, key, value] + [getattr(params, n) for n in names] + ([] if bias is None else [bias])
+              + ([] if sinks is None else [sinks]))
     grads = ENGINES[engine](backend, forward, leaves, d_out)
     d_params = MHAArrays(**dict(zip(names, grads[3:3 + len(names)])))
     return (*grads[:3], d_params, *grads[3 + len(names):])

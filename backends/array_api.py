@@ -227,7 +227,8 @@ class ArrayAPIBackend(Backend):
 
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
             bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-            return_weights=False):
+            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
         # `attnspec.backends._mha` on the query's namespace, then self.sdpa per head
         fn = f"{self.name}.mha"
         xp = self._compat.array_namespace(query) if self._compat.is_array_api_obj(query) else None
@@ -235,7 +236,7 @@ class ArrayAPIBackend(Backend):
                         lambda: str(self._compat.device(query)), query, key, value, params,
                         num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask, bias=bias,
                         causal=causal, window=window, scale=scale, q_lengths=q_lengths,
-                        kv_lengths=kv_lengths, return_weights=return_weights)
+                        kv_lengths=kv_lengths, return_weights=return_weights, **variant_keywords(locals()))
 
     def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
                       dedup=False, scale=None, return_buckets=False):

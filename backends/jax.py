@@ -161,10 +161,13 @@ class JaxArrays(Backend):
                              **variant_keywords(locals()))
 
     def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
-                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None):
+                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+                dropout_mask=None, dropout_p=None):
         return _vjp.mha_vjp(self, "jax", query, key, value, params, d_out, num_heads=num_heads,
                             num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal,
-                            window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+                            window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                            **variant_keywords(locals()))
 
     def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
                           dedup=False, scale=None):
@@ -462,13 +465,14 @@ class JaxBackend(JaxArrays):
 
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
             bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-            return_weights=False):
+            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
         # `attnspec.backends._mha`: jnp projections, then self.sdpa per head
         result = _mha.run(self, "jax.mha", _mha.XPHeadOps(jnp), self._info, _lengths_to_numpy,
                           lambda: device_name(query), query, key, value, params, num_heads=num_heads,
                           num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal, window=window,
                           scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                          return_weights=return_weights)
+                          return_weights=return_weights, **variant_keywords(locals()))
         self._last = result
         return result
 

@@ -79,8 +79,10 @@ class NumpyBackend(Backend):
 
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
             bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-            return_weights=False):
-        options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
+        options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                       **_variants(locals()))
         _mha.validate("numpy.mha", _info, _same, query, key, value, params, num_heads, num_kv_heads,
                       mask, bias, options)
         if isinstance(params, MHAArrays):
@@ -108,12 +110,15 @@ class NumpyBackend(Backend):
                              **_variants(locals()))
 
     def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
-                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None):
+                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+                dropout_mask=None, dropout_p=None):
         if isinstance(params, MHAArrays):
             params = MHAParams(**vars(params))
         grads = spec_mha_vjp(query, key, value, params, d_out, num_heads=num_heads,
                              num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal,
-                             window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+                             window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                             **_variants(locals()))
         return (*grads[:3], MHAArrays(**vars(grads[3])), *grads[4:])
 
     def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,

@@ -120,10 +120,13 @@ class TorchArrays(Backend):
                              **variant_keywords(locals()))
 
     def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
-                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None):
+                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+                dropout_mask=None, dropout_p=None):
         return _vjp.mha_vjp(self, "torch", query, key, value, params, d_out, num_heads=num_heads,
                             num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal,
-                            window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+                            window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                            **variant_keywords(locals()))
 
     def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
                           dedup=False, scale=None):
@@ -254,7 +257,8 @@ class TorchBackend(TorchArrays):
 
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
             bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-            return_weights=False):
+            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
         # `attnspec.backends._mha`: F.linear projections, then self.sdpa per head. That avoids the
         # deviations of torch.nn.MultiheadAttention: the mask keeps the spec's polarity, True =
         # may attend (torch.mha-mask-polarity); a row with no visible key gets sdpa's 0, so b_o
@@ -263,7 +267,7 @@ class TorchBackend(TorchArrays):
                         lambda: str(query.device), query, key, value, params, num_heads=num_heads,
                         num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal, window=window,
                         scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                        return_weights=return_weights)
+                        return_weights=return_weights, **variant_keywords(locals()))
 
     def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
                       dedup=False, scale=None, return_buckets=False):

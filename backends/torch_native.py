@@ -77,12 +77,16 @@ class TorchNativeBackend(TorchArrays):
 
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
             bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-            return_weights=False):
+            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
         """`torch.nn.MultiheadAttention` (batch_first=True) as a user calls it; see `_mha_module`."""
         fn = "torch-native.mha"
+        variants = variant_keywords(locals())
         options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
         p = _mha.validate(fn, self._info, _lengths_to_numpy, query, key, value, params, num_heads,
-                          num_kv_heads, mask, bias, options)
+                          num_kv_heads, mask, bias, {**options, **variants})
+        # the module has none of the variants (its dropout draws its own mask): refused, not emulated
+        self.refuse_variants("mha", {**variants, "causal": causal})
         prm = _mha.arrays_of(self, params, p.dtype, str(query.device))
         biases = [getattr(prm, name) is not None for name in ("b_q", "b_k", "b_v", "b_o")]
         reasons = mha_refusals({**options, "num_heads": num_heads, "num_kv_heads": num_kv_heads,

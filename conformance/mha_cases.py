@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SIDES, _short, full_visibility
+from attnspec.backends._base import variant_features
+from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SIDES, _short, full_visibility, segment_ids
 from attnspec.spec.mha import MHAParams, _validate
 from attnspec.spec.tolerance_mha import MHAGolden, mha_golden
 
@@ -27,8 +28,19 @@ __all__ = ["MHA_BAD_INPUTS", "MHA_FEATURES", "MHABadInput", "MHACase", "call_mha
 MHA_FEATURES = (
     "plain", "no_bias", "kdim_vdim", "gqa", "mqa", "rank2", "batch_broadcast", "scale",
     "mask", "bias", "bias_neg_inf", "causal_upper_left", "causal_lower_right", "window",
-    "kv_lengths", "q_lengths", "no_visible_rows", "empty", "combined",
+    "kv_lengths", "q_lengths", "no_visible_rows", "empty", "combined", *(
+        "softcap", "alibi", "sinks", "lse", "segments", "causal_lower_right_lengths", "dropout",
+        "variants_combined"),  # sdpa's variants (issue #15), passed through to every head
 )
+#: the variant features of `MHA_FEATURES` (the names `attnspec.backends.VARIANT_FEATURES` uses)
+MHA_VARIANT_FEATURES = MHA_FEATURES[MHA_FEATURES.index("softcap"):]
+#: the others; the gradient properties draw only these, since the gradient tolerance
+#: (`attnspec.spec.tolerance_grads`) has no reference backward with the variants yet, for sdpa_vjp
+#: as for mha_vjp
+MHA_BASE_FEATURES = MHA_FEATURES[:MHA_FEATURES.index("softcap")]
+#: sdpa's keywords besides mask and bias, which mha passes through
+SDPA_OPTIONS = ("causal", "window", "scale", "q_lengths", "kv_lengths", "softcap", "alibi_slopes", "sinks",
+                "q_segment_ids", "kv_segment_ids", "dropout_mask", "dropout_p", "return_lse")
 PARAM_FIELDS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
 HEAD_DIMS = (1, 2, 4, 8)
 _SIDES = tuple(s for s in SIDES if s <= 13)  # projections make each side cost E * features more
@@ -112,8 +124,7 @@ def mha_plan(case: MHACase):
     """The validated plan of the case's per-head sdpa call (q (..., H, n, hd) and so on)."""
     o = case.options
     return _validate("mha", case.q, case.k, case.v, case.params, o["num_heads"], o.get("num_kv_heads"),
-                     o.get("mask"), o.get("bias"),
-                     {k: o.get(k) for k in ("causal", "window", "scale", "q_lengths", "kv_lengths")})
+                     o.get("mask"), o.get("bias"), {k: o[k] for k in SDPA_OPTIONS if k in o})
 
 
 @st.composite
@@ -194,8 +205,44 @@ def mha_cases(draw, dtype: str, features: tuple[str, ...] = MHA_FEATURES) -> MHA
         options["kv_lengths"] = rng.integers(0 if feature == "no_visible_rows" else min(1, m), m + 1, size=batch)
     if feature in ("q_lengths", "combined"):
         options["q_lengths"] = rng.integers(0, n + 1, size=batch)
+    if feature in MHA_VARIANT_FEATURES:
+        _draw_variants(draw, rng, feature, options, batch, heads, n, m, npdt)
+        tags.add("variants")
     case = MHACase(feature, dtype, query, key, value, params, options, frozenset(tags), seed)
     return retag(case)
+
+
+def _draw_variants(draw, rng, feature: str, options: dict[str, Any], batch, heads: int, n: int, m: int,
+                   npdt) -> None:
+    """One variant (or all, ``variants_combined``) into ``options``, as sdpa's variant cases draw
+    them, with the layer's H query heads."""
+    every = feature == "variants_combined"
+    if feature == "softcap" or every:
+        options["softcap"] = float(draw(st.sampled_from([0.5, 2.0, 5.0, 30.0])))
+    if feature == "alibi" or every:
+        shape = draw(st.sampled_from([(heads,), (*batch, heads)]))
+        options["alibi_slopes"] = (2.0 ** -rng.uniform(0, 8, size=shape)).astype(np.float32)
+        if draw(st.booleans()):  # n != m under lower-right alignment is where ALiBi's anchor shows
+            options["causal"] = "lower_right"
+    if feature == "sinks" or every:
+        options["sinks"] = (rng.standard_normal(heads) * 2).astype(npdt)
+    if feature in ("lse", "sinks") or every:
+        options["return_lse"] = True
+    if feature == "segments" or every or (feature == "causal_lower_right_lengths" and draw(st.booleans())):
+        segments = draw(st.sampled_from([1, 2, 3]))
+        options["q_segment_ids"] = segment_ids(rng, (*batch, n), segments)
+        options["kv_segment_ids"] = segment_ids(rng, (*batch, m), segments)
+    if feature == "causal_lower_right_lengths" or (every and draw(st.booleans())):
+        options["causal"] = "lower_right_lengths"
+        options["kv_lengths"] = rng.integers(0, m + 1, size=batch)
+        if draw(st.booleans()):
+            options["q_lengths"] = rng.integers(0, n + 1, size=batch)
+        if draw(st.booleans()):
+            options["window"] = (draw(st.integers(0, 4)), draw(st.integers(0, 4)))
+    if feature == "dropout" or every:
+        p = float(draw(st.sampled_from([0.1, 0.5, 0.9])))
+        options["dropout_p"] = p
+        options["dropout_mask"] = rng.random(draw(st.sampled_from([(*batch, heads, n, m), (n, m)]))) >= p
 
 
 def retag(case: MHACase) -> MHACase:
@@ -213,13 +260,14 @@ def retag(case: MHACase) -> MHACase:
     for name in ("mask", "bias", "window", "kv_lengths", "q_lengths", "scale", "return_weights"):
         if o.get(name) is not None and o.get(name) is not False:
             tags.add(name)
+    tags.update(variant_features(o))
     return replace(case, tags=frozenset(tags))
 
 
 def golden_for_mha(case: MHACase) -> MHAGolden:
     """The float64 golden of the case and its allowed errors (`attnspec.spec.tolerance_mha`)."""
     opts = {k: v for k, v in case.options.items() if k != "return_weights"}
-    return mha_golden(case.q, case.k, case.v, case.params, **opts)
+    return mha_golden(case.q, case.k, case.v, case.params, **opts)  # with the lse when return_lse
 
 
 def call_mha(backend, case: MHACase, device: str | None, *, as_arrays: bool = False, params=None):
@@ -312,4 +360,14 @@ MHA_BAD_INPUTS: tuple[MHABadInput, ...] = (
     MHABadInput("b_o_length", r"params\.b_o\.shape=\(7,\) must be \(8,\)", params="raw",
                 raw={"b_o": np.zeros(7, _f32)}),
     MHABadInput("weight_rank", r"params\.w_k\.ndim=1 must be 2", params="raw", raw={"w_k": np.ones(8, _f32)}),
+    # the variants: checked against the layer's heads (H = 2 here), named as mha's arguments
+    MHABadInput("softcap_zero", r"softcap=0\.0 must be finite and > 0", options={"softcap": 0.0}),
+    MHABadInput("sinks_per_kv_head", r"sinks\.shape=\(3,\) must be \(Hq,\)=\(2,\)",
+                options={"sinks": np.ones(3, _f32)}),
+    MHABadInput("alibi_slopes_shape", r"alibi_slopes\.shape=\(3, 2\) must be \(Hq,\)=\(2,\)",
+                options={"alibi_slopes": np.ones((3, 2), _f32)}),
+    MHABadInput("segment_ids_float", r"q_segment_ids\.dtype=float32 must be an integer dtype",
+                options={"q_segment_ids": np.zeros((2, 4), _f32), "kv_segment_ids": np.zeros((2, 6), _f32)}),
+    MHABadInput("dropout_mask_without_p", r"dropout_mask was given without dropout_p",
+                options={"dropout_mask": np.ones((4, 6), bool)}),
 )

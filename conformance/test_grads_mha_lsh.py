@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from attnspec.conformance import lsh_cases as lc
 from attnspec.conformance.hypothesis_helpers import NP_DTYPES, full_visibility
 from attnspec.conformance.lsh_cases import LSHCase, lsh_cases
-from attnspec.conformance.mha_cases import MHACase, mha_cases, mha_plan, retag
+from attnspec.conformance.mha_cases import MHA_BASE_FEATURES, MHACase, mha_cases, mha_plan, retag
 from attnspec.conformance.pytest_helpers import Verdict, check_metadata
 from attnspec.spec._validate import FLOAT_DTYPES, numpy_info
 from attnspec.spec.grads_lsh import lsh_attention_vjp
@@ -155,7 +155,7 @@ def judge_mha_grads(backend, device, prop: str, case: MHACase, d_out, grads, gol
 def test_mha_vjp_matches_golden(attn_backend, attn_device, judge, dtype, data):
     """d_query, d_key, d_value, every parameter's gradient (and d_bias) each equal the golden
     within the gradient tolerance rule."""
-    case, d_out = _mha_vjp_case(data.draw(mha_cases(dtype), label="case"))
+    case, d_out = _mha_vjp_case(data.draw(mha_cases(dtype, MHA_BASE_FEATURES), label="case"))
 
     def body():
         return judge_mha_grads(attn_backend, attn_device, "matches_golden", case, d_out,
@@ -254,7 +254,7 @@ def _differences(backend, a: dict, b: dict) -> list[str]:
 @given(data=st.data())
 def test_mha_vjp_deterministic(attn_backend, attn_device, judge, dtype, data):
     """Two identical mha_vjp calls give bit-identical gradients (NaN where NaN)."""
-    case, d_out = _mha_vjp_case(data.draw(mha_cases(dtype), label="case"))
+    case, d_out = _mha_vjp_case(data.draw(mha_cases(dtype, MHA_BASE_FEATURES), label="case"))
 
     def body():
         a, b = (mha_grads_by_name(call_mha_vjp(attn_backend, case, d_out, attn_device)) for _ in range(2))

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from attnspec.conformance.mha_cases import (
     MHA_BAD_INPUTS,
+    MHA_VARIANT_FEATURES,
+    SDPA_OPTIONS,
     MHACase,
     call_mha,
     golden_for_mha,
@@ -25,7 +27,8 @@ from attnspec.spec.sdpa import sdpa
 from attnspec.spec.tolerance import Comparison, compare
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-VISIBILITY = ("mask", "bias", "causal", "window", "scale", "q_lengths", "kv_lengths")
+#: sdpa's keywords, which mha passes through to every head
+SDPA_KEYWORDS = ("mask", "bias", *SDPA_OPTIONS)
 
 
 def _message(backend_name: str, prop: str, case: MHACase, device, comparisons: dict[str, Comparison],
@@ -47,18 +50,29 @@ def _message(backend_name: str, prop: str, case: MHACase, device, comparisons: d
 
 
 def _judge(backend, device, prop: str, case: MHACase, result, out_gold, allowed_out,
-           w_gold=None, allowed_w=None, note: str = "") -> Verdict:
-    """Metadata and values of ``result`` (out, or (out, weights)) against the expected arrays."""
-    out, weights = result if isinstance(result, tuple) else (result, None)
+           w_gold=None, allowed_w=None, note: str = "", lse_gold=None, allowed_lse=None) -> Verdict:
+    """Metadata and values of ``result`` (out, then weights and lse when the case asks for them)
+    against the expected arrays."""
+    want_w, want_lse = bool(case.options.get("return_weights")), bool(case.options.get("return_lse"))
+    parts = list(result) if isinstance(result, tuple) else [result]
+    out = parts[0]
     problems = check_metadata(backend, out, out_gold.shape, case.dtype, device)
+    if len(parts) != 1 + want_w + want_lse:
+        problems.append(f"returned {len(parts)} arrays, expected {1 + want_w + want_lse} "
+                        f"(out{', weights' * want_w}{', lse' * want_lse})")
+        parts = [out, None, None]
+    weights = parts[1] if want_w else None
+    lse = parts[-1] if want_lse else None
     comparisons = {"out": compare(backend.to_numpy(out).astype(np.float64), out_gold, allowed_out)}
-    if case.options.get("return_weights"):
-        if weights is None:
-            problems.append("weights were asked for (return_weights=True) but not returned")
-        else:
-            problems += [p.replace("out.", "weights.") for p in
-                         check_metadata(backend, weights, w_gold.shape, case.dtype, device)]
-            comparisons["weights"] = compare(backend.to_numpy(weights).astype(np.float64), w_gold, allowed_w)
+    if want_w and weights is not None:
+        problems += [p.replace("out.", "weights.") for p in
+                     check_metadata(backend, weights, w_gold.shape, case.dtype, device)]
+        comparisons["weights"] = compare(backend.to_numpy(weights).astype(np.float64), w_gold, allowed_w)
+    if want_lse and lse is not None:
+        lse_dtype = "float64" if case.dtype == "float64" else "float32"
+        problems += [p.replace("out.", "lse.") for p in
+                     check_metadata(backend, lse, lse_gold.shape, lse_dtype, device)]
+        comparisons["lse"] = compare(backend.to_numpy(lse).astype(np.float64), lse_gold, allowed_lse)
     if problems or not all(c.ok for c in comparisons.values()):
         return Verdict("failed", comparisons, _message(backend.name, prop, case, device, comparisons,
                                                        problems, note))
@@ -79,9 +93,29 @@ def test_matches_golden(attn_backend, attn_device, judge, dtype, data):
         g = golden_for_mha(case)
         result = call_mha(attn_backend, case, attn_device, as_arrays=as_arrays)
         return _judge(attn_backend, attn_device, "matches_golden", case, result, g.out, g.allowed_out,
-                      g.weights, g.allowed_w, note=f"params passed as {'MHAArrays' if as_arrays else 'MHAParams'}")
+                      g.weights, g.allowed_w, note=f"params passed as {'MHAArrays' if as_arrays else 'MHAParams'}",
+                      lse_gold=g.lse, allowed_lse=g.allowed_lse)
 
     judge("mha", "matches_golden", case, body, feature_case=case.feature_case)
+
+
+@DTYPES
+@given(data=st.data())
+def test_variants_match_golden(attn_backend, attn_device, judge, dtype, data):
+    """sdpa's variants (softcap, ALiBi, sinks, lse, segment ids, lower_right_lengths, dropout) reach
+    every head: output, weights and lse against the golden within the mha tolerance rule.
+    matches_golden draws these too, among all the features; this property draws only them."""
+    case = data.draw(mha_cases(dtype, MHA_VARIANT_FEATURES), label="case")
+    if data.draw(st.booleans(), label="return_weights"):
+        case = case.asking_weights()
+
+    def body():
+        g = golden_for_mha(case)
+        result = call_mha(attn_backend, case, attn_device)
+        return _judge(attn_backend, attn_device, "variants_match_golden", case, result, g.out, g.allowed_out,
+                      g.weights, g.allowed_w, lse_gold=g.lse, allowed_lse=g.allowed_lse)
+
+    judge("mha", "variants_match_golden", case, body, feature_case=case.feature_case)
 
 
 def _identity_case(case: MHACase, return_weights: bool) -> MHACase:
@@ -106,17 +140,18 @@ def test_head_split_merge(attn_backend, attn_device, judge, dtype, data):
                           data.draw(st.booleans(), label="return_weights"))
     o = case.options
     h, hkv = o["num_heads"], o.get("num_kv_heads", o["num_heads"])
-    kw = {k: o[k] for k in VISIBILITY if k in o}
-    f64 = {k: v.astype(np.float64) if k == "bias" else v for k, v in kw.items()}
+    kw = {k: o[k] for k in SDPA_KEYWORDS if k in o}  # the variants too: each head gets them
+    f64 = {k: v.astype(np.float64) if k in ("bias", "sinks") else v for k, v in kw.items()}
     q, k, v = (split_heads(x.astype(np.float64), heads) for x, heads in ((case.q, h), (case.k, hkv), (case.v, hkv)))
-    heads_out, heads_w = sdpa(q, k, v, return_weights=True, **f64)  # (..., H, n, hd), (..., H, n, m)
-    expected = merge_heads(heads_out)  # (..., n, E)
+    heads_res = sdpa(q, k, v, return_weights=True, **f64)  # (..., H, n, hd), (..., H, n, m)[, (..., H, n)]
+    expected = merge_heads(heads_res[0])  # (..., n, E)
 
     def body():
         g = golden_for_mha(case)  # only its allowed errors: the expected values come from sdpa
         result = call_mha(attn_backend, case, attn_device)
         return _judge(attn_backend, attn_device, "head_split_merge", case, result, expected, g.allowed_out,
-                      heads_w, g.allowed_w, note="identity projections: expected merge_heads(sdpa(split_heads(...)))")
+                      heads_res[1], g.allowed_w, note="identity projections: expected merge_heads(sdpa(split_heads(...)))",
+                      lse_gold=heads_res[2] if len(heads_res) > 2 else None, allowed_lse=g.allowed_lse)
 
     judge("mha", "head_split_merge", case, body, feature_case=case.feature_case)
 
@@ -167,8 +202,11 @@ def test_deterministic(attn_backend, attn_device, judge, dtype, data):
     case = data.draw(mha_cases(dtype), label="case")
 
     def body():
-        a = attn_backend.to_numpy(call_mha(attn_backend, case, attn_device)).astype(np.float64)
-        b = attn_backend.to_numpy(call_mha(attn_backend, case, attn_device)).astype(np.float64)
+        def first(r):
+            return r[0] if isinstance(r, tuple) else r  # the output; lse too would be compared alike
+
+        a = attn_backend.to_numpy(first(call_mha(attn_backend, case, attn_device))).astype(np.float64)
+        b = attn_backend.to_numpy(first(call_mha(attn_backend, case, attn_device))).astype(np.float64)
         if a.shape == b.shape and np.array_equal(a, b, equal_nan=True):
             return Verdict("passed")
         diff = np.abs(a - b) if a.shape == b.shape else np.array([np.inf])

@@ -29,24 +29,34 @@ sum_d |x_d W_od| + |b_o|:
 
 Weights use u * (1 + sqrt(m) + 2 sqrt(hd) L) + 2 * d_L (sdpa's floor with V = 1, plus the
 projected logits' error). At the kit's sizes the float64 floor is ~1e-14 of the output's scale.
+
+The variants (issue #15) enter as they enter sdpa's rule (`attnspec.spec.tolerance`): ref runs
+them (`attention_core` with the variant arrays); ALiBi terms and sinks join L; softcap's tanh has
+slope <= 1, so d_L and L stay bounds; segment ids and "lower_right_lengths" only change which
+pairs are visible, which L and d_L are taken over; dropout scales the kept weights, and so their
+errors, by 1 / (1 - p), which divides d_o's attention part and the weights' floor. The
+log-sum-exp gets sdpa's `lse_allowed` floor on the projected q, k plus d_L: d lse / d s_j = w_j
+and the w_j sum to at most 1, so the projections' logit error d_L moves lse by at most d_L.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from attnspec.spec.masks import visibility
-from attnspec.spec.mha import MHAParams, _validate, merge_heads, mha, split_heads
+from attnspec.spec._validate import SDPAExtras
+from attnspec.spec.mha import VARIANT_ARRAYS, MHAParams, _validate, in_float64, merge_heads, mha, split_heads
 from attnspec.spec.sdpa import attention_core, sdpa
-from attnspec.spec.tolerance import _NP, K, _logit_scale, compare, eps
+from attnspec.spec.tolerance import _NP, K, _logit_scale, compare, eps, logit_scale, visibility_view
 
 __all__ = ["MHAGolden", "mha_golden", "reference_mha"]
 
-_OPTIONS = ("causal", "window", "scale", "q_lengths", "kv_lengths")
+#: sdpa's keywords besides mask and bias, which mha passes through
+_OPTIONS = ("causal", "window", "scale", "q_lengths", "kv_lengths", "softcap", *VARIANT_ARRAYS, "dropout_p",
+            "return_lse")
 
 
 @dataclass(frozen=True)
@@ -59,16 +69,24 @@ class MHAGolden:
     allowed_w: float
     err_ref_out: float
     err_ref_w: float
+    lse: np.ndarray | None = None  # (..., H, n), float64, when the case asks for it (return_lse)
+    allowed_lse: float = 0.0
+    err_ref_lse: float = 0.0
+
+
+def _extras(options: dict[str, Any]) -> SDPAExtras:
+    return SDPAExtras(*(options.get(name) for name in VARIANT_ARRAYS))
 
 
 def reference_mha(query, key, value, params: MHAParams, *, num_heads: int, num_kv_heads: int | None = None,
                   mask=None, bias=None, **options: Any):
     """The golden algorithm with every stored intermediate rounded to the inputs' dtype.
 
-    Returns (out (..., n, E), weights (..., H, n, m)) in the inputs' dtype.
+    Returns (out (..., n, E), weights (..., H, n, m)) in the inputs' dtype, and the lse
+    (..., H, n) in its dtype when ``return_lse`` is among the options.
     """
-    plan = _validate("reference_mha", query, key, value, params, num_heads, num_kv_heads, mask, bias,
-                     {k: options.get(k) for k in _OPTIONS})
+    options = {k: options[k] for k in _OPTIONS if options.get(k) is not None}
+    plan = _validate("reference_mha", query, key, value, params, num_heads, num_kv_heads, mask, bias, options)
     dt = _NP[plan.dtype]
     compute = np.float32 if plan.dtype in ("float16", "bfloat16") else dt
 
@@ -84,26 +102,31 @@ def reference_mha(query, key, value, params: MHAParams, *, num_heads: int, num_k
     k = split_heads(project(key, p.w_k, p.b_k), plan.hkv)  # (..., Hkv, m, hd)
     v = split_heads(project(value, p.w_v, p.b_v), plan.hkv)  # (..., Hkv, m, hd)
     with np.errstate(all="ignore"):
-        o, w = attention_core(plan, q, k, v, mask, bias, compute, rnd)  # (*batch, H, n, hd)
+        o, w, lse = attention_core(plan, q, k, v, mask, bias, compute, rnd, _extras(options),
+                                   with_lse=True)  # (*batch, H, n, hd), (*batch, H, n, m), (*batch, H, n)
     out = project(merge_heads(o), p.w_o, p.b_o)  # (*batch, n, E)
+    if plan.return_lse:
+        return out.astype(dt), w.astype(dt), lse.astype(plan.lse_dtype)
     return out.astype(dt), w.astype(dt)
 
 
 def mha_golden(query, key, value, params: MHAParams, *, num_heads: int, num_kv_heads: int | None = None,
                mask=None, bias=None, **options: Any) -> MHAGolden:
     """The golden of one case (inputs in their dtype, params exact in it) and its tolerances."""
-    opts = {k: options.get(k) for k in _OPTIONS}
+    opts = {k: options.get(k) for k in _OPTIONS if options.get(k) is not None}
     plan = _validate("mha_golden", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts)
     f64 = [x.astype(np.float64) for x in (query, key, value)]
-    bias64 = None if bias is None else bias.astype(np.float64)
-    gold, gold_w = mha(*f64, params, num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask, bias=bias64,
-                       return_weights=True, **opts)
-    ref, ref_w = reference_mha(query, key, value, params, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                               mask=mask, bias=bias, **opts)
-    err_out = compare(ref, gold, np.inf).max_abs_err
-    err_w = compare(ref_w, gold_w, np.inf).max_abs_err
-    floor_out, floor_w = _floors(plan, f64, params, mask, bias64, num_heads)
-    return MHAGolden(gold, gold_w, K * err_out + floor_out, K * err_w + floor_w, err_out, err_w)
+    heads = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask)
+    gold = mha(*f64, params, bias=None if bias is None else bias.astype(np.float64), return_weights=True,
+               **heads, **in_float64(**opts))  # (out, weights[, lse]), float64
+    ref = reference_mha(query, key, value, params, bias=bias, **heads, **opts)
+    err = [compare(r, g, np.inf).max_abs_err for r, g in zip(ref, gold)]
+    floor_out, floor_w, floor_lse = _floors(plan, f64, params, mask, bias, num_heads, opts,
+                                            gold[2] if plan.return_lse else None)
+    golden = MHAGolden(gold[0], gold[1], K * err[0] + floor_out, K * err[1] + floor_w, err[0], err[1])
+    if plan.return_lse:
+        golden = replace(golden, lse=gold[2], allowed_lse=K * err[2] + floor_lse, err_ref_lse=err[2])
+    return golden
 
 
 def _abs_projection(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
@@ -112,11 +135,15 @@ def _abs_projection(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.nd
     return a if b is None else a + np.abs(b.astype(np.float64))
 
 
-def _floors(plan, f64, params: MHAParams, mask, bias64, num_heads: int) -> tuple[float, float]:
+def _floors(plan, f64, params: MHAParams, mask, bias, num_heads: int, opts: dict[str, Any],
+            gold_lse: np.ndarray | None) -> tuple[float, float, float]:
+    """The floors of the output, the weights and the lse (0 when the case has none)."""
     query, key, value = f64
     p = params
     u = eps(plan.dtype)
     hd, e, hkv = plan.dk, p.embed_dim, plan.hkv
+    extras = _extras(opts)
+    bias64 = None if bias is None else bias.astype(np.float64)
 
     def proj64(x, w, b):
         y = x @ w.astype(np.float64).T
@@ -130,25 +157,28 @@ def _floors(plan, f64, params: MHAParams, mask, bias64, num_heads: int) -> tuple
     a_v = float(_abs_projection(value, p.w_v, p.b_v).max(initial=0.0))
     v_max = float(np.abs(v).max(initial=0.0))
 
-    vis = visibility(plan.n, plan.m, causal=plan.causal, window=plan.window,
-                     q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths)
-    full = np.ones(plan.full_weights_shape, bool)
-    for rule in (vis, mask, None if bias64 is None else bias64 != -np.inf):
-        if rule is not None:
-            full &= rule
-    logit = _logit_scale(plan, q, k, bias64, full)
+    vis = visibility_view(plan, mask, bias64, extras)
+    full = np.ones(plan.full_weights_shape, bool) if vis is None else np.broadcast_to(vis, plan.full_weights_shape)
+    logit = logit_scale(plan, q, k, bias64, full, extras)  # with ALiBi's terms and the sinks
     # logit error: sum_d (dq_d k_d + q_d dk_d), with |dq_d| <= u (1 + sqrt(E)) A_q[d] and so on
     d_logit = u * ((1 + math.sqrt(e)) * _logit_scale(plan, a_q, k, None, full)
                    + (1 + math.sqrt(p.kdim)) * _logit_scale(plan, q, a_k, None, full))
     sdpa_floor = 1.0 + math.sqrt(plan.m) + 2.0 * math.sqrt(hd) * logit
     d_v = u * (1 + math.sqrt(p.vdim)) * a_v
+    weight_gain = 1.0 / (1.0 - plan.dropout_p) if extras.dropout_mask is not None else 1.0
 
-    d_o = u * v_max * sdpa_floor + 2.0 * d_logit * v_max + d_v
+    d_o = (u * v_max * sdpa_floor + 2.0 * d_logit * v_max) * weight_gain + d_v
+    sdpa_opts = {k: v for k, v in opts.items() if k != "return_lse"}
     with np.errstate(all="ignore"):
-        o = sdpa(q, k, v, mask=mask, bias=bias64, causal=plan.causal, window=plan.window, scale=plan.scale,
-                 q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths)  # (*batch, H, n, hd)
+        o = sdpa(q, k, v, mask=mask, **in_float64(bias=bias, **sdpa_opts))  # (*batch, H, n, hd)
     a_out = float(_abs_projection(merge_heads(o), p.w_o, p.b_o).max(initial=0.0))
     w_o_rows = float(np.abs(p.w_o.astype(np.float64)).sum(axis=1).max(initial=0.0))
     floor_out = d_o * w_o_rows + u * (1 + math.sqrt(e)) * a_out
-    floor_w = u * sdpa_floor + 2.0 * d_logit
-    return floor_out, floor_w
+    floor_w = (u * sdpa_floor + 2.0 * d_logit) * weight_gain
+    floor_lse = 0.0
+    if gold_lse is not None:  # sdpa's lse floor (`tolerance.lse_allowed`) on the projections, plus d_L
+        finite = gold_lse[np.isfinite(gold_lse)]
+        top = float(np.abs(finite).max(initial=0.0))
+        floor_lse = (u * (2.0 * math.sqrt(hd) * logit + math.sqrt(plan.m) + 1.0)
+                     + eps(plan.lse_dtype) * top + d_logit)
+    return floor_out, floor_w, floor_lse

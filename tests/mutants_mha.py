@@ -3,7 +3,8 @@
 `NaiveMHA` is an independent, plain NumPy mha (float64; projections by hand, heads split by
 reshape, key/value heads repeated explicitly, attention by `mutants.Naive`'s own sdpa). With no bug
 switched on it is the control and must pass. Each mutant switches on one bug that real
-implementations have shipped. There is no "drop b_k" mutant: b_k never changes the output
+implementations have shipped; ``drops_softcap`` passes every variant of issue #15 to its per-head
+sdpa but softcap (a dropped softcap shipped in sglang's FlashInfer path, sglang#33915). There is no "drop b_k" mutant: b_k never changes the output
 (it shifts a whole row of logits), so no test can see it.
 """
 
@@ -26,11 +27,18 @@ class NaiveMHA(Naive):
 
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
             bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-            return_weights=False):
-        options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
+            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
+        options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                       softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, q_segment_ids=q_segment_ids,
+                       kv_segment_ids=kv_segment_ids, dropout_mask=dropout_mask, dropout_p=dropout_p)
         plan = _mha.validate(f"{self.name}.mha", _info, lambda x: x, query, key, value, params, num_heads,
-                             num_kv_heads, mask, bias, options)
+                             num_kv_heads, mask, bias, {**options, "return_lse": return_lse})
         bug = self.mha_bug
+        if bug == "drops_softcap":  # a per-head call that forgets one variant (sglang#33915's kind)
+            options["softcap"] = None
+        if sinks is not None:
+            options["sinks"] = sinks.astype(np.float64)  # sdpa wants them in q's dtype
         h, hkv, hd = plan.hq, plan.hkv, plan.dk
         p = params  # an MHAParams or an MHAArrays: both hold NumPy arrays here
 
@@ -56,13 +64,17 @@ class NaiveMHA(Naive):
         v = split(project(value, p.w_v, p.b_v), hkv)
         heads = np.arange(h) % hkv if bug == "kv_heads_modulo" else np.arange(h) // (h // hkv)
         k, v = k[..., heads, :, :], v[..., heads, :, :]  # (..., H, m, hd): query head h's kv head
-        o, w = self.sdpa(q, k, v, mask=mask, bias=None if bias is None else bias.astype(np.float64),
-                         return_weights=True, **options)
+        o, w, *lse = self.sdpa(q, k, v, mask=mask, bias=None if bias is None else bias.astype(np.float64),
+                               return_weights=True, return_lse=return_lse, **options)
         out = merge(o)
         if bug != "no_out_proj":
             out = project(out, p.w_o, p.b_o)
-        out = out.astype(query.dtype)
-        return (out, w.astype(query.dtype)) if return_weights else out
+        results = [out.astype(query.dtype)]
+        if return_weights:
+            results.append(w.astype(query.dtype))
+        if return_lse:
+            results.append(lse[0].astype(plan.lse_dtype))
+        return results[0] if len(results) == 1 else tuple(results)
 
 
 # mutant name -> (bug, the property whose failure the suite must report)
@@ -70,6 +82,7 @@ MHA_MUTANTS = {
     "split_wrong_axis": ("split_wrong_axis", "head_split_merge"),
     "no_out_proj": ("no_out_proj", "matches_golden"),
     "kv_heads_modulo": ("kv_heads_modulo", "kv_head_mapping"),
+    "drops_softcap": ("drops_softcap", "variants_match_golden"),
 }
 
 

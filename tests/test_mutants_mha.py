@@ -42,7 +42,9 @@ def test_control_passes(suite_runs):
     assert proc.returncode == 0, proc.stdout[-3000:]
     rows = [r for r in json.loads(path.read_text())["rows"] if r["function"] == "mha"]
     assert {r["property"] for r in rows} >= {"matches_golden", "head_split_merge", "kv_head_mapping",
-                                             "deterministic", "bad_input"}
+                                             "deterministic", "bad_input", "variants_match_golden"}
+    variant_rows = [r for r in rows if r["property"] == "variants_match_golden"]
+    assert sum(r["passed"] for r in variant_rows) > 20  # the variants really ran, and passed
     assert sum(r["passed"] for r in rows) > 150  # the suite really ran cases
     assert not any(r["failed"] for r in rows)
 

@@ -25,6 +25,11 @@ Built in (``CONVENTIONS``):
                 lse is the spec's. No mask, bias, lengths, segment ids (varlen and kvcache are
                 other functions), sinks or given dropout mask; upper-left alignment and an
                 upper-left ALiBi anchor only when n == m. No weights.
+``flash_varlen``, ``flash_kvcache``  FlashAttention's ``flash_attn_varlen_func`` on packed
+                (total, H, D) arrays with ``cu_seqlens``, and ``flash_attn_with_kvcache`` with
+                ``cache_seqlens``: causal, window and ALiBi aligned on each sequence's actual
+                lengths, the spec's ``causal="lower_right_lengths"``
+                (`attnspec.backends.conventions_flash`).
 ``jax``         ``fn(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                 query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None)``
                 on (B, T, N, H) arrays (``jax.nn.dot_product_attention``). ``is_causal`` and
@@ -339,3 +344,9 @@ def describe(fn: Callable) -> str:
     except (TypeError, ValueError):
         sig = "(...)"
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}{sig}"
+
+
+# FlashAttention's varlen and KV-cache functions (their module imports this one's names)
+from attnspec.backends.conventions_flash import FlashKVCache, FlashVarlen  # noqa: E402
+
+CONVENTIONS.update({c.name: c for c in (FlashVarlen(), FlashKVCache())})

@@ -336,3 +336,100 @@ def test_readme_and_example_plugin_use_public_names_only():
 
     for name in authoring.__all__:
         assert hasattr(authoring, name), name
+
+
+# -- FlashAttention's varlen and KV-cache conventions ----------------------------------------------
+# The subjects (`check_subjects_flash`) are written from FlashAttention's docstrings, per sequence,
+# with no spec code; the wrong ones anchor causal upper-left per sequence, or on the padded cache.
+FLASH_RUNS = {
+    "varlen": ("check_subjects_flash:flash_varlen_numpy", "flash_varlen"),
+    "varlen_upper_left": ("check_subjects_flash:flash_varlen_upper_left", "flash_varlen"),
+    "kvcache": ("check_subjects_flash:flash_kvcache_numpy", "flash_kvcache"),
+    "kvcache_padded": ("check_subjects_flash:flash_kvcache_padded", "flash_kvcache"),
+}
+
+
+@pytest.fixture(scope="module")
+def flash_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("check_flash")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(check, "check", fn, "--convention", conv, "--arrays", "numpy",
+                                     "--out", str(tmp / name)) for name, (fn, conv) in FLASH_RUNS.items()}
+        return {name: (f.result(), tmp / name) for name, f in futures.items()}
+
+
+@pytest.mark.parametrize("run, features", [
+    ("varlen", {"segments", "causal_lower_right_lengths", "q_lengths", "kv_lengths", "alibi", "softcap", "lse"}),
+    ("kvcache", {"causal_lower_right_lengths", "alibi", "softcap", "lse", "window_lower_right"}),
+])
+def test_flash_varlen_and_kvcache_references_conform(flash_runs, run, features):
+    proc, out = flash_runs[run]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    rows = results_of(out)["rows"]
+    assert features <= {r["feature"] for r in rows if r["passed"]}
+    assert not any(r["failed"] or r["crashed"] for r in rows)
+
+
+@pytest.mark.parametrize("run, feature", [("varlen_upper_left", "causal_lower_right_lengths"),
+                                          ("kvcache_padded", "alibi")])
+def test_wrong_alignment_fails_check(flash_runs, run, feature):
+    proc, out = flash_runs[run]
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert feature in failing_features(results_of(out))
+
+
+def test_flash_kvcache_aligns_on_cache_seqlens_as_issue_15_measured():
+    """n = 2, m = 6, kv_lengths = [4]: FlashAttention's query 0 sees keys 0-2 (j <= 0 + 4 - 2), the
+    spec's "lower_right" keys 0-3. With v = identity the output row is the weight row."""
+    import check_subjects_flash as subjects
+
+    from attnspec.backends import from_function
+    from attnspec.spec import sdpa
+
+    rng = np.random.default_rng(15)
+    q, k = rng.standard_normal((1, 2, 8)), rng.standard_normal((1, 6, 8))
+    v = np.eye(6)[None]  # (1, 6, 6): out[i] = weights[i]
+    opts = dict(causal="lower_right_lengths", kv_lengths=np.array([4]))
+    right = from_function(subjects.flash_kvcache_numpy, convention="flash_kvcache", arrays="numpy", name="kv")
+    padded = from_function(subjects.flash_kvcache_padded, convention="flash_kvcache", arrays="numpy", name="pad")
+    got = right.sdpa(q[None], k[None], v[None], **opts)[0, 0]  # (2, 6)
+    assert np.flatnonzero(got[0]).tolist() == [0, 1, 2] and np.flatnonzero(got[1]).tolist() == [0, 1, 2, 3]
+    np.testing.assert_allclose(got, sdpa(q[None], k[None], v[None], **opts)[0, 0], rtol=0, atol=1e-15)
+    assert np.flatnonzero(padded.sdpa(q[None], k[None], v[None], **opts)[0, 0, 0]).tolist() == [0, 1, 2, 3]
+
+
+def test_flash_varlen_packs_segments_and_matches_the_spec():
+    import check_subjects_flash as subjects
+
+    from attnspec.backends import Unsupported, from_function
+    from attnspec.spec import sdpa, segment_ids_from_cu_seqlens
+
+    rng = np.random.default_rng(16)
+    q, k, v = rng.standard_normal((4, 10, 8)), rng.standard_normal((2, 12, 8)), rng.standard_normal((2, 12, 8))
+    opts = dict(causal="lower_right_lengths", window=(3, 1), softcap=3.0, alibi_slopes=2.0 ** -np.arange(1, 5),
+                q_segment_ids=segment_ids_from_cu_seqlens([0, 3, 9], 10),  # row 9 is padding
+                kv_segment_ids=segment_ids_from_cu_seqlens([0, 4, 12], 12), return_lse=True)
+    be = from_function(subjects.flash_varlen_numpy, convention="flash_varlen", arrays="numpy", name="v")
+    (out, lse), (g_out, g_lse) = be.sdpa(q, k, v, **opts), sdpa(q, k, v, **opts)
+    np.testing.assert_allclose(out, g_out, rtol=0, atol=1e-12)  # float64: rounding order only
+    np.testing.assert_allclose(lse, g_lse, rtol=1e-12, atol=0)
+    assert (out[:, 9] == 0).all() and np.isneginf(lse[:, 9]).all()  # padding: in no sequence
+    split = dict(opts, q_segment_ids=np.array([0, 0, 1, 1, 0, 1, 1, 1, 1, -1]))
+    with pytest.raises(Unsupported, match="segment 0 of batch element 0 is not contiguous"):
+        be.sdpa(q, k, v, **split)
+
+
+def test_flash_varlen_and_kvcache_refuse_other_alignments():
+    from attnspec.backends.conventions import CONVENTIONS, call_needs
+
+    shapes = ((1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 4))
+    for name in ("flash_varlen", "flash_kvcache"):
+        conv = CONVENTIONS[name]
+        assert conv.refusals(call_needs(*shapes, {"causal": "lower_right"})) == []
+        assert conv.refusals(call_needs(*shapes, {"causal": "lower_right_lengths", "kv_lengths": np.array([4])})) == []
+        refused = conv.refusals(call_needs(*shapes, {"causal": "lower_right", "kv_lengths": np.array([4])}))
+        assert refused == [f"the {name} convention anchors causal, window and ALiBi at i + sk - sq of each "
+                           "sequence's actual lengths (causal='lower_right_lengths'): the spec's "
+                           "causal_lower_right differs here"]
+        assert f"the {name} convention has no mask argument" in conv.refusals(
+            call_needs(*shapes, {"mask": np.ones((3, 5), bool)}))

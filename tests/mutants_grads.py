@@ -136,7 +136,14 @@ class NaiveGradAll(NaiveGrad, NaiveMHA, NaiveLSH):
     vjp_bug = None
 
     def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
-                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None):
+                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+                dropout_mask=None, dropout_p=None):
+        variants = variant_features(dict(softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, causal=causal,
+                                         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                                         dropout_mask=dropout_mask, dropout_p=dropout_p))
+        if variants:  # as sdpa_vjp above: the variants' backward is not here
+            raise Unsupported(f"{self.name}.mha_vjp: no backward for {', '.join(variants)}")
         options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
         plan = _mha.validate(f"{self.name}.mha_vjp", _info, lambda x: x, query, key, value, params, num_heads,
                              num_kv_heads, mask, bias, options)

@@ -141,7 +141,7 @@ def run(backend: Backend, fn: str, ops: HeadOps, info: InfoFn, lengths_to_numpy:
     v = ops.split_heads(ops.linear(c(value), c(prm.w_v), c(prm.b_v)), hkv)  # (..., Hkv, m, hd)
     options["sinks"] = c(options.get("sinks"))
     result = backend.sdpa(q, k, v, mask=mask, bias=c(bias), return_weights=return_weights,
-                          return_lse=return_lse, **options)  # (..., H, n, hd)[, (..., H, n, m)][, (..., H, n)]
+                          return_lse=return_lse, **options)  # (..., H, n, hd)[, (.., H, n, m)][, (.., H, n)]
     result = list(result) if return_weights or return_lse else [result]
     out = ops.linear(ops.merge_heads(result[0]), c(prm.w_o), c(prm.b_o))  # (..., n, E)
     results = [ops.astype(out, plan.dtype)]

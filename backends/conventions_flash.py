@@ -170,7 +170,8 @@ class FlashVarlen(Convention):
         kw = _options(p, lib, q, options, np.array([s[0] for s in seqs], np.int64))
         if p.return_lse:
             kw["return_attn_probs"] = True
-        args = [lib.asarray(np.ascontiguousarray(pack(x, w)), p.dtype, device) for x, w in ((qf, 1), (kf, 2), (vf, 2))]
+        args = [lib.asarray(np.ascontiguousarray(pack(x, which)), p.dtype, device)
+                for x, which in ((qf, 1), (kf, 2), (vf, 2))]  # (total, H, d) each
         args += [lib.asarray(c, device=device) for c in (cu_q, cu_k)]
         args += [int(np.diff(cu_q).max(initial=0)), int(np.diff(cu_k).max(initial=0))]
         result = fn(*args, **kw)

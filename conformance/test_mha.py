@@ -150,7 +150,8 @@ def test_head_split_merge(attn_backend, attn_device, judge, dtype, data):
         g = golden_for_mha(case)  # only its allowed errors: the expected values come from sdpa
         result = call_mha(attn_backend, case, attn_device)
         return _judge(attn_backend, attn_device, "head_split_merge", case, result, expected, g.allowed_out,
-                      heads_res[1], g.allowed_w, note="identity projections: expected merge_heads(sdpa(split_heads(...)))",
+                      heads_res[1], g.allowed_w,
+                      note="identity projections: expected merge_heads(sdpa(split_heads(...)))",
                       lse_gold=heads_res[2] if len(heads_res) > 2 else None, allowed_lse=g.allowed_lse)
 
     judge("mha", "head_split_merge", case, body, feature_case=case.feature_case)

@@ -70,10 +70,10 @@ def mha_vjp(
         ``(d_query, d_key, d_value, d_params)``, then ``d_bias`` when ``bias`` is given, then
         ``d_sinks`` (H,) when ``sinks`` is: the inputs' gradients come first in argument order,
         then the parameters', then the bias's and the sinks', as `sdpa_vjp` orders dbias and
-        dsinks. ALiBi slopes, segment ids and the dropout mask are constants. d_query, d_key, d_value have their
-        input's shape and dtype (summed over broadcast batch dims); d_params is an `MHAParams`
-        whose fields have their parameter's shape and dtype, None where the parameter is None;
-        d_bias has bias's shape and dtype. ``d_params.b_k`` is exactly zero (see the module
+        dsinks. ALiBi slopes, segment ids and the dropout mask are constants. d_query, d_key,
+        d_value have their input's shape and dtype (summed over broadcast batch dims); d_params
+        is an `MHAParams` whose fields have their parameter's shape and dtype, None where the
+        parameter is None; d_bias and d_sinks have their argument's shape and dtype. ``d_params.b_k`` is exactly zero (see the module
         docstring). A query row with no visible key gets d_query = 0 and adds nothing to the key
         and value gradients; a key no row sees gets d_key = d_value = 0; all as in `sdpa_vjp`.
         Computed in float64, each result rounded once to its dtype.
@@ -109,7 +109,7 @@ def mha_vjp(
         merged = merge_heads(o)  # (..., n, E)
         d_merged = dO @ w["w_o"]  # (..., n, E) @ (E, E) -> (..., n, E)
         do = split_heads(d_merged, num_heads)  # (..., H, n, hd), o's shape
-        grads = sdpa_vjp(q, k, v, np.ascontiguousarray(do), mask=mask, **kw)  # (dq, dk, dv[, dbias][, dsinks])
+        grads = sdpa_vjp(q, k, v, np.ascontiguousarray(do), mask=mask, **kw)  # dq, dk, dv[, dbias][, dsinks]
         # sdpa_vjp sums each gradient to its input's shape, so dq has query's leading dims, dk
         # key's and dv value's: each pairs with its own input below, no further broadcast
         dq, dk, dv = (merge_heads(g) for g in grads[:3])  # (..., n, E), (..., m, P), (..., m, P)

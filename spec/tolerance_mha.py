@@ -158,7 +158,8 @@ def _floors(plan, f64, params: MHAParams, mask, bias, num_heads: int, opts: dict
     v_max = float(np.abs(v).max(initial=0.0))
 
     vis = visibility_view(plan, mask, bias64, extras)
-    full = np.ones(plan.full_weights_shape, bool) if vis is None else np.broadcast_to(vis, plan.full_weights_shape)
+    shape = plan.full_weights_shape
+    full = np.ones(shape, bool) if vis is None else np.broadcast_to(vis, shape)
     logit = logit_scale(plan, q, k, bias64, full, extras)  # with ALiBi's terms and the sinks
     # logit error: sum_d (dq_d k_d + q_d dk_d), with |dq_d| <= u (1 + sqrt(E)) A_q[d] and so on
     d_logit = u * ((1 + math.sqrt(e)) * _logit_scale(plan, a_q, k, None, full)

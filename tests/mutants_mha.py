@@ -4,8 +4,9 @@
 reshape, key/value heads repeated explicitly, attention by `mutants.Naive`'s own sdpa). With no bug
 switched on it is the control and must pass. Each mutant switches on one bug that real
 implementations have shipped; ``drops_softcap`` passes every variant of issue #15 to its per-head
-sdpa but softcap (a dropped softcap shipped in sglang's FlashInfer path, sglang#33915). There is no "drop b_k" mutant: b_k never changes the output
-(it shifts a whole row of logits), so no test can see it.
+sdpa but softcap (a dropped softcap shipped in sglang's FlashInfer path, sglang#33915). There is
+no "drop b_k" mutant: b_k never changes the output (it shifts a whole row of logits), so no test
+can see it.
 """
 
 from __future__ import annotations

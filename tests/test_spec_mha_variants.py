@@ -94,8 +94,8 @@ def test_row_with_no_visible_key_and_a_sink_gives_b_o_and_lse_of_the_sink():
     query, key, value = _inputs()
     p = _layer()
     sinks = np.array([0.3, -1.0, 2.0, 0.0])
-    out, lse = mha(query, key, value, p, num_heads=H, num_kv_heads=HKV, sinks=sinks, q_lengths=np.array([3, 5]),
-                   return_lse=True)
+    out, lse = mha(query, key, value, p, num_heads=H, num_kv_heads=HKV, sinks=sinks,
+                   q_lengths=np.array([3, 5]), return_lse=True)
     np.testing.assert_array_equal(out[0, 3:], np.broadcast_to(p.b_o, (2, E)))
     np.testing.assert_array_equal(lse[0, :, 3:], np.broadcast_to(sinks[:, None], (H, 2)))
 

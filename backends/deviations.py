@@ -438,7 +438,7 @@ mask = jnp.arange(5) < 4  # key 4 is masked from every query
 out = attention(q, k, v, bias=bias[None, None], mask=mask[None, None, None])
 assert jnp.allclose(out[0, 1], v[0, 4], atol=1e-6)  # the spec: the mean of keys 0-3's values
 """,
-        fixed_by="jax: _fused excludes masked keys with where on the weights, not with a fill",
+        fixed_by="jax: a call whose logits may reach half of the fill takes the exact path",
         case=_floor_row,
         shows=_row1_is_masked_value,
     ),

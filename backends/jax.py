@@ -37,237 +37,41 @@ or closed-over arrays): they shape the plan.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-import os
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnspec.backends import _lsh_xp, _xp_core
-from attnspec.backends import _vjp
-from attnspec.backends import _mha
-from attnspec.backends._base import VARIANT_FEATURES, Backend, MHAArrays, variant_features
+from attnspec.backends import _lsh_xp, _mha, _xp_core
+from attnspec.backends._base import VARIANT_FEATURES, variant_features
 from attnspec.backends._common import (
     alibi_distance,
     compute_dtype_name,
     fold_per_sequence,
     is_empty,
-    variant_keywords,
-    lengths_column,
-    refuse,
     static_plan,
-    to_reference,
-    validate,
-    visibility,
+    variant_keywords,
     with_mask_and_bias,
 )
-from attnspec.spec._validate import ArrayInfo, SDPAPlan
+from attnspec.backends._jax_arrays import (  # noqa: F401  (re-exported: jax_native and arrays use them)
+    JaxArrays,
+    _lengths_to_numpy,
+    device_name,
+    from_btnh,
+    full_visibility,
+    lengths_arrays,
+    native_call,
+    use_compilation_cache,
+    with_head,
+)
+from attnspec._errors import SpecError
+from attnspec.spec._validate import SDPAPlan
 
 __all__ = ["JaxBackend"]
-
-
-def use_compilation_cache() -> str | None:
-    """Turn on JAX's persistent compilation cache, unless the process already chose one.
-
-    XLA compiles every new shape, and compiling is most of what the conformance suite spends on
-    JAX; with the cache a second run reuses the first's executables (measured: the dev profile's
-    JAX run takes about a third of the time warm). The directory is ``ATTNSPEC_JAX_CACHE``, or
-    ``$XDG_CACHE_HOME/attnspec/jax`` (default ``~/.cache/attnspec/jax``); ``ATTNSPEC_JAX_CACHE=off``
-    leaves JAX as it is. Returns the directory in use, or None.
-    """
-    chosen = os.environ.get("ATTNSPEC_JAX_CACHE", "")
-    if chosen == "off":
-        return jax.config.jax_compilation_cache_dir
-    if jax.config.jax_compilation_cache_dir:  # the user's own setting wins
-        return jax.config.jax_compilation_cache_dir
-    if not chosen:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        chosen = os.path.join(base, "attnspec", "jax")
-    jax.config.update("jax_compilation_cache_dir", chosen)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # the suite's are all small
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    return chosen
-
-
-class JaxArrays(Backend):
-    """Array hooks shared by the ``jax`` and ``jax-native`` backends."""
-
-    def __init__(self, x64: bool = True) -> None:
-        if x64:  # without it JAX has no float64 at all
-            jax.config.update("jax_enable_x64", True)
-        use_compilation_cache()
-        self._last = None  # the latest result, for synchronize()
-
-    def devices(self) -> list[str]:
-        return ["cpu"] + [f"{d.platform}:{d.id}" for d in jax.devices() if d.platform != "cpu"]
-
-    def _device(self, name: str | None):
-        if name is None or name == "cpu":
-            return jax.devices("cpu")[0]
-        for d in jax.devices():
-            if f"{d.platform}:{d.id}" == name:
-                return d
-        raise ValueError(f"{self.name}: no device {name!r}; devices are {self.devices()}")
-
-    def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> jax.Array:
-        return jax.device_put(np.array(to_reference(x, dtype)), self._device(device))
-
-    def to_numpy(self, x: jax.Array) -> np.ndarray:
-        return np.asarray(x)
-
-    def device_of(self, x: jax.Array) -> str:
-        return device_name(x) or "traced"  # a tracer (inside the caller's jit) has no device yet
-
-    def synchronize(self) -> None:
-        # JAX dispatches asynchronously and has no global barrier for computations: wait on the
-        # latest result instead.
-        if self._last is not None:
-            jax.block_until_ready(self._last)
-
-    def numerics_policy(self) -> dict[str, object]:
-        jax.config.update("jax_default_matmul_precision", "highest")
-        return {
-            "jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
-            "jax_enable_x64": jax.config.jax_enable_x64,
-        }
-
-    def _info(self, fn: str, name: str, x: object) -> ArrayInfo:
-        if not isinstance(x, jax.Array):
-            raise refuse(fn, name, x, "jax.Array")
-        return ArrayInfo(tuple(x.shape), self.dtype_name(x))
-
-    def _plan(self, fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
-              **variants) -> SDPAPlan:
-        return validate(fn, self._info, _lengths_to_numpy, q, k, v, mask, bias, causal, window,
-                        scale, q_lengths, kv_lengths, **variants)
-
-    # -- gradients: autodiff through this backend's own forward (attnspec.backends._vjp) --------
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.implements = _vjp.with_forwards(cls.implements)  # no vjp without its forward
-
-    def supports(self, feature: str, **case) -> list[str]:
-        return _vjp.refusals(self, feature, super().supports(feature, **case))
-
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
-                 scale=None, q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None,
-                 sinks=None, q_segment_ids=None, kv_segment_ids=None, dropout_mask=None,
-                 dropout_p=None):
-        return _vjp.sdpa_vjp(self, "jax", q, k, v, d_out, mask=mask, bias=bias, causal=causal,
-                             window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                             **variant_keywords(locals()))
-
-    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
-                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
-                dropout_mask=None, dropout_p=None):
-        return _vjp.mha_vjp(self, "jax", query, key, value, params, d_out, num_heads=num_heads,
-                            num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal,
-                            window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                            **variant_keywords(locals()))
-
-    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
-                          dedup=False, scale=None):
-        return _vjp.lsh_attention_vjp(self, "jax", x, v, d_out, rotations=rotations,
-                                      chunk_length=chunk_length, causal=causal,
-                                      kv_lengths=kv_lengths, dedup=dedup, scale=scale)
-
-
-def _lengths_to_numpy(x):
-    return np.asarray(x) if isinstance(x, jax.Array) else x
-
-
-def device_name(x) -> str | None:
-    """The name `JaxArrays.asarray` takes for the device of ``x`` (None for a traced array)."""
-    try:
-        (d,) = x.devices()
-    except Exception:  # a tracer has no concrete device
-        return None
-    return "cpu" if d.platform == "cpu" else f"{d.platform}:{d.id}"
-
-
-def _register_mha_arrays() -> None:
-    """Make `MHAArrays` a pytree (its eight fields are children; None is an empty subtree), so
-    ``jax.grad`` differentiates with respect to a whole parameter set."""
-    try:
-        jax.tree_util.register_dataclass(
-            MHAArrays, data_fields=[f.name for f in dataclasses.fields(MHAArrays)], meta_fields=[])
-    except ValueError:  # already registered (this module was imported twice)
-        pass
-
-
-_register_mha_arrays()
-
-
-def lengths_arrays(p: SDPAPlan):
-    """q_lengths, kv_lengths as JAX arrays (*batch, 1, 1, 1), or None; traced, never static."""
-    return tuple(None if a is None else jnp.asarray(a) for a in lengths_column(p))
-
-
-def with_head(x):
-    return x[None] if x.ndim == 2 else x  # (L, d) -> (1, L, d): one head
-
-
-def full_visibility(p: SDPAPlan, mask, bias, q_len, kv_len):
-    """Every rule of the call as one bool array broadcasting to (*batch, Hq, n, m), or None."""
-    vis = visibility(p.n, p.m, p.causal, p.window, q_len, kv_len, jnp.arange)
-    return with_mask_and_bias(vis, mask, bias, -math.inf)
-
-
-# -- the boundary: spec layout (*batch, H, L, d) <-> JAX layout (B, L, H, d) -------------------
-
-def batch_size(p: SDPAPlan) -> int:
-    return math.prod(p.batch)
-
-
-def to_btnh(p: SDPAPlan, x, heads: int, length: int):
-    x = jnp.broadcast_to(with_head(x), (*p.batch, heads, length, x.shape[-1]))  # (*batch, H, L, d)
-    x = jnp.reshape(x, (batch_size(p), heads, length, x.shape[-1]))  # (B, H, L, d)
-    return jnp.transpose(x, (0, 2, 1, 3))  # (B, L, H, d)
-
-
-def from_btnh(p: SDPAPlan, out):
-    out = jnp.transpose(out, (0, 2, 1, 3))  # (B, Hq, n, dv)
-    return jnp.reshape(out, (*p.batch, p.hq, p.n, p.dv))  # (*batch, Hq, n, dv)
-
-
-def to_bnts(p: SDPAPlan, x):
-    """A mask or bias broadcasting to (*batch, Hq, n, m) -> (B, Hq or 1, n, m), as JAX wants."""
-    heads = x.shape[-3] if x.ndim >= 3 else 1
-    x = jnp.broadcast_to(x, (*p.batch, heads, p.n, p.m))  # (*batch, Hq or 1, n, m)
-    return jnp.reshape(x, (batch_size(p), heads, p.n, p.m))  # (B, Hq or 1, n, m)
-
-
-def seq_lengths(p: SDPAPlan, lengths):
-    return None if lengths is None else jnp.reshape(lengths, (batch_size(p),)).astype(jnp.int32)  # (B,)
-
-
-def native_call(p: SDPAPlan, q, k, v, mask, bias, q_len, kv_len, return_residual: bool = False):
-    """`jax.nn.dot_product_attention` with each spec option as its closest native option.
-
-    Returns (B, n, Hq, dv_or_dk), and with ``return_residual`` also JAX's logsumexp (B, n, Hq).
-    ``mask`` and ``bias`` are in the spec's layout; lower-right causal (and a window anchored on
-    it) has no native option, so it joins ``mask``.
-    """
-    upper = p.causal != "lower_right"
-    explicit = None if upper else visibility(p.n, p.m, p.causal, p.window, None, None, jnp.arange)
-    explicit = with_mask_and_bias(explicit, mask, None, None)
-    return jax.nn.dot_product_attention(
-        to_btnh(p, q, p.hq, p.n),
-        to_btnh(p, k, p.hkv, p.m),
-        to_btnh(p, v, p.hkv, p.m),
-        bias=None if bias is None else to_bnts(p, bias),
-        mask=None if explicit is None else to_bnts(p, explicit),
-        scale=p.scale,
-        is_causal=p.causal == "upper_left",
-        query_seq_lengths=seq_lengths(p, q_len),
-        key_value_seq_lengths=seq_lengths(p, kv_len),
-        local_window_size=p.window if upper else None,
-        return_residual=return_residual,
-    )
 
 
 # -- the conformant adapter -----------------------------------------------------------------
@@ -357,6 +161,84 @@ def _fused_ok(p: SDPAPlan, q) -> bool:
     )
 
 
+def _logit_floor(xp, q, k, bias, scale: float):
+    """A lower bound of every logit the fused kernel forms: the lowest finite bias entry (0 without
+    one) less scale * max ||q_i|| * max ||k_j|| (Cauchy-Schwarz bounds |scale * q . k|)."""
+    q2 = xp.max(xp.sum(q * q, axis=-1)) if q.size else 0.0
+    k2 = xp.max(xp.sum(k * k, axis=-1)) if k.size else 0.0
+    floor = -scale * xp.sqrt(q2) * xp.sqrt(k2)
+    if bias is not None and bias.size:
+        floor = floor + xp.minimum(xp.min(xp.where(xp.isfinite(bias), bias, xp.inf)), 0.0)
+    return floor
+
+
+@jax.jit
+def _logit_floor_on_device(q, k, bias, scale):
+    f32 = jnp.float32  # overflow to inf only makes the answer "not clear": the exact path
+    return _logit_floor(jnp, q.astype(f32), k.astype(f32), None if bias is None else bias.astype(f32), scale)
+
+
+def _fill_limit(dtype) -> float:
+    """Half of the finite fill jax.nn.dot_product_attention gives masked logits, -0.7 * finfo.max."""
+    return -0.35 * float(jnp.finfo(dtype).max)
+
+
+def _clear_of_fill(p: SDPAPlan, q, k, bias) -> bool:
+    """Whether every logit stays above half of JAX's finite fill for masked keys, so that a masked
+    key's weight exp(fill - row max) is an exact 0 in the fused kernel (fixes jax.finite-mask-fill:
+    a visible row whose logits all sit near finfo.min, from a large negative finite bias or huge
+    q . k, would otherwise give its weight to the masked keys). Raises under a trace."""
+    if all(_on_host(x) for x in (q, k)) and (bias is None or _on_host(bias)):
+        as64 = [None if x is None else np.asarray(x).astype(np.float64) for x in (q, k, bias)]
+        floor = float(_logit_floor(np, *as64, p.scale))
+    else:
+        # no gradient flows through the choice: under an eager jax.vjp the floor is then a value
+        q, k, bias = (None if x is None else jax.lax.stop_gradient(x) for x in (q, k, bias))
+        floor = float(_logit_floor_on_device(q, k, bias, p.scale))
+    return floor > _fill_limit(q.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """How one call runs, chosen from the values of its inputs (`route`)."""
+
+    drop_hidden: bool  # zero the keys no row can see first (NaN/inf in k or v, and rules to hide them)
+    exact: bool  # the exact path, not the fused kernel
+    nonfinite_v: bool  # v holds NaN/inf a row can see: the exact path's non-finite treatment
+
+
+def route(p: SDPAPlan, q, k, v, mask, bias, q_len, kv_len, want_weights: bool) -> Route:
+    """The route for concrete inputs. Raises TracerArrayConversionError under a trace."""
+    sp = static_plan(p)
+    has_rules = (p.causal or p.window or mask is not None or bias is not None or q_len is not None
+                 or kv_len is not None)
+    finite_q, finite_k, finite_v = _finite(q, k, v)
+    drop = not (finite_k and finite_v) and bool(has_rules)
+    if drop:  # fixes jax.masked-nonfinite-v (and masked keys generally) where it can stay fused
+        k, v = _drop_hidden_keys(k, v, mask, bias, q_len, kv_len, p=sp)
+        finite_q, finite_k, finite_v = _finite(q, k, v)
+    exact = (
+        want_weights
+        # fixes jax.masked-nonfinite-v and jax.neg-inf-logits-attend-masked-keys
+        or not (finite_q and finite_k and finite_v)
+        or not _fused_ok(p, q)
+        or not _clear_of_fill(p, q, k, bias)  # fixes jax.finite-mask-fill
+    )
+    return Route(drop, exact, not finite_v)
+
+
+def run(r: Route, p: SDPAPlan, q, k, v, mask, bias, q_len, kv_len, want_weights: bool):
+    """sdpa on a chosen route; traceable (jax.vjp runs it on the route its concrete inputs chose)."""
+    sp = static_plan(p)
+    if r.drop_hidden:
+        k, v = _drop_hidden_keys(k, v, mask, bias, q_len, kv_len, p=sp)
+    if not r.exact:
+        return _fused(q, k, v, mask, bias, q_len, kv_len, p=sp)
+    result = _exact(q, k, v, mask, bias, q_len, kv_len, p=sp, nonfinite_v=r.nonfinite_v,
+                    want_weights=want_weights)
+    return result if want_weights else result[0]
+
+
 def _traced(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan, want_weights: bool, exact: bool):
     """sdpa inside the caller's trace, where finiteness cannot be read back to choose a path.
 
@@ -370,8 +252,9 @@ def _traced(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan, want_weights: bo
 
     if exact:
         return exact_path()
-    return jax.lax.cond(_finite_flags(q, k, v).all(),
-                        lambda: _fused(q, k, v, mask, bias, q_len, kv_len, p=p), exact_path)
+    fused_ok = _finite_flags(q, k, v).all() & (
+        _logit_floor_on_device(q, k, bias, p.scale) > _fill_limit(q.dtype))  # jax.finite-mask-fill
+    return jax.lax.cond(fused_ok, lambda: _fused(q, k, v, mask, bias, q_len, kv_len, p=p), exact_path)
 
 
 def _nonfinite(v) -> bool:
@@ -408,36 +291,40 @@ class JaxBackend(JaxArrays):
                                     q_segment_ids, kv_segment_ids, dropout_mask)
             self._last = result
             return result
-        sp = static_plan(p)
         q_len, kv_len = lengths_arrays(p)
-        has_rules = p.causal or p.window or mask is not None or bias is not None or q_len is not None \
-            or kv_len is not None
+        chosen = self.__dict__.pop("_route", None)  # sdpa_vjp's, from its concrete inputs
         try:
-            finite_q, finite_k, finite_v = _finite(q, k, v)
-        except jax.errors.TracerArrayConversionError:
-            # traced by the caller's jax.jit: the flags are not known yet, so decide on device
-            result = _traced(q, k, v, mask, bias, q_len, kv_len, p=sp, want_weights=return_weights,
-                             exact=return_weights or not _fused_ok(p, q))
+            chosen = chosen or route(p, q, k, v, mask, bias, q_len, kv_len, return_weights)
+        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+            # traced by the caller's jax.jit: the values are not known yet, so decide on device
+            result = _traced(q, k, v, mask, bias, q_len, kv_len, p=static_plan(p),
+                             want_weights=return_weights, exact=return_weights or not _fused_ok(p, q))
             self._last = result
             return result
-        if not (finite_k and finite_v) and has_rules:
-            # fixes jax.masked-nonfinite-v (and masked keys generally) where it can stay fused
-            k, v = _drop_hidden_keys(k, v, mask, bias, q_len, kv_len, p=sp)
-            finite_q, finite_k, finite_v = _finite(q, k, v)
-        exact = (
-            return_weights
-            # fixes jax.masked-nonfinite-v and jax.neg-inf-logits-attend-masked-keys
-            or not (finite_q and finite_k and finite_v)
-            or not _fused_ok(p, q)
-        )
-        if exact:
-            result = _exact(q, k, v, mask, bias, q_len, kv_len, p=sp, nonfinite_v=not finite_v,
-                            want_weights=return_weights)
-            result = result if return_weights else result[0]
-        else:
-            result = _fused(q, k, v, mask, bias, q_len, kv_len, p=sp)
+        result = run(chosen, p, q, k, v, mask, bias, q_len, kv_len, return_weights)
         self._last = result
         return result
+
+    @contextlib.contextmanager
+    def _routed(self, q, k, v, options: dict):
+        """sdpa_vjp's forward runs on the route its concrete inputs choose, chosen here before
+        jax.vjp traces it: under the trace the values cannot be read, and the on-device choice
+        (`_traced`) compiles both routes, forward and backward. The forward is the function a
+        concrete sdpa call runs, so the gradients are those of the forward the user calls."""
+        try:
+            o = dict(options)
+            mask, bias, causal = o.pop("mask"), o.pop("bias"), o["causal"]
+            p = self._plan("jax.sdpa_vjp", q, k, v, mask, bias, o.pop("causal"), o.pop("window"),
+                           o.pop("scale"), o.pop("q_lengths"), o.pop("kv_lengths"), **o)
+            if not is_empty(p) and not variant_features({**o, "causal": causal}):
+                q_len, kv_len = lengths_arrays(p)
+                self._route = route(p, q, k, v, mask, bias, q_len, kv_len, False)
+        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError, SpecError):
+            pass  # traced by the caller (decided on device), or bad input (the vjp names it)
+        try:
+            yield
+        finally:
+            self.__dict__.pop("_route", None)  # never left for another call
 
     def _variants(self, p, q, k, v, mask, bias, want_weights, alibi_slopes, sinks, q_segment_ids,
                   kv_segment_ids, keep):

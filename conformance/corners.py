@@ -2,7 +2,7 @@
 
 Hypothesis' derandomized draws are many, but with 12 examples (the ``dev`` profile) a property
 and dtype can miss a row with no visible key, or never hide a NaN key. So each property also runs
-three fixed cases as explicit examples (`with_corners`), before its drawn ones:
+three fixed cases (`with_corners`) besides its drawn ones:
 
 - ``corner_finite_floor``: every row sees a key, four rows see them only at large negative biases;
 - ``corner_empty_rows``: the same, plus a row hidden by the mask and rows hidden by ``q_lengths``;
@@ -24,13 +24,13 @@ reuses its compiled functions.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import ml_dtypes
 import numpy as np
-from hypothesis import example
 
-#: the fixed cases, one explicit example each
+#: the fixed cases
 CORNERS = ("corner_finite_floor", "corner_empty_rows", "corner_hidden_nonfinite")
 _N = _M = 8  # rows and keys: n, m of the corner cases
 _FLOOR_ROWS = (1, 2, 3, 4)  # rows whose visible keys sit at a floor level
@@ -94,7 +94,7 @@ def corner_case(kind: str, dtype: str):
 
 
 class Corner:
-    """Stands in for Hypothesis' ``data`` in an explicit example: a draw of a case strategy
+    """Stands in for Hypothesis' ``data`` in a corner's run: a draw of a case strategy
     (`sdpa_cases`, `variant_cases`) gives the corner case ``kind``, every other draw its simplest
     value (the first of a sampled_from, False, the lower bound, the identity permutation)."""
 
@@ -131,8 +131,26 @@ def simplest(strategy) -> Any:
 
 
 def with_corners(test):
-    """Run the ``@given(data=st.data())`` property ``test`` on every corner case first, in every
-    profile (explicit examples run before the drawn ones)."""
-    for kind in reversed(CORNERS):
-        test = example(data=Corner(kind))(test)
-    return test
+    """Run the ``@given(data=st.data())`` property ``test`` (apply above ``@given``) on every
+    corner case, then on its drawn examples, in every profile.
+
+    The corners run outside Hypothesis' own phases, through ``test.hypothesis.inner_test``: an
+    explicit example that fails would end the test before any drawn case ran, and a backend would
+    learn of one corner only. Every case is recorded; the first failure of the drawn examples is
+    raised (Hypothesis' shrunk one), else the first corner's.
+    """
+    inner = test.hypothesis.inner_test
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        failed = None
+        for kind in CORNERS:
+            try:
+                inner(*args, data=Corner(kind), **kwargs)
+            except AssertionError as exc:
+                failed = failed or exc
+        test(*args, **kwargs)
+        if failed is not None:
+            raise failed
+
+    return run

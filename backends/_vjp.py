@@ -95,8 +95,12 @@ def torch_grads(backend, forward: Callable, leaves: list, d_out) -> list:
 def jax_grads(backend, forward: Callable, leaves: list, d_out) -> list:
     import jax
 
-    out, pullback = jax.vjp(forward, *leaves)
-    grads = list(pullback(d_out))
+    whole = backend.__dict__.pop("_vjp_on_route", None)  # the jax backend's whole vjp, jitted
+    if whole is not None:
+        grads = list(whole(*leaves, d_out))
+    else:
+        out, pullback = jax.vjp(forward, *leaves)
+        grads = list(pullback(d_out))
     backend._last = grads[-1]
     return grads
 

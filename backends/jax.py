@@ -267,6 +267,17 @@ def _nonfinite(v) -> bool:
         return True
 
 
+@partial(jax.jit, static_argnames=("p", "r"))
+def _vjp_on_route(q, k, v, *rest, mask, q_len, kv_len, p: SDPAPlan, r: Route):
+    """(dq, dk, dv[, dbias]) of `run` on route ``r``: rest is (d_out,) or (bias, d_out)."""
+    *bias, d_out = rest
+
+    def forward(q, k, v, *bias):
+        return run(r, p, q, k, v, mask, bias[0] if bias else None, q_len, kv_len, False)
+
+    return jax.vjp(forward, q, k, v, *bias)[1](d_out)
+
+
 class JaxBackend(JaxArrays):
     """jax.nn.dot_product_attention with the spec's semantics; exact jnp path where it cannot."""
 
@@ -307,10 +318,12 @@ class JaxBackend(JaxArrays):
 
     @contextlib.contextmanager
     def _routed(self, q, k, v, options: dict):
-        """sdpa_vjp's forward runs on the route its concrete inputs choose, chosen here before
-        jax.vjp traces it: under the trace the values cannot be read, and the on-device choice
+        """sdpa_vjp runs on the route its concrete inputs choose, chosen here before jax.vjp
+        traces the forward: under a trace the values cannot be read, and the on-device choice
         (`_traced`) compiles both routes, forward and backward. The forward is the function a
-        concrete sdpa call runs, so the gradients are those of the forward the user calls."""
+        concrete sdpa call runs, so the gradients are those of the forward the user calls. The
+        whole vjp (forward and pullback) is then one jitted program, `_vjp_on_route`: one XLA
+        compile per new shape where jax.vjp of the jitted forward needs two and more."""
         try:
             o = dict(options)
             mask, bias, causal = o.pop("mask"), o.pop("bias"), o["causal"]
@@ -318,13 +331,17 @@ class JaxBackend(JaxArrays):
                            o.pop("scale"), o.pop("q_lengths"), o.pop("kv_lengths"), **o)
             if not is_empty(p) and not variant_features({**o, "causal": causal}):
                 q_len, kv_len = lengths_arrays(p)
-                self._route = route(p, q, k, v, mask, bias, q_len, kv_len, False)
+                chosen = route(p, q, k, v, mask, bias, q_len, kv_len, False)
+                self._route = chosen  # for the forward, should the engine trace it itself
+                self._vjp_on_route = partial(_vjp_on_route, mask=mask, q_len=q_len, kv_len=kv_len,
+                                             p=static_plan(p), r=chosen)
         except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError, SpecError):
             pass  # traced by the caller (decided on device), or bad input (the vjp names it)
         try:
             yield
         finally:
             self.__dict__.pop("_route", None)  # never left for another call
+            self.__dict__.pop("_vjp_on_route", None)
 
     def _variants(self, p, q, k, v, mask, bias, want_weights, alibi_slopes, sinks, q_segment_ids,
                   kv_segment_ids, keep):

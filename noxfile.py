@@ -15,18 +15,14 @@ ROOT = Path(__file__).parent
 CONSTRAINTS = os.environ.get("ATTNSPEC_CONSTRAINTS", str(ROOT / "constraints.txt"))
 PLUGIN = ROOT / "examples" / "attnspec-example-plugin"
 
-
 def _literal(path: str, name: str):
     """The literal value assigned to ``name`` in one of the package's files. nox runs before attnspec
     is installed, so the file is parsed, not imported."""
     import ast
 
     for node in ast.parse((ROOT / path).read_text()).body:
-        target = (
-            node.target
-            if isinstance(node, ast.AnnAssign)
-            else (node.targets[0] if isinstance(node, ast.Assign) else None)
-        )
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) else None)
         if getattr(target, "id", None) == name:
             return ast.literal_eval(node.value)
     raise RuntimeError(f"{path} defines no {name}")
@@ -36,21 +32,14 @@ def _literal(path: str, name: str):
 #: (`attnspec.backends.BUILTINS`), plus the example third-party plugin, installed from examples/ like
 #: any plugin. One environment per backend, so a framework's install can never mask another
 #: backend's missing dependency.
-BACKENDS = {
-    **{
-        name: list(extras)
-        for name, (_target, _needs, extras) in _literal("backends/__init__.py", "BUILTINS").items()
-    },
-    "example": [],
-}
+BACKENDS = {**{name: list(extras) for name, (_target, _needs, extras)
+               in _literal("backends/__init__.py", "BUILTINS").items()},
+            "example": []}
 
 
 def _atlas_backends() -> dict[str, str]:
     """atlas backend -> its extra, read from `attnspec.backends.atlas.natives.ATLAS` (the one list)."""
-    return {
-        name: extra
-        for name, (_target, _needs, extra) in _literal("backends/atlas/natives.py", "ATLAS").items()
-    }
+    return {name: extra for name, (_target, _needs, extra) in _literal("backends/atlas/natives.py", "ATLAS").items()}
 
 
 #: the atlas' outside implementations (nox -s atlas), plus the two built-in native primitives,
@@ -84,20 +73,12 @@ def _conformance_args(posargs: list[str]) -> argparse.Namespace:
     # allow_abbrev=False: an option this parser does not know goes on whole (argparse would take
     # pytest's --dev... for --device otherwise)
     ap = argparse.ArgumentParser(prog="nox -s conformance --", allow_abbrev=False)
-    ap.add_argument(
-        "--backend",
-        action="append",
-        default=None,
-        help="run only these backends (repeatable); a name not built in is run in an "
-        "environment with --install packages added",
-    )
+    ap.add_argument("--backend", action="append", default=None,
+                    help="run only these backends (repeatable); a name not built in is run in an "
+                         "environment with --install packages added")
     ap.add_argument("--install", action="append", default=[], help="extra pip requirement for the env")
-    ap.add_argument(
-        "--profile",
-        default=os.environ.get("ATTNSPEC_PROFILE", "default"),
-        choices=PROFILES,
-        help="dev (12 examples a property), default (25), ci (100), thorough (1000)",
-    )
+    ap.add_argument("--profile", default=os.environ.get("ATTNSPEC_PROFILE", "default"), choices=PROFILES,
+                    help="dev (12 examples a property), default (25), ci (100), thorough (1000)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--case-timeout", default="300")
     args, rest = ap.parse_known_args(posargs)
@@ -132,17 +113,8 @@ def conformance(session: nox.Session, backend: str) -> None:
         session.skip(f"{backend} cannot run here: {why}")
     failed = []
     for name in names:
-        cmd = [
-            "python",
-            "-m",
-            "attnspec.conformance.run",
-            "--backend",
-            name,
-            "--profile",
-            args.profile,
-            "--case-timeout",
-            args.case_timeout,
-        ]
+        cmd = ["python", "-m", "attnspec.conformance.run", "--backend", name, "--profile", args.profile,
+               "--case-timeout", args.case_timeout]
         if args.device:
             cmd += ["--device", args.device]
         cmd += args.pytest_args
@@ -152,9 +124,7 @@ def conformance(session: nox.Session, backend: str) -> None:
         except CommandFailed as e:
             if getattr(e, "return_code", None) in (130, 143):  # SIGINT / SIGTERM: stopped, not failed
                 session.notify("report", posargs=[])
-                session.error(
-                    f"{name} was interrupted; its finished cases are in reports/results (incomplete)"
-                )
+                session.error(f"{name} was interrupted; its finished cases are in reports/results (incomplete)")
             failed.append(name)
     session.notify("report", posargs=[])
     if failed:
@@ -170,29 +140,13 @@ def atlas(session: nox.Session, backend: str) -> None:
     args, runner_args = ap.parse_known_args(session.posargs)
     install(session, package(["test", "report", ATLAS[backend]]))
     env = {"ATTNSPEC_GIT_COMMIT": _git_commit(session)}
-    session.run(
-        "python",
-        "-m",
-        "attnspec.backends.atlas.questions",
-        backend,
-        "--out",
-        f"reports/results/atlas-{backend}.json",
-        env=env,
-    )
+    session.run("python", "-m", "attnspec.backends.atlas.questions", backend,
+                "--out", f"reports/results/atlas-{backend}.json", env=env)
     failed = False
     if backend not in BACKENDS:  # the built-in natives' suite runs in `nox -s conformance`
         try:
-            session.run(
-                "python",
-                "-m",
-                "attnspec.conformance.run",
-                "--backend",
-                backend,
-                "--profile",
-                args.profile,
-                *runner_args,
-                env=env,
-            )
+            session.run("python", "-m", "attnspec.conformance.run", "--backend", backend, "--profile", args.profile,
+                        *runner_args, env=env)
         except CommandFailed:
             failed = True
     session.notify("report", posargs=[])
@@ -225,72 +179,30 @@ def bench(session: nox.Session, backend: str) -> None:
         install(session, str(PLUGIN))
     if why := _unavailable(session, backend):
         session.skip(f"{backend} cannot run here: {why}")
-    session.run(
-        "python",
-        "-m",
-        "attnspec.bench.run",
-        "--backend",
-        backend,
-        *harness_args,
-        env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)},
-    )
+    session.run("python", "-m", "attnspec.bench.run", "--backend", backend, *harness_args,
+                env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     if not harness_args and backend in TARGET_BACKENDS:  # the quick grid holds no target shape
-        session.run(
-            "python",
-            "-m",
-            "attnspec.bench.run",
-            "--backend",
-            backend,
-            "--targets-only",
-            "--out",
-            f"reports/results/bench-{backend}-cpu-targets.json",
-            env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)},
-        )
+        session.run("python", "-m", "attnspec.bench.run", "--backend", backend, "--targets-only",
+                    "--out", f"reports/results/bench-{backend}-cpu-targets.json",
+                    env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     if not harness_args and backend in SCALING:
         impls, dtypes = SCALING[backend]
-        session.run(
-            "python",
-            "-m",
-            "attnspec.bench.run",
-            "--backend",
-            backend,
-            "--grid",
-            "lsh",
-            "--impls",
-            impls,
-            "--dtypes",
-            dtypes,
-            "--out",
-            f"reports/results/bench-{backend}-cpu-lsh.json",
-            env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)},
-        )
+        session.run("python", "-m", "attnspec.bench.run", "--backend", backend, "--grid", "lsh",
+                    "--impls", impls, "--dtypes", dtypes, "--out", f"reports/results/bench-{backend}-cpu-lsh.json",
+                    env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     if not harness_args:  # suite throughput: the dev profile's cases per second and first result
         install(session, package(["test", *BACKENDS[backend]]))
-        session.run(
-            "python",
-            "-m",
-            "attnspec.conformance.run",
-            "--backend",
-            backend,
-            "--profile",
-            "dev",
-            "--out",
-            f"{session.create_tmp()}/conformance-{backend}.json",
-            "--timings",
-            "reports/results/suite-timings",
-            *pytest_args,
-            env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)},
-            success_codes=[0, 1],
-        )
+        session.run("python", "-m", "attnspec.conformance.run", "--backend", backend, "--profile", "dev",
+                    "--out", f"{session.create_tmp()}/conformance-{backend}.json",
+                    "--timings", "reports/results/suite-timings", *pytest_args,
+                    env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)}, success_codes=[0, 1])
     if not harness_args and backend == "torch":  # #17: torch LSH vs the two Reformer libraries
         install(session, package(["reformer"]))
-        session.run(
-            "python", "-m", "attnspec.bench.reformer", env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)}
-        )
+        session.run("python", "-m", "attnspec.bench.reformer",
+                    env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     if backend == "numpy":  # the LSH approximation study is NumPy-only and takes seconds
-        session.run(
-            "python", "-m", "attnspec.reports.lsh_quality", env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)}
-        )
+        session.run("python", "-m", "attnspec.reports.lsh_quality",
+                    env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     session.notify("report", posargs=[])
 
 
@@ -299,13 +211,8 @@ def demo(session: nox.Session) -> None:
     """Train the copy-task example through torch's and JAX's mha (seconds), then render."""
     install(session, ".[torch,jax,report]")
     # posargs go to the example: --steps N, --framework torch, ...
-    session.run(
-        "python",
-        "-m",
-        "attnspec.reports.copy_task",
-        *session.posargs,
-        env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)},
-    )
+    session.run("python", "-m", "attnspec.reports.copy_task", *session.posargs,
+                env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     session.notify("report", posargs=[])
 
 
@@ -367,11 +274,8 @@ def lint(session: nox.Session) -> None:
     install(session, ".[test]")
     session.install("--no-deps", "--force-reinstall", ".")
     failed = []
-    checks = {
-        "ruff check": ["ruff", "check", "."],
-        "ruff format": ["ruff", "format", "--check", "."],
-        "mypy": ["mypy", "-p", "attnspec"],
-    }
+    checks = {"ruff check": ["ruff", "check", "."], "ruff format": ["ruff", "format", "--check", "."],
+              "mypy": ["mypy", "-p", "attnspec"]}
     for name, cmd in checks.items():
         try:
             session.run(*cmd)
@@ -384,9 +288,7 @@ def lint(session: nox.Session) -> None:
 def _git_commit(session: nox.Session) -> str:
     try:
         commit = session.run("git", "rev-parse", "--short", "HEAD", silent=True, external=True).strip()
-        dirty = session.run(
-            "git", "status", "--porcelain", "--untracked-files=no", silent=True, external=True
-        )
+        dirty = session.run("git", "status", "--porcelain", "--untracked-files=no", silent=True, external=True)
         return commit + ("-dirty" if dirty.strip() else "")
     except Exception:  # not a git checkout (an sdist): the report says unknown
         return "unknown"

@@ -29,22 +29,17 @@ import numpy as np
 
 from attnspec.spec._validate import FLOAT_DTYPES
 
-__all__ = [
-    "FLOAT_DTYPES",
-    "SPEC_FUNCTIONS",
-    "VARIANT_FEATURES",
-    "Backend",
-    "MHAArrays",
-    "Unsupported",
-    "variant_features",
-]
+__all__ = ["Backend", "FLOAT_DTYPES", "MHAArrays", "SPEC_FUNCTIONS", "Unsupported", "VARIANT_FEATURES",
+           "variant_features"]
 
 #: the spec functions a backend may implement (methods of the same name and signature)
-SPEC_FUNCTIONS = ("sdpa", "sdpa_vjp", "mha", "mha_vjp", "lsh_attention", "lsh_attention_vjp", "sdpa_blocked")
+SPEC_FUNCTIONS = ("sdpa", "sdpa_vjp", "mha", "mha_vjp", "lsh_attention", "lsh_attention_vjp",
+                  "sdpa_blocked")
 
 
 #: the attention variants (issue #15), as feature names: what `variant_features` reports
-VARIANT_FEATURES = ("softcap", "alibi", "sinks", "lse", "segments", "causal_lower_right_lengths", "dropout")
+VARIANT_FEATURES = ("softcap", "alibi", "sinks", "lse", "segments", "causal_lower_right_lengths",
+                    "dropout")
 #: the spec functions that take the variant keywords
 VARIANT_FUNCTIONS = ("sdpa", "sdpa_blocked", "sdpa_vjp", "mha", "mha_vjp")
 
@@ -167,14 +162,11 @@ class Backend:
 
     def asparams(self, params: Any, dtype: str | None = None, device: str | None = None) -> MHAArrays:
         """`MHAParams` (NumPy) -> `MHAArrays` of this backend's arrays, each through `asarray`."""
-        return MHAArrays(
-            **{
-                f.name: None
-                if getattr(params, f.name) is None
-                else self.asarray(getattr(params, f.name), dtype, device)
-                for f in fields(MHAArrays)
-            }
-        )
+        return MHAArrays(**{
+            f.name: None if getattr(params, f.name) is None
+            else self.asarray(getattr(params, f.name), dtype, device)
+            for f in fields(MHAArrays)
+        })
 
     # -- capability -------------------------------------------------------------------------
     def supports(self, feature: str, **case: Any) -> list[str]:
@@ -197,11 +189,8 @@ class Backend:
 
     def variant_refusals(self, feature: str, options: dict[str, Any]) -> list[str]:
         """Why ``feature`` cannot run the variants of ``options`` (empty when it can)."""
-        return [
-            f"{self.name}.{feature} does not implement the {v} variant"
-            for v in variant_features(options)
-            if v not in self.variants
-        ]
+        return [f"{self.name}.{feature} does not implement the {v} variant"
+                for v in variant_features(options) if v not in self.variants]
 
     def refuse_variants(self, feature: str, options: dict[str, Any]) -> None:
         """Raise `Unsupported` when ``options`` use a variant this backend does not implement:
@@ -211,155 +200,42 @@ class Backend:
             raise Unsupported("; ".join(reasons))
 
     # -- the spec's functions ---------------------------------------------------------------
-    def sdpa(
-        self,
-        q,
-        k,
-        v,
-        *,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-        return_weights=False,
-        return_lse=False,
-    ):
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+             return_weights=False, return_lse=False):
         raise Unsupported(f"{self.name} does not implement sdpa")
 
-    def sdpa_blocked(
-        self,
-        q,
-        k,
-        v,
-        *,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-        return_weights=False,
-        return_lse=False,
-        block_q=256,
-        block_k=512,
-    ):
+    def sdpa_blocked(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+                     q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+                     q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+                     return_weights=False, return_lse=False, block_q=256, block_k=512):
         raise Unsupported(f"{self.name} does not implement sdpa_blocked")
 
-    def sdpa_vjp(
-        self,
-        q,
-        k,
-        v,
-        d_out,
-        *,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-    ):
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
+                 scale=None, q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None,
+                 sinks=None, q_segment_ids=None, kv_segment_ids=None, dropout_mask=None,
+                 dropout_p=None):
         raise Unsupported(f"{self.name} does not implement sdpa_vjp")
 
-    def mha(
-        self,
-        query,
-        key,
-        value,
-        params,
-        *,
-        num_heads,
-        num_kv_heads=None,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-        return_weights=False,
-        return_lse=False,
-    ):
+    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
+            bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
         raise Unsupported(f"{self.name} does not implement mha")
 
-    def lsh_attention(
-        self,
-        x,
-        v,
-        *,
-        rotations,
-        chunk_length,
-        causal=False,
-        kv_lengths=None,
-        dedup=False,
-        scale=None,
-        return_buckets=False,
-    ):
+    def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                      dedup=False, scale=None, return_buckets=False):
         raise Unsupported(f"{self.name} does not implement lsh_attention")
 
-    def mha_vjp(
-        self,
-        query,
-        key,
-        value,
-        params,
-        d_out,
-        *,
-        num_heads,
-        num_kv_heads=None,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-    ):
+    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
+                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+                dropout_mask=None, dropout_p=None):
         raise Unsupported(f"{self.name} does not implement mha_vjp")
 
-    def lsh_attention_vjp(
-        self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None, dedup=False, scale=None
-    ):
+    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                          dedup=False, scale=None):
         raise Unsupported(f"{self.name} does not implement lsh_attention_vjp")
 
     def __repr__(self) -> str:

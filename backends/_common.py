@@ -7,8 +7,7 @@ n queries, m keys, dk / dv head dims.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -23,16 +22,7 @@ def validate(
     fn: str,
     info: InfoFn,
     lengths_to_numpy: Callable[[Any], Any],
-    q,
-    k,
-    v,
-    mask,
-    bias,
-    causal,
-    window,
-    scale,
-    q_lengths,
-    kv_lengths,
+    q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
     **variants: Any,
 ) -> SDPAPlan:
     """`validate_sdpa` on framework arrays: the spec's checks, so the spec's messages.
@@ -44,10 +34,8 @@ def validate(
     alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask, dropout_p, return_lse);
     their arrays are checked by shape and dtype like q's.
     """
-    arrays = {
-        name: None if variants.get(name) is None else info(fn, name, variants[name])
-        for name in VARIANT_ARRAYS
-    }
+    arrays = {name: None if variants.get(name) is None else info(fn, name, variants[name])
+              for name in VARIANT_ARRAYS}
     return validate_sdpa(
         fn,
         info(fn, "q", q),
@@ -93,16 +81,8 @@ def spec_visibility(p: SDPAPlan, q_ids: np.ndarray | None, kv_ids: np.ndarray | 
     """
     from attnspec.spec.masks import visibility as spec_vis
 
-    return spec_vis(
-        p.n,
-        p.m,
-        causal=p.causal,
-        window=p.window,
-        q_lengths=p.q_lengths,
-        kv_lengths=p.kv_lengths,
-        q_segment_ids=q_ids,
-        kv_segment_ids=kv_ids,
-    )
+    return spec_vis(p.n, p.m, causal=p.causal, window=p.window, q_lengths=p.q_lengths,
+                    kv_lengths=p.kv_lengths, q_segment_ids=q_ids, kv_segment_ids=kv_ids)
 
 
 def fold_per_sequence(p: SDPAPlan, q_ids: np.ndarray | None, kv_ids: np.ndarray | None):
@@ -120,15 +100,8 @@ def alibi_distance(p: SDPAPlan, q_ids: np.ndarray | None, kv_ids: np.ndarray | N
     times -alibi_slopes[..., :, None, None] it is the ALiBi term of the logits."""
     from attnspec.spec.masks import query_anchor
 
-    anchor = query_anchor(
-        p.n,
-        p.m,
-        p.causal,
-        q_lengths=p.q_lengths,
-        kv_lengths=p.kv_lengths,
-        q_segment_ids=q_ids,
-        kv_segment_ids=kv_ids,
-    )  # (n,) or (..., n)
+    anchor = query_anchor(p.n, p.m, p.causal, q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
+                          q_segment_ids=q_ids, kv_segment_ids=kv_ids)  # (n,) or (..., n)
     dist = np.abs(anchor[..., :, None] - np.arange(p.m)).astype(np.float64)  # (..., n, m)
     return dist[..., None, :, :]  # (..., 1, n, m)
 
@@ -144,22 +117,13 @@ def is_empty(p: SDPAPlan) -> bool:
 
 def lengths_column(p: SDPAPlan) -> tuple[np.ndarray | None, np.ndarray | None]:
     """q_lengths and kv_lengths reshaped to (*batch, 1, 1, 1), ready to compare with positions."""
-
     def col(x):
         return None if x is None else np.ascontiguousarray(x).reshape(*p.batch, 1, 1, 1)
-
     return col(p.q_lengths), col(p.kv_lengths)
 
 
-def visibility(
-    n: int,
-    m: int,
-    causal: str | None,
-    window: tuple[int, int] | None,
-    q_len,
-    kv_len,
-    arange: Callable[[int], Any],
-):
+def visibility(n: int, m: int, causal: str | None, window: tuple[int, int] | None,
+               q_len, kv_len, arange: Callable[[int], Any]):
     """Structural visibility (causal, window, lengths) as a bool array, or None if all visible.
 
     Built from `arange`, indexing with None and comparison operators only, so torch, JAX and any

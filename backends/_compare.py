@@ -22,7 +22,13 @@ import numpy as np
 from attnspec.spec._dtypes import FLOAT_DTYPES, numpy_dtype
 from attnspec.spec._validate import SDPAExtras, SDPAPlan, finish, numpy_info, validate_sdpa
 from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS, _validate, attention_core, sdpa
-from attnspec.spec.tolerance import Comparison, lse_allowed, reference_sdpa, sdpa_allowed, visibility_view
+from attnspec.spec.tolerance import (
+    Comparison,
+    lse_allowed,
+    reference_sdpa,
+    sdpa_allowed,
+    visibility_view,
+)
 from attnspec.spec.tolerance import compare as compare_arrays
 
 __all__ = ["Golden", "compare", "golden_and_reference", "relative_error", "sdpa_golden", "sdpa_plan"]
@@ -45,30 +51,11 @@ def sdpa_plan(q, k, v, options: dict[str, Any]) -> tuple[SDPAPlan, SDPAExtras]:
     """(plan, extras) of an sdpa call on NumPy arrays: the spec's validated plan and the
     variants' arrays."""
     o = options
-    extras = SDPAExtras(
-        o.get("alibi_slopes"),
-        o.get("sinks"),
-        o.get("q_segment_ids"),
-        o.get("kv_segment_ids"),
-        o.get("dropout_mask"),
-    )
-    plan = _validate(
-        "sdpa",
-        q,
-        k,
-        v,
-        o.get("mask"),
-        o.get("bias"),
-        o.get("causal"),
-        o.get("window"),
-        o.get("scale"),
-        o.get("q_lengths"),
-        o.get("kv_lengths"),
-        extras,
-        o.get("softcap"),
-        o.get("dropout_p"),
-        bool(o.get("return_lse")),
-    )
+    extras = SDPAExtras(o.get("alibi_slopes"), o.get("sinks"), o.get("q_segment_ids"),
+                        o.get("kv_segment_ids"), o.get("dropout_mask"))
+    plan = _validate("sdpa", q, k, v, o.get("mask"), o.get("bias"), o.get("causal"), o.get("window"),
+                     o.get("scale"), o.get("q_lengths"), o.get("kv_lengths"), extras, o.get("softcap"),
+                     o.get("dropout_p"), bool(o.get("return_lse")))
     return plan, extras
 
 
@@ -79,11 +66,8 @@ def sdpa_golden(q, k, v, **options) -> Golden:
     Large calls (batch * Hq * n * m >= `BLOCKED_MIN_LOGITS`) get weights only when they ask for
     them: golden and reference then run tiled or in row blocks, with no (n, m) array.
     """
-    f64 = {
-        name: x.astype(np.float64) if isinstance(x, np.ndarray) and x.dtype.name in FLOAT_DTYPES else x
-        for name, x in options.items()
-        if name != "return_weights"
-    }
+    f64 = {name: x.astype(np.float64) if isinstance(x, np.ndarray) and x.dtype.name in FLOAT_DTYPES else x
+           for name, x in options.items() if name != "return_weights"}
     plan, extras = sdpa_plan(q, k, v, options)
     want_w = bool(options.get("return_weights")) or math.prod(plan.full_weights_shape) < BLOCKED_MIN_LOGITS
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
@@ -123,10 +107,8 @@ def compare(actual, q, k, v, **options) -> list[str]:
     if plan.return_lse:
         expected.append(("lse", g.lse, g.allowed_lse, plan.lse_dtype))
     if len(parts) != len(expected):
-        return [
-            f"returned {len(parts)} arrays, but should return {len(expected)} "
-            f"({', '.join(e[0] for e in expected)})"
-        ]
+        return [f"returned {len(parts)} arrays, but should return {len(expected)} "
+                f"({', '.join(e[0] for e in expected)})"]
     problems = []
     for got, (what, gold, allowed, dtype) in zip(parts, expected):
         got = np.asarray(got)
@@ -145,11 +127,9 @@ def describe(what: str, got: np.ndarray, gold: np.ndarray, c: Comparison, dtype:
     """One line for a failed `Comparison`: the worst element, its error, the allowed error."""
     idx = c.worst_index
     at = "" if idx is None else f"{what}[{idx}]={got[idx].item()!r}, but should be {gold[idx].item()!r}: "
-    return (
-        f"{at}error {c.max_abs_err:.3g} > allowed {c.allowed:.3g} ({dtype}); "
-        f"{100 * c.out_of_tolerance:.1f}% of elements out of tolerance, "
-        f"{c.nonfinite_mismatch} NaN/inf mismatches"
-    )
+    return (f"{at}error {c.max_abs_err:.3g} > allowed {c.allowed:.3g} ({dtype}); "
+            f"{100 * c.out_of_tolerance:.1f}% of elements out of tolerance, "
+            f"{c.nonfinite_mismatch} NaN/inf mismatches")
 
 
 def golden_and_reference(q, k, v, **options):
@@ -157,10 +137,7 @@ def golden_and_reference(q, k, v, **options):
     reference are each (out, weights), rounded to the inputs' dtype (for the deviation probes)."""
     fn = "compare"
     plan = validate_sdpa(
-        fn,
-        numpy_info(fn, "q", q),
-        numpy_info(fn, "k", k),
-        numpy_info(fn, "v", v),
+        fn, numpy_info(fn, "q", q), numpy_info(fn, "k", k), numpy_info(fn, "v", v),
         mask=None if options.get("mask") is None else numpy_info(fn, "mask", options["mask"]),
         bias=None if options.get("bias") is None else numpy_info(fn, "bias", options["bias"]),
         **{key: options.get(key) for key in ("causal", "window", "scale", "q_lengths", "kv_lengths")},

@@ -102,25 +102,10 @@ class JaxArrays(Backend):
             raise refuse(fn, name, x, "jax.Array")
         return ArrayInfo(tuple(x.shape), self.dtype_name(x))
 
-    def _plan(
-        self, fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, **variants
-    ) -> SDPAPlan:
-        return validate(
-            fn,
-            self._info,
-            _lengths_to_numpy,
-            q,
-            k,
-            v,
-            mask,
-            bias,
-            causal,
-            window,
-            scale,
-            q_lengths,
-            kv_lengths,
-            **variants,
-        )
+    def _plan(self, fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+              **variants) -> SDPAPlan:
+        return validate(fn, self._info, _lengths_to_numpy, q, k, v, mask, bias, causal, window,
+                        scale, q_lengths, kv_lengths, **variants)
 
     # -- gradients: autodiff through this backend's own forward (attnspec.backends._vjp) --------
     def __init_subclass__(cls, **kwargs) -> None:
@@ -130,39 +115,13 @@ class JaxArrays(Backend):
     def supports(self, feature: str, **case) -> list[str]:
         return _vjp.refusals(self, feature, super().supports(feature, **case))
 
-    def sdpa_vjp(
-        self,
-        q,
-        k,
-        v,
-        d_out,
-        *,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-    ):
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
+                 scale=None, q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None,
+                 sinks=None, q_segment_ids=None, kv_segment_ids=None, dropout_mask=None,
+                 dropout_p=None):
         variants = variant_keywords(locals())
-        options = dict(
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            window=window,
-            scale=scale,
-            q_lengths=q_lengths,
-            kv_lengths=kv_lengths,
-            **variants,
-        )
+        options = dict(mask=mask, bias=bias, causal=causal, window=window, scale=scale,
+                       q_lengths=q_lengths, kv_lengths=kv_lengths, **variants)
         with self._routed(q, k, v, options):
             return _vjp.sdpa_vjp(self, "jax", q, k, v, d_out, **options)
 
@@ -171,67 +130,20 @@ class JaxArrays(Backend):
         (the conformant backend chooses its route there); none by default."""
         return contextlib.nullcontext()
 
-    def mha_vjp(
-        self,
-        query,
-        key,
-        value,
-        params,
-        d_out,
-        *,
-        num_heads,
-        num_kv_heads=None,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-    ):
-        return _vjp.mha_vjp(
-            self,
-            "jax",
-            query,
-            key,
-            value,
-            params,
-            d_out,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            window=window,
-            scale=scale,
-            q_lengths=q_lengths,
-            kv_lengths=kv_lengths,
-            **variant_keywords(locals()),
-        )
+    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
+                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+                dropout_mask=None, dropout_p=None):
+        return _vjp.mha_vjp(self, "jax", query, key, value, params, d_out, num_heads=num_heads,
+                            num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal,
+                            window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                            **variant_keywords(locals()))
 
-    def lsh_attention_vjp(
-        self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None, dedup=False, scale=None
-    ):
-        return _vjp.lsh_attention_vjp(
-            self,
-            "jax",
-            x,
-            v,
-            d_out,
-            rotations=rotations,
-            chunk_length=chunk_length,
-            causal=causal,
-            kv_lengths=kv_lengths,
-            dedup=dedup,
-            scale=scale,
-        )
+    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                          dedup=False, scale=None):
+        return _vjp.lsh_attention_vjp(self, "jax", x, v, d_out, rotations=rotations,
+                                      chunk_length=chunk_length, causal=causal,
+                                      kv_lengths=kv_lengths, dedup=dedup, scale=scale)
 
 
 def _lengths_to_numpy(x):
@@ -252,8 +164,7 @@ def _register_mha_arrays() -> None:
     ``jax.grad`` differentiates with respect to a whole parameter set."""
     try:
         jax.tree_util.register_dataclass(
-            MHAArrays, data_fields=[f.name for f in dataclasses.fields(MHAArrays)], meta_fields=[]
-        )
+            MHAArrays, data_fields=[f.name for f in dataclasses.fields(MHAArrays)], meta_fields=[])
     except ValueError:  # already registered (this module was imported twice)
         pass
 
@@ -277,7 +188,6 @@ def full_visibility(p: SDPAPlan, mask, bias, q_len, kv_len):
 
 
 # -- the boundary: spec layout (*batch, H, L, d) <-> JAX layout (B, L, H, d) -------------------
-
 
 def batch_size(p: SDPAPlan) -> int:
     return math.prod(p.batch)

@@ -22,8 +22,7 @@ operations: cast, linear, split heads, merge heads). Everything else is here, on
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Callable
 
 from attnspec._errors import SpecError
 from attnspec.backends._base import Backend, MHAArrays
@@ -85,20 +84,8 @@ def _swap_last_two_but_one(ndim: int) -> tuple[int, ...]:
     return tuple(axes)
 
 
-def validate(
-    fn: str,
-    info: InfoFn,
-    lengths_to_numpy: Callable[[Any], Any],
-    query,
-    key,
-    value,
-    params,
-    num_heads,
-    num_kv_heads,
-    mask,
-    bias,
-    options: dict[str, Any],
-) -> SDPAPlan:
+def validate(fn: str, info: InfoFn, lengths_to_numpy: Callable[[Any], Any], query, key, value, params,
+             num_heads, num_kv_heads, mask, bias, options: dict[str, Any]) -> SDPAPlan:
     """The spec's mha checks on a backend's arrays; returns the plan of the per-head sdpa call.
 
     ``params`` may be an `MHAParams` (checked when it was built) or an `MHAArrays`, whose fields
@@ -109,20 +96,16 @@ def validate(
         if isinstance(params, MHAParams):
             return ParamDims(params.embed_dim, params.kdim, params.vdim, params.kv_dim)
         if isinstance(params, MHAArrays):
-
             def field_info(name: str) -> ArrayInfo | None:
                 x = getattr(params, name)
                 return None if x is None and name.startswith("b_") else info(fn, f"params.{name}", x)
 
             return check_param_infos(fn, field_info, prefix="params.")
-        raise SpecError(
-            f"{fn}: params must be an MHAParams or an MHAArrays of this backend's arrays, "
-            f"got {type(params).__name__}"
-        )
+        raise SpecError(f"{fn}: params must be an MHAParams or an MHAArrays of this backend's arrays, "
+                        f"got {type(params).__name__}")
 
-    return validate_mha(
-        fn, info, query, key, value, dims, num_heads, num_kv_heads, mask, bias, options, lengths_to_numpy
-    )
+    return validate_mha(fn, info, query, key, value, dims, num_heads, num_kv_heads, mask, bias,
+                        options, lengths_to_numpy)
 
 
 def arrays_of(backend: Backend, params, dtype: str, device: str | None) -> MHAArrays:
@@ -132,26 +115,9 @@ def arrays_of(backend: Backend, params, dtype: str, device: str | None) -> MHAAr
     return backend.asparams(params, dtype, device)
 
 
-def run(
-    backend: Backend,
-    fn: str,
-    ops: HeadOps,
-    info: InfoFn,
-    lengths_to_numpy: Callable[[Any], Any],
-    device: Callable[[], str | None],
-    query,
-    key,
-    value,
-    params,
-    *,
-    num_heads,
-    num_kv_heads,
-    mask,
-    bias,
-    return_weights,
-    return_lse=False,
-    **options,
-):
+def run(backend: Backend, fn: str, ops: HeadOps, info: InfoFn, lengths_to_numpy: Callable[[Any], Any],
+        device: Callable[[], str | None], query, key, value, params, *, num_heads, num_kv_heads, mask,
+        bias, return_weights, return_lse=False, **options):
     """mha on one backend; the arguments are `attnspec.spec.mha`'s.
 
     ``options`` are sdpa's keywords besides mask and bias (causal, window, scale, the lengths and
@@ -160,20 +126,8 @@ def run(
     as mha's. ``device()`` names the query's device for `Backend.asparams` (called only for
     MHAParams).
     """
-    plan = validate(
-        fn,
-        info,
-        lengths_to_numpy,
-        query,
-        key,
-        value,
-        params,
-        num_heads,
-        num_kv_heads,
-        mask,
-        bias,
-        {**options, "return_lse": return_lse},
-    )
+    plan = validate(fn, info, lengths_to_numpy, query, key, value, params, num_heads, num_kv_heads,
+                    mask, bias, {**options, "return_lse": return_lse})
     backend.refuse_variants("mha", {**options, "return_lse": return_lse})
     hkv = plan.hkv
     prm = arrays_of(backend, params, plan.dtype, None if isinstance(params, MHAArrays) else device())
@@ -186,9 +140,8 @@ def run(
     k = ops.split_heads(ops.linear(c(key), c(prm.w_k), c(prm.b_k)), hkv)  # (..., Hkv, m, hd)
     v = ops.split_heads(ops.linear(c(value), c(prm.w_v), c(prm.b_v)), hkv)  # (..., Hkv, m, hd)
     options["sinks"] = c(options.get("sinks"))
-    result = backend.sdpa(
-        q, k, v, mask=mask, bias=c(bias), return_weights=return_weights, return_lse=return_lse, **options
-    )  # (..., H, n, hd)[, (.., H, n, m)][, (.., H, n)]
+    result = backend.sdpa(q, k, v, mask=mask, bias=c(bias), return_weights=return_weights,
+                          return_lse=return_lse, **options)  # (..., H, n, hd)[, (.., H, n, m)][, (.., H, n)]
     result = list(result) if return_weights or return_lse else [result]
     out = ops.linear(ops.merge_heads(result[0]), c(prm.w_o), c(prm.b_o))  # (..., n, E)
     results = [ops.astype(out, plan.dtype)]

@@ -18,9 +18,8 @@ forward's message.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import fields
-from typing import Any
+from typing import Any, Callable
 
 from attnspec._errors import SpecError
 from attnspec.backends import _lsh_xp, _mha
@@ -69,7 +68,6 @@ def _check_d_out(fn: str, backend, d_out, shape: tuple[int, ...], dtype: str, fi
 def _lengths_to_numpy(backend) -> Callable[[Any], Any]:
     """q_lengths / kv_lengths as NumPy for the spec's checks: a backend array through to_numpy,
     anything else (an int, a NumPy array, a wrong type the check will name) as it is."""
-
     def convert(x):
         try:
             backend._info("", "", x)
@@ -81,7 +79,6 @@ def _lengths_to_numpy(backend) -> Callable[[Any], Any]:
 
 
 # -- the two autodiff engines: (forward, leaves, d_out) -> gradients of every leaf ---------------
-
 
 def torch_grads(backend, forward: Callable, leaves: list, d_out) -> list:
     import torch
@@ -123,24 +120,8 @@ def _zeros_like(engine: str, x):
 
 # -- the three vjps ----------------------------------------------------------------------------
 
-
-def sdpa_vjp(
-    backend,
-    engine: str,
-    q,
-    k,
-    v,
-    d_out,
-    *,
-    mask=None,
-    bias=None,
-    causal=None,
-    window=None,
-    scale=None,
-    q_lengths=None,
-    kv_lengths=None,
-    **variants,
-) -> tuple:
+def sdpa_vjp(backend, engine: str, q, k, v, d_out, *, mask=None, bias=None, causal=None,
+             window=None, scale=None, q_lengths=None, kv_lengths=None, **variants) -> tuple:
     """(dq, dk, dv), then dbias with a bias, then dsinks with sinks (the spec's order).
 
     ``variants`` are the keywords of issue #15 the forward takes (softcap, alibi_slopes, sinks,
@@ -149,53 +130,29 @@ def sdpa_vjp(
     """
     fn = f"{backend.name}.sdpa_vjp"
     _need(backend, "sdpa_vjp")
-    p = backend._plan(
-        fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, **variants
-    )  # the spec's checks
+    p = backend._plan(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+                      **variants)  # the spec's checks
     backend.refuse_variants("sdpa_vjp", {**variants, "causal": causal})
     _check_d_out(fn, backend, d_out, p.out_shape, p.dtype, "q")
     sinks = variants.pop("sinks", None)
     leaves = [q, k, v] + ([] if bias is None else [bias]) + ([] if sinks is None else [sinks])
     if p.n == 0 or p.m == 0 or p.hq == 0:  # nothing is visible: every gradient is 0, no forward to trace
         return tuple(_zeros_like(engine, x) for x in leaves)  # not x * 0: NaN * 0 is NaN
-    options = dict(
-        mask=mask,
-        causal=causal,
-        window=window,
-        scale=scale,
-        q_lengths=q_lengths,
-        kv_lengths=kv_lengths,
-        **variants,
-    )
+    options = dict(mask=mask, causal=causal, window=window, scale=scale, q_lengths=q_lengths,
+                   kv_lengths=kv_lengths, **variants)
 
     def forward(q, k, v, *rest):
         rest = list(rest)
         b = rest.pop(0) if bias is not None else None
-        return backend.sdpa(q, k, v, bias=b, sinks=rest.pop(0) if sinks is not None else None, **options)
+        return backend.sdpa(q, k, v, bias=b, sinks=rest.pop(0) if sinks is not None else None,
+                            **options)
 
     return tuple(ENGINES[engine](backend, forward, leaves, d_out))
 
 
-def mha_vjp(
-    backend,
-    engine: str,
-    query,
-    key,
-    value,
-    params,
-    d_out,
-    *,
-    num_heads,
-    num_kv_heads=None,
-    mask=None,
-    bias=None,
-    causal=None,
-    window=None,
-    scale=None,
-    q_lengths=None,
-    kv_lengths=None,
-    **variants,
-) -> tuple:
+def mha_vjp(backend, engine: str, query, key, value, params, d_out, *, num_heads, num_kv_heads=None,
+            mask=None, bias=None, causal=None, window=None, scale=None, q_lengths=None,
+            kv_lengths=None, **variants) -> tuple:
     """(d_query, d_key, d_value, d_params), then d_bias with a bias, then d_sinks with sinks.
 
     ``variants`` as for `sdpa_vjp`: sinks are a leaf of their own, the rest constants.
@@ -203,26 +160,12 @@ def mha_vjp(
     fn = f"{backend.name}.mha_vjp"
     _need(backend, "mha_vjp")
     if not isinstance(params, MHAArrays):
-        raise SpecError(
-            f"{fn}: params must be an MHAArrays (from {backend.name}.asparams), got {type(params).__name__}"
-        )
-    sdpa_options = dict(
-        causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths, **variants
-    )
-    p = _mha.validate(
-        fn,
-        backend._info,
-        _lengths_to_numpy(backend),
-        query,
-        key,
-        value,
-        params,
-        num_heads,
-        num_kv_heads,
-        mask,
-        bias,
-        sdpa_options,
-    )
+        raise SpecError(f"{fn}: params must be an MHAArrays (from {backend.name}.asparams), "
+                        f"got {type(params).__name__}")
+    sdpa_options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths,
+                        kv_lengths=kv_lengths, **variants)
+    p = _mha.validate(fn, backend._info, _lengths_to_numpy(backend), query, key, value, params, num_heads,
+                      num_kv_heads, mask, bias, sdpa_options)
     backend.refuse_variants("mha_vjp", sdpa_options)
     _check_d_out(fn, backend, d_out, (*p.batch, p.n, params.embed_dim), p.dtype, "query")
     sinks = sdpa_options.pop("sinks", None)
@@ -231,62 +174,28 @@ def mha_vjp(
 
     def forward(query, key, value, *rest):
         rest = list(rest)
-        p = MHAArrays(**dict(zip(names, rest[: len(names)])))
-        del rest[: len(names)]
+        p = MHAArrays(**dict(zip(names, rest[:len(names)])))
+        del rest[:len(names)]
         b = rest.pop(0) if bias is not None else None
-        return backend.mha(
-            query, key, value, p, bias=b, sinks=rest.pop(0) if sinks is not None else None, **options
-        )
+        return backend.mha(query, key, value, p, bias=b, sinks=rest.pop(0) if sinks is not None else None,
+                           **options)
 
-    leaves = (
-        [query, key, value]
-        + [getattr(params, n) for n in names]
-        + ([] if bias is None else [bias])
-        + ([] if sinks is None else [sinks])
-    )
+    leaves = ([query, key, value] + [getattr(params, n) for n in names] + ([] if bias is None else [bias])
+              + ([] if sinks is None else [sinks]))
     grads = ENGINES[engine](backend, forward, leaves, d_out)
-    d_params = MHAArrays(**dict(zip(names, grads[3 : 3 + len(names)])))
-    return (*grads[:3], d_params, *grads[3 + len(names) :])
+    d_params = MHAArrays(**dict(zip(names, grads[3:3 + len(names)])))
+    return (*grads[:3], d_params, *grads[3 + len(names):])
 
 
-def lsh_attention_vjp(
-    backend,
-    engine: str,
-    x,
-    v,
-    d_out,
-    *,
-    rotations,
-    chunk_length,
-    causal=False,
-    kv_lengths=None,
-    dedup=False,
-    scale=None,
-) -> tuple:
+def lsh_attention_vjp(backend, engine: str, x, v, d_out, *, rotations, chunk_length, causal=False,
+                      kv_lengths=None, dedup=False, scale=None) -> tuple:
     fn = f"{backend.name}.lsh_attention_vjp"
     _need(backend, "lsh_attention_vjp")
-    p = _lsh_xp.plan(
-        fn,
-        backend._info,
-        _lengths_to_numpy(backend),
-        x,
-        v,
-        rotations,
-        chunk_length,
-        causal,
-        kv_lengths,
-        dedup,
-        scale,
-    )
+    p = _lsh_xp.plan(fn, backend._info, _lengths_to_numpy(backend), x, v, rotations, chunk_length, causal,
+                     kv_lengths, dedup, scale)
     _check_d_out(fn, backend, d_out, (*p.batch, p.L, p.dv), p.dtype, "x")
-    options: dict[str, Any] = dict(
-        rotations=rotations,
-        chunk_length=chunk_length,
-        causal=causal,
-        kv_lengths=kv_lengths,
-        dedup=dedup,
-        scale=scale,
-    )
+    options: dict[str, Any] = dict(rotations=rotations, chunk_length=chunk_length, causal=causal,
+                                   kv_lengths=kv_lengths, dedup=dedup, scale=scale)
 
     def forward(x, v):  # buckets and sort come from argmax/argsort: constants of the vjp
         return backend.lsh_attention(x, v, **options)

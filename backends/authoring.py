@@ -56,29 +56,10 @@ __all__ = [
 ]
 
 
-def plan_sdpa(
-    fn: str,
-    q,
-    k,
-    v,
-    *,
-    mask=None,
-    bias=None,
-    causal=None,
-    window=None,
-    scale=None,
-    q_lengths=None,
-    kv_lengths=None,
-    softcap=None,
-    alibi_slopes=None,
-    sinks=None,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    dropout_mask=None,
-    dropout_p=None,
-    return_lse=False,
-    library: ArrayLibrary | str | None = None,
-) -> SDPAPlan:
+def plan_sdpa(fn: str, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+              q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+              q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+              return_lse=False, library: ArrayLibrary | str | None = None) -> SDPAPlan:
     """Validate one sdpa call on a framework's arrays by the spec's rules; return its plan.
 
     ``fn`` names the caller in messages (``"mine.sdpa"``). q, k, v, mask, bias and the variants'
@@ -93,39 +74,23 @@ def plan_sdpa(
 
     def info(name: str, x: object) -> ArrayInfo:
         if not lib.is_array(x):
-            raise SpecError(
-                f"{fn}: {name} must be a {lib.name} array, got {type(x).__module__}.{type(x).__name__}"
-            )
+            raise SpecError(f"{fn}: {name} must be a {lib.name} array, got {type(x).__module__}."
+                            f"{type(x).__name__}")
         return ArrayInfo(tuple(int(s) for s in x.shape), lib.dtype_name(x))
 
     def lengths(x: object) -> object:
         return lib.to_numpy(x) if lib.is_array(x) else x
 
     return validate_sdpa(
-        fn,
-        info("q", q),
-        info("k", k),
-        info("v", v),
+        fn, info("q", q), info("k", k), info("v", v),
         mask=None if mask is None else info("mask", mask),
         bias=None if bias is None else info("bias", bias),
-        causal=causal,
-        window=window,
-        scale=scale,
-        q_lengths=lengths(q_lengths),
-        kv_lengths=lengths(kv_lengths),
-        softcap=softcap,
-        dropout_p=dropout_p,
-        return_lse=return_lse,
-        **{
-            name: None if x is None else info(name, x)
-            for name, x in (
-                ("alibi_slopes", alibi_slopes),
-                ("sinks", sinks),
-                ("q_segment_ids", q_segment_ids),
-                ("kv_segment_ids", kv_segment_ids),
-                ("dropout_mask", dropout_mask),
-            )
-        },
+        causal=causal, window=window, scale=scale,
+        q_lengths=lengths(q_lengths), kv_lengths=lengths(kv_lengths),
+        softcap=softcap, dropout_p=dropout_p, return_lse=return_lse,
+        **{name: None if x is None else info(name, x) for name, x in (
+            ("alibi_slopes", alibi_slopes), ("sinks", sinks), ("q_segment_ids", q_segment_ids),
+            ("kv_segment_ids", kv_segment_ids), ("dropout_mask", dropout_mask))},
     )
 
 
@@ -133,26 +98,15 @@ def _library(fn: str, name: str, x: object) -> ArrayLibrary:
     try:
         return library_of(x)
     except SpecError:
-        raise SpecError(
-            f"{fn}: {name} must be an array, got {type(x).__module__}.{type(x).__name__}"
-        ) from None
+        raise SpecError(f"{fn}: {name} must be an array, got {type(x).__module__}.{type(x).__name__}") from None
 
 
 def _numpy(x):
     return None if x is None else (x if isinstance(x, np.ndarray) else library_of(x).to_numpy(x))
 
 
-def attend_mask(
-    plan: SDPAPlan,
-    mask=None,
-    bias=None,
-    *,
-    structure: bool = True,
-    lengths: bool = True,
-    full: bool = False,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-):
+def attend_mask(plan: SDPAPlan, mask=None, bias=None, *, structure: bool = True, lengths: bool = True,
+                full: bool = False, q_segment_ids=None, kv_segment_ids=None):
     """The one boolean "may attend" mask of a call (NumPy, True = attend), or None if all visible.
 
     Folds in, with AND: causal and window on the plan's alignment (``structure``), q/kv lengths
@@ -164,19 +118,13 @@ def attend_mask(
     ``mask`` and ``bias`` may be any library's arrays; they are read, never modified.
     """
     if structure and not lengths and plan.causal == "lower_right_lengths":
-        raise SpecError(
-            "attend_mask: causal='lower_right_lengths' is anchored on the lengths; it needs lengths=True"
-        )
-    vis = visibility(
-        plan.n,
-        plan.m,
-        causal=plan.causal if structure else None,
-        window=plan.window if structure else None,
-        q_lengths=plan.q_lengths if lengths else None,
-        kv_lengths=plan.kv_lengths if lengths else None,
-        q_segment_ids=_numpy(q_segment_ids),
-        kv_segment_ids=_numpy(kv_segment_ids),
-    )
+        raise SpecError("attend_mask: causal='lower_right_lengths' is anchored on the lengths; "
+                        "it needs lengths=True")
+    vis = visibility(plan.n, plan.m, causal=plan.causal if structure else None,
+                     window=plan.window if structure else None,
+                     q_lengths=plan.q_lengths if lengths else None,
+                     kv_lengths=plan.kv_lengths if lengths else None,
+                     q_segment_ids=_numpy(q_segment_ids), kv_segment_ids=_numpy(kv_segment_ids))
     vis = with_mask_and_bias(vis, _numpy(mask), _numpy(bias), -np.inf)
     if full and vis is None:
         vis = np.ones((), bool)
@@ -185,17 +133,8 @@ def attend_mask(
     return vis
 
 
-def additive_mask(
-    plan: SDPAPlan,
-    mask=None,
-    bias=None,
-    *,
-    structure: bool = True,
-    lengths: bool = True,
-    dtype: str | None = None,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-):
+def additive_mask(plan: SDPAPlan, mask=None, bias=None, *, structure: bool = True, lengths: bool = True,
+                  dtype: str | None = None, q_segment_ids=None, kv_segment_ids=None):
     """The call as one additive float mask (NumPy): ``bias`` (or 0) where visible, -inf elsewhere.
 
     None when nothing is masked and there is no bias. ``dtype`` defaults to the plan's (q's)
@@ -203,15 +142,8 @@ def additive_mask(
     """
     from attnspec.backends._common import numpy_dtype
 
-    vis = attend_mask(
-        plan,
-        mask,
-        None,
-        structure=structure,
-        lengths=lengths,
-        q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids,
-    )
+    vis = attend_mask(plan, mask, None, structure=structure, lengths=lengths,
+                      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
     b = _numpy(bias)
     if vis is None and b is None:
         return None
@@ -275,3 +207,4 @@ def unflatten_batch(plan: SDPAPlan, out, *, layout: str = "bhld"):
     elif layout != "bhld":
         raise SpecError(f"unflatten_batch: layout={layout!r} must be 'bhld' or 'blhd'")
     return lib.reshape(out, plan.out_shape)
+

@@ -47,14 +47,12 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from attnspec._errors import SpecError
-from attnspec.backends._base import VARIANT_FEATURES, variant_features
 from attnspec.backends.arrays import ArrayLibrary
 from attnspec.backends.authoring import (
     additive_mask,
@@ -65,6 +63,7 @@ from attnspec.backends.authoring import (
     to_blhd,
     unflatten_batch,
 )
+from attnspec.backends._base import VARIANT_FEATURES, variant_features
 from attnspec.spec._validate import SDPAPlan
 
 __all__ = ["CONVENTIONS", "Call", "Convention", "call_needs", "get_convention", "register_convention"]
@@ -72,21 +71,9 @@ __all__ = ["CONVENTIONS", "Call", "Convention", "call_needs", "get_convention", 
 #: what a call can ask of an implementation, beyond its dtype: the names the probe and the
 #: conventions' refusals use
 NEEDS = (
-    "gqa",
-    "dk_ne_dv",
-    "rank2",
-    "batch_broadcast",
-    "empty",
-    "scale",
-    "mask",
-    "bias",
-    "causal_upper_left",
-    "causal_lower_right",
-    "window",
-    "window_lower_right",
-    "q_lengths",
-    "kv_lengths",
-    "return_weights",
+    "gqa", "dk_ne_dv", "rank2", "batch_broadcast", "empty", "scale", "mask", "bias",
+    "causal_upper_left", "causal_lower_right", "window", "window_lower_right",
+    "q_lengths", "kv_lengths", "return_weights",
     *VARIANT_FEATURES,
 )
 
@@ -102,7 +89,6 @@ class Call:
 
 def call_needs(q_shape, k_shape, v_shape, options: dict[str, Any]) -> Call:
     """The needs of a call with these shapes and spec keywords (``mask``, ``causal``...)."""
-
     def heads(s):
         return s[-3] if len(s) >= 3 else 1
 
@@ -152,11 +138,9 @@ class Convention:
     def refusals(self, call: Call) -> list[str]:
         """Why this convention cannot express ``call`` (empty when it can)."""
         why = [f"the {self.name} convention {why}" for need, why in self.cannot.items() if need in call.needs]
-        return why + [
-            f"the {self.name} convention has no argument for the {v} variant"
-            for v in VARIANT_FEATURES
-            if v in call.needs and v not in self.variants and v not in self.cannot
-        ]
+        return why + [f"the {self.name} convention has no argument for the {v} variant"
+                      for v in VARIANT_FEATURES if v in call.needs and v not in self.variants
+                      and v not in self.cannot]
 
     def call(self, fn: Callable, lib: ArrayLibrary, p: SDPAPlan, q, k, v, options: dict[str, Any]):
         """Call ``fn`` for the validated call ``p``; return (out in ``p.out_shape``, weights or None)."""
@@ -187,10 +171,8 @@ def _first(result):
 
 class TorchSDPA(Convention):
     name = "torch_sdpa"
-    signature = (
-        "fn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, "
-        "enable_gqa=False) on (..., H, L, D) arrays"
-    )
+    signature = ("fn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, "
+                 "enable_gqa=False) on (..., H, L, D) arrays")
     arrays = "torch"
     cannot = {"return_weights": "returns no attention weights"}
     causal_flag = "upper_left"
@@ -205,9 +187,8 @@ class TorchSDPA(Convention):
         if p.causal == "upper_left" and not any(rules):
             kw["is_causal"] = True  # is_causal is upper-left
         elif options.get("bias") is not None:
-            kw["attn_mask"] = lib.asarray(
-                additive_mask(p, options.get("mask"), options["bias"]), device=_device(lib, q)
-            )
+            kw["attn_mask"] = lib.asarray(additive_mask(p, options.get("mask"), options["bias"]),
+                                          device=_device(lib, q))
         else:
             vis = attend_mask(p, options.get("mask"))
             if vis is not None:
@@ -217,10 +198,8 @@ class TorchSDPA(Convention):
 
 class Flash(Convention):
     name = "flash"
-    signature = (
-        "fn(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1)) on (B, L, H, D) "
-        "arrays, causal and window lower-right aligned"
-    )
+    signature = ("fn(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1)) on (B, L, H, D) "
+                 "arrays, causal and window lower-right aligned")
     arrays = "torch"
     cannot = {
         "mask": "has no mask argument",
@@ -240,16 +219,13 @@ class Flash(Convention):
         why = super().refusals(call)
         lower_right = {"causal_lower_right", "causal_lower_right_lengths"} & call.needs
         if call.n != call.m and "alibi" in call.needs and not lower_right:
-            why.append(
-                "the flash convention anchors ALiBi lower-right (i + m - n): the spec's "
-                "upper-left anchor (no causal, or upper_left) differs when n != m"
-            )
+            why.append("the flash convention anchors ALiBi lower-right (i + m - n): the spec's "
+                       "upper-left anchor (no causal, or upper_left) differs when n != m")
         if call.n != call.m and "causal_upper_left" in call.needs:
             why.append("the flash convention's causal is lower-right: upper-left differs when n != m")
         if call.n != call.m and "window" in call.needs:
-            why.append(
-                "the flash convention anchors windows lower-right: an upper-left window differs when n != m"
-            )
+            why.append("the flash convention anchors windows lower-right: an upper-left window differs "
+                       "when n != m")
         return why
 
     def call(self, fn, lib, p, q, k, v, options):
@@ -267,9 +243,8 @@ class Flash(Convention):
         if slopes is not None:  # (Hq,) or (..., Hq) -> (B, Hq), float32 as FlashAttention wants
             B = math.prod(p.batch)
             slopes = lib.reshape(lib.broadcast_to(slopes, (*p.batch, p.hq)), (B, p.hq))
-            kw["alibi_slopes"] = lib.asarray(
-                np.ascontiguousarray(lib.to_numpy(slopes), np.float32), device=_device(lib, q)
-            )
+            kw["alibi_slopes"] = lib.asarray(np.ascontiguousarray(lib.to_numpy(slopes), np.float32),
+                                             device=_device(lib, q))
         if p.return_lse:
             kw["return_attn_probs"] = True
         result = fn(qf, kf, vf, **kw)
@@ -282,11 +257,9 @@ class Flash(Convention):
 
 class Jax(Convention):
     name = "jax"
-    signature = (
-        "fn(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False, "
-        "query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None) on "
-        "(B, T, N, H) arrays, is_causal and local_window_size upper-left"
-    )
+    signature = ("fn(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False, "
+                 "query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None) on "
+                 "(B, T, N, H) arrays, is_causal and local_window_size upper-left")
     arrays = "jax"
     cannot = {"return_weights": "returns no attention weights"}
     causal_flag = "upper_left"
@@ -309,17 +282,13 @@ class Jax(Convention):
             kw["local_window_size"] = p.window
         vis = attend_mask(p, options.get("mask"), structure=fold, lengths=not self.lengths_arguments)
         if vis is not None:
-            kw["mask"] = lib.asarray(
-                np.ascontiguousarray(flatten_mask(p, vis)), device=dev
-            )  # (B, Hq or 1, n, m)
+            kw["mask"] = lib.asarray(np.ascontiguousarray(flatten_mask(p, vis)), device=dev)  # (B, Hq or 1, n, m)
         if options.get("bias") is not None:
             kw["bias"] = flatten_mask(p, options["bias"])  # (B, Hq or 1, n, m)
         for spec_name, name in (("q_lengths", "query_seq_lengths"), ("kv_lengths", "key_value_seq_lengths")):
             lengths = getattr(p, spec_name)
             if lengths is not None and self.lengths_arguments:
-                kw[name] = lib.asarray(
-                    np.reshape(lengths, (math.prod(p.batch),)).astype(np.int32), device=dev
-                )  # (B,)
+                kw[name] = lib.asarray(np.reshape(lengths, (math.prod(p.batch),)).astype(np.int32), device=dev)  # (B,)
         if options.get("scale") is not None:
             kw["scale"] = p.scale
         out = _first(fn(qf, kf, vf, **kw))  # (B, n, Hq, dv)
@@ -328,12 +297,13 @@ class Jax(Convention):
 
 class Tutorial(Convention):
     name = "tutorial"
-    signature = (
-        "fn(Q, K, V, mask=None) -> (output, weights) on (..., H, L, D) arrays, mask 1/True = "
-        "keep, scale fixed at 1/sqrt(dk)"
-    )
+    signature = ("fn(Q, K, V, mask=None) -> (output, weights) on (..., H, L, D) arrays, mask 1/True = "
+                 "keep, scale fixed at 1/sqrt(dk)")
     arrays = "torch"
-    cannot = {"bias": "has no bias argument", "scale": "fixes the scale at 1/sqrt(dk)"}
+    cannot = {
+        "bias": "has no bias argument",
+        "scale": "fixes the scale at 1/sqrt(dk)",
+    }
 
     def call(self, fn, lib, p, q, k, v, options):
         if p.group > 1:  # query head h reads kv head h // G

@@ -25,9 +25,8 @@ all -inf bias) gets dq = 0 and adds nothing, and a masked key gets dk = dv = 0, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -93,10 +92,10 @@ def run_vjp(backend: Backend, case: Case):
 
 # -- cases ----------------------------------------------------------------------------------
 
-
 def _qkv(n=3, m=5, dk=4, dv=4, heads=1, dtype=np.float32, seed=0):
     r = np.random.default_rng(seed)
-    return tuple(r.standard_normal(s).astype(dtype) for s in ((heads, n, dk), (heads, m, dk), (heads, m, dv)))
+    return tuple(r.standard_normal(s).astype(dtype)
+                 for s in ((heads, n, dk), (heads, m, dk), (heads, m, dv)))
 
 
 def _hidden_nan_key() -> Case:
@@ -184,7 +183,6 @@ def _bfloat16_lse() -> Case:
 
 # -- what "shows" means for each --------------------------------------------------------------
 
-
 def _any_nan(result, case) -> bool:
     return isinstance(result, np.ndarray) and bool(np.isnan(result).any())
 
@@ -209,9 +207,8 @@ def _row1_is_masked_value(result, case) -> bool:
 
 def _lse_row1_finite(result, case) -> bool:
     # JAX fills masked logits with -0.7 * float32 max = -2.38e38, and the lse of a row of them is that
-    return isinstance(result, tuple) and bool(
-        np.isfinite(result[-1][..., 1]).all() and (result[-1][..., 1] < -1e38).all()
-    )
+    return isinstance(result, tuple) and bool(np.isfinite(result[-1][..., 1]).all()
+                                              and (result[-1][..., 1] < -1e38).all())
 
 
 def _lse_in_input_dtype(result, case) -> bool:
@@ -248,7 +245,6 @@ q, k, v = (jax.random.normal(jax.random.key(i), (1, s, 1, 4)) for i, s in enumer
 
 
 # -- gradient cases (function="sdpa_vjp": the result is (dq, dk, dv[, dbias]) for d_out = 1) -----
-
 
 def _empty_row_and_hidden_key() -> Case:
     q, k, v = _qkv()
@@ -339,15 +335,14 @@ def _weights_head_mean(result, case) -> bool:
 DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
         deviation_id="torch.masked-nonfinite-k",
-        tags=frozenset(["masked_nonfinite"]),
+        tags=frozenset(['masked_nonfinite']),
         backend="torch-native",
         feature="sdpa: NaN/inf in a masked key",
         spec_says="a masked key is absent: its k never reaches any row",
         native_does="a NaN in a key masked from every row makes every output NaN; a masked +inf "
-        "makes NaN the rows where q . k is +inf or NaN (the boolean mask is applied "
-        "by adding -inf, and +inf + -inf = NaN)",
-        reproducer=_TORCH
-        + """\
+                    "makes NaN the rows where q . k is +inf or NaN (the boolean mask is applied "
+                    "by adding -inf, and +inf + -inf = NaN)",
+        reproducer=_TORCH + """\
 k[:, 4] = float("nan")  # key 4 is masked from every query
 out = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.arange(5) < 4)
 assert out.isnan().all()  # the spec: finite, key 4 is absent
@@ -358,14 +353,13 @@ assert out.isnan().all()  # the spec: finite, key 4 is absent
     ),
     Deviation(
         deviation_id="torch.masked-nonfinite-v",
-        tags=frozenset(["masked_nonfinite"]),
+        tags=frozenset(['masked_nonfinite']),
         backend="torch-native",
         feature="sdpa: NaN/inf in a masked value",
         spec_says="a masked key is absent: its v never reaches any row",
         native_does="NaN or inf in the value of a masked key makes every row NaN in those "
-        "columns (weight 0 times NaN or inf is NaN)",
-        reproducer=_TORCH
-        + """\
+                    "columns (weight 0 times NaN or inf is NaN)",
+        reproducer=_TORCH + """\
 v[:, 4] = float("inf")  # key 4 is masked from every query
 out = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.arange(5) < 4)
 assert out.isnan().all()  # the spec: finite, key 4 is absent
@@ -380,12 +374,11 @@ assert out.isnan().all()  # the spec: finite, key 4 is absent
         feature="sdpa: NaN or inf in a query",
         spec_says="NaN propagates: a row whose logits are NaN gives NaN",
         native_does="without attn_mask, the CPU flash kernel (chosen for rank-4 inputs with "
-        "dk == dv) returns 0 for a query row whose logits are all NaN (a NaN or inf "
-        "in q), as if the row saw no key; with a mask, or in the math kernel, NaN. Which rows "
-        "zero depends on how the keys split into the CPU's vector lanes: on AVX2 "
-        "float32 with few keys zeroes, float64 gives NaN; AVX-512 zeroed float64 too",
-        reproducer=_TORCH
-        + """\
+                    "dk == dv) returns 0 for a query row whose logits are all NaN (a NaN or inf "
+                    "in q), as if the row saw no key; with a mask, or in the math kernel, NaN. Which rows "
+                    "zero depends on how the keys split into the CPU's vector lanes: on AVX2 "
+                    "float32 with few keys zeroes, float64 gives NaN; AVX-512 zeroed float64 too",
+        reproducer=_TORCH + """\
 q, k, v = q[None], k[None], v[None]  # rank 4: the flash kernel
 q[0, 0, 1, 0] = float("nan")
 out = F.scaled_dot_product_attention(q, k, v)
@@ -397,15 +390,14 @@ assert (out[0, 0, 1] == 0).all()  # the spec: NaN
     ),
     Deviation(
         deviation_id="jax.empty-row-mean-v",
-        tags=frozenset(["no_visible_row"]),
+        tags=frozenset(['no_visible_row']),
         backend="jax-native",
         feature="sdpa: a query row with no visible key (mask, lengths)",
         spec_says="output 0",
         native_does="output mean(V) over all keys: masked logits are set to a large finite "
-        "negative, so an all-masked row gets a uniform softmax (also for "
-        "key_value_seq_lengths=0)",
-        reproducer=_JAX
-        + """\
+                    "negative, so an all-masked row gets a uniform softmax (also for "
+                    "key_value_seq_lengths=0)",
+        reproducer=_JAX + """\
 mask = jnp.ones((3, 5), bool).at[1].set(False)  # query 1 sees no key
 out = attention(q, k, v, mask=mask[None, None])
 assert jnp.allclose(out[0, 1], v[0].mean(axis=0), atol=1e-6)  # the spec: 0
@@ -416,13 +408,12 @@ assert jnp.allclose(out[0, 1], v[0].mean(axis=0), atol=1e-6)  # the spec: 0
     ),
     Deviation(
         deviation_id="jax.neg-inf-bias-row-nan",
-        tags=frozenset(["bias_neg_inf", "no_visible_row"]),
+        tags=frozenset(['bias_neg_inf', 'no_visible_row']),
         backend="jax-native",
         feature="sdpa: a row whose bias is -inf for every key",
         spec_says="-inf bias means the key is absent; a row with no key gives 0",
         native_does="NaN (the bias is only added to the logits, and softmax of all -inf is NaN)",
-        reproducer=_JAX
-        + """\
+        reproducer=_JAX + """\
 bias = jnp.zeros((3, 5)).at[1].set(-jnp.inf)
 out = attention(q, k, v, bias=bias[None, None])
 assert jnp.isnan(out[0, 1]).all()  # the spec: 0
@@ -438,10 +429,9 @@ assert jnp.isnan(out[0, 1]).all()  # the spec: 0
         feature="sdpa: a row whose visible logits are large negative finite (bias -1e9 .. finfo.min)",
         spec_says="a masked key is absent: it takes no weight, whatever the visible logits are",
         native_does="masked logits are set to -0.7 * finfo(dtype).max, a finite value, so where the "
-        "visible logits are below it (a bias of finfo.min) the masked keys take all the "
-        "weight, and near it a share of it",
-        reproducer=_JAX
-        + """\
+                    "visible logits are below it (a bias of finfo.min) the masked keys take all the "
+                    "weight, and near it a share of it",
+        reproducer=_JAX + """\
 q = q.at[0, 1].set(0.0)  # query 1's logits are its bias alone
 bias = jnp.zeros((3, 5)).at[1].set(jnp.finfo(jnp.float32).min)
 mask = jnp.arange(5) < 4  # key 4 is masked from every query
@@ -454,14 +444,13 @@ assert jnp.allclose(out[0, 1], v[0, 4], atol=1e-6)  # the spec: the mean of keys
     ),
     Deviation(
         deviation_id="jax.masked-nonfinite-v",
-        tags=frozenset(["masked_nonfinite"]),
+        tags=frozenset(['masked_nonfinite']),
         backend="jax-native",
         feature="sdpa: NaN/inf in a masked value",
         spec_says="a masked key is absent: its v never reaches any row",
         native_does="NaN or inf in the value of a masked key makes every row NaN in those "
-        "columns (weight 0 times NaN or inf is NaN); padded queries too",
-        reproducer=_JAX
-        + """\
+                    "columns (weight 0 times NaN or inf is NaN); padded queries too",
+        reproducer=_JAX + """\
 v = v.at[0, 4].set(jnp.nan)  # key 4 is masked from every query
 out = attention(q, k, v, mask=(jnp.arange(5) < 4)[None, None, None])
 assert jnp.isnan(out).all()  # the spec: finite, key 4 is absent
@@ -472,14 +461,13 @@ assert jnp.isnan(out).all()  # the spec: finite, key 4 is absent
     ),
     Deviation(
         deviation_id="jax.masked-nonfinite-k-bias",
-        tags=frozenset(["bias_neg_inf", "masked_nonfinite"]),
+        tags=frozenset(['bias_neg_inf', 'masked_nonfinite']),
         backend="jax-native",
         feature="sdpa: NaN in a key hidden by a -inf bias",
         spec_says="-inf bias means the key is absent: its k never reaches any row",
         native_does="every row is NaN: the bias is added to a NaN logit (NaN + -inf = NaN); "
-        "keys hidden by mask, is_causal or lengths do not leak (JAX masks with where)",
-        reproducer=_JAX
-        + """\
+                    "keys hidden by mask, is_causal or lengths do not leak (JAX masks with where)",
+        reproducer=_JAX + """\
 k = k.at[0, 4].set(jnp.nan)
 bias = jnp.where(jnp.arange(5) < 4, 0.0, -jnp.inf)  # key 4 is hidden from every query
 out = attention(q, k, v, bias=bias[None, None, None])
@@ -495,9 +483,8 @@ assert jnp.isnan(out).all()  # the spec: finite, key 4 is absent
         feature="sdpa: a row whose visible logits are all -inf (inf in q or k)",
         spec_says="no visible key has a finite logit, so the row gives 0; masked keys stay absent",
         native_does="the row attends to the masked keys: they are filled with a finite -0.7 * "
-        "float32 max, which beats -inf, so their values come out (NaN without a mask)",
-        reproducer=_JAX
-        + """\
+                    "float32 max, which beats -inf, so their values come out (NaN without a mask)",
+        reproducer=_JAX + """\
 k = jnp.abs(k) + 0.1  # every k[..., 0] > 0
 q = q.at[0, 1, 0].set(jnp.array([-jnp.inf, 0.0, 0.0, 0.0]))  # query 1: every logit is -inf
 out = attention(q, k, v, mask=(jnp.arange(5) < 4)[None, None, None])
@@ -509,13 +496,12 @@ assert jnp.allclose(out[0, 1, 0], v[0, 4, 0], atol=1e-6)  # the masked key 4; th
     ),
     Deviation(
         deviation_id="jax.dv-ne-dk-refused",
-        tags=frozenset(["dk_ne_dv"]),
+        tags=frozenset(['dk_ne_dv']),
         backend="jax-native",
         feature="sdpa: value head dim dv != query/key head dim dk",
         spec_says="dv may differ from dk (the output has dv columns)",
         native_does="ValueError: value shape should be [B, S, K, dk]",
-        reproducer=_JAX
-        + """\
+        reproducer=_JAX + """\
 try:
     attention(q, k, v[..., :3])
 except ValueError as e:
@@ -529,12 +515,12 @@ else:
     ),
     Deviation(
         deviation_id="jax.float64-softmax-in-float32",
-        tags=frozenset(["float64"]),
+        tags=frozenset(['float64']),
         backend="jax-native",
         feature="sdpa: float64 inputs",
         spec_says="computed in float64 (the result is as exact as float64 allows)",
         native_does="the softmax is always computed in float32, so float64 results are off by "
-        "~1e-7 relative (measured 1.1e-7 on a 5x7 case) instead of ~1e-16",
+                    "~1e-7 relative (measured 1.1e-7 on a 5x7 case) instead of ~1e-16",
         reproducer="""\
 import jax
 import jax.numpy as jnp
@@ -554,16 +540,15 @@ assert out.dtype == np.float64 and np.abs(out - ref).max() > 1e-10  # the spec: 
     ),
     Deviation(
         deviation_id="jax.float16-jit-cpu-refused",
-        tags=frozenset(["float16"]),
+        tags=frozenset(['float16']),
         backend="jax-native",
         feature="sdpa: float16 inputs, under jax.jit, on CPU",
         spec_says="float16 is a supported dtype",
         native_does="ValueError: The precision 'F16_F16_F32' is not supported by dot_general on "
-        "CPU. JAX asks for that precision and falls back with a try/except that only "
-        "catches errors at trace time, while under jit XLA raises at compile time; "
-        "eager calls work",
-        reproducer=_JAX
-        + """\
+                    "CPU. JAX asks for that precision and falls back with a try/except that only "
+                    "catches errors at trace time, while under jit XLA raises at compile time; "
+                    "eager calls work",
+        reproducer=_JAX + """\
 q, k, v = (x.astype(jnp.float16) for x in (q, k, v))
 try:
     attention(q, k, v)
@@ -578,16 +563,15 @@ else:
     ),
     Deviation(
         deviation_id="jax.bfloat16-tiny-dot-cpu-refused",
-        tags=frozenset(["bfloat16"]),
+        tags=frozenset(['bfloat16']),
         backend="jax-native",
         feature="sdpa: bfloat16 inputs of size 1 (n = m = d = 1), jit, CPU, 'highest' precision",
         spec_says="bfloat16 is a supported dtype, at every size",
         native_does="JaxRuntimeError: Algorithm not supported by the ElementalIrEmitter: "
-        "ALG_DOT_BF16_BF16_F32. With jax_default_matmul_precision='highest' (the "
-        "conformance numerics policy), XLA:CPU lowers degenerate dots through an "
-        "emitter without that algorithm; larger bfloat16 shapes compile",
-        reproducer=_JAX
-        + """\
+                    "ALG_DOT_BF16_BF16_F32. With jax_default_matmul_precision='highest' (the "
+                    "conformance numerics policy), XLA:CPU lowers degenerate dots through an "
+                    "emitter without that algorithm; larger bfloat16 shapes compile",
+        reproducer=_JAX + """\
 import ml_dtypes
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -611,11 +595,10 @@ else:
         feature="sdpa(return_lse=True): the lse of a query row with no visible key (mask, lengths)",
         spec_says="-inf (the log of an empty denominator)",
         native_does="a finite -2.3819763e+38 (float32; -2.37932e+38 in bfloat16): the logsumexp of "
-        "the masked logits, which JAX fills with -0.7 * float32 max, for rows hidden by "
-        "mask, key_value_seq_lengths or query_seq_lengths alike; a row whose bias is "
-        "-inf everywhere gives -inf (its logits are -inf, not filled)",
-        reproducer=_JAX
-        + """\
+                    "the masked logits, which JAX fills with -0.7 * float32 max, for rows hidden by "
+                    "mask, key_value_seq_lengths or query_seq_lengths alike; a row whose bias is "
+                    "-inf everywhere gives -inf (its logits are -inf, not filled)",
+        reproducer=_JAX + """\
 mask = jnp.ones((3, 5), bool).at[1].set(False)  # query 1 sees no key
 out, lse = jax.nn.dot_product_attention(q, k, v, mask=mask[None, None], return_residual=True)
 assert lse.shape == (1, 3, 1) and jnp.isfinite(lse[0, 1]).all() and lse[0, 1, 0] < -1e38  # the spec: -inf
@@ -630,14 +613,13 @@ assert lse.shape == (1, 3, 1) and jnp.isfinite(lse[0, 1]).all() and lse[0, 1, 0]
         backend="jax-native",
         feature="sdpa(return_lse=True): bfloat16 (and float16) inputs",
         spec_says="the lse is float32 for float16 and bfloat16 inputs (float64 for float64), "
-        "as FlashAttention and flex_attention return it",
+                  "as FlashAttention and flex_attention return it",
         native_does="the lse comes back in the input dtype: JAX computes it in float32 and casts it "
-        "to key.dtype, so bfloat16 inputs give a bfloat16 lse, rounded to 8 bits "
-        "(measured 1.5625 for 1.56537). float16 gives a float16 lse when called eagerly; under "
-        "jit on CPU float16 is refused (jax.float16-jit-cpu-refused), so the suite "
-        "meets this only in bfloat16 there",
-        reproducer=_JAX
-        + """\
+                    "to key.dtype, so bfloat16 inputs give a bfloat16 lse, rounded to 8 bits "
+                    "(measured 1.5625 for 1.56537). float16 gives a float16 lse when called eagerly; under "
+                    "jit on CPU float16 is refused (jax.float16-jit-cpu-refused), so the suite "
+                    "meets this only in bfloat16 there",
+        reproducer=_JAX + """\
 q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
 out, lse = jax.nn.dot_product_attention(q, k, v, return_residual=True)
 assert lse.dtype == jnp.bfloat16  # the spec: float32
@@ -655,10 +637,9 @@ assert lse.dtype == jnp.bfloat16  # the spec: float32
         feature="sdpa_vjp: a query row with no visible key (mask, lengths)",
         spec_says="the row contributes no gradient, and a masked key gets dk = dv = 0 exactly",
         native_does="the row's uniform softmax over all keys (jax.empty-row-mean-v) sends "
-        "dO / m into the dv of every key, masked ones included (0.2 per entry for m = 5, "
-        "d_out = 1); dq of the row is 0 and dk stays 0",
-        reproducer=_JAX
-        + """\
+                    "dO / m into the dv of every key, masked ones included (0.2 per entry for m = 5, "
+                    "d_out = 1); dq of the row is 0 and dk stays 0",
+        reproducer=_JAX + """\
 mask = jnp.ones((3, 5), bool).at[1].set(False).at[:, 4].set(False)  # query 1 sees nothing
 out, pullback = jax.vjp(lambda v: attention(q, k, v, mask=mask[None, None]), v)
 (dv,) = pullback(jnp.ones_like(out))
@@ -676,16 +657,15 @@ assert (dv[0, 4] != 0).all()  # key 4 is hidden from every query; the spec: dv =
         feature="sdpa_vjp: a row whose bias is -inf for every key",
         spec_says="the row contributes no gradient; every gradient stays finite",
         native_does="dk and dv are NaN for every key (and dq for every row): the NaN row of the "
-        "forward (jax.neg-inf-bias-row-nan) flows back through the shared k and v",
-        reproducer=_JAX
-        + """\
+                    "forward (jax.neg-inf-bias-row-nan) flows back through the shared k and v",
+        reproducer=_JAX + """\
 bias = jnp.zeros((3, 5)).at[1].set(-jnp.inf)  # query 1: every key absent
 out, pullback = jax.vjp(lambda k, v: attention(q, k, v, bias=bias[None, None]), k, v)
 dk, dv = pullback(jnp.ones_like(out))
 assert jnp.isnan(dk).all() and jnp.isnan(dv).all()  # the spec: finite
 """,
         fixed_by="jax: _fused folds -inf bias into the mask and zeroes rows with no visible key with "
-        "where, so no NaN is formed forward or backward",
+                 "where, so no NaN is formed forward or backward",
         case=_empty_row_by_bias,
         shows=_dk_dv_nan,
     ),
@@ -699,10 +679,9 @@ assert jnp.isnan(dk).all() and jnp.isnan(dv).all()  # the spec: finite
         feature="mha: a boolean mask, passed to torch.nn.MultiheadAttention as attn_mask",
         spec_says="mask True = may attend (as in sdpa and torch SDPA's attn_mask)",
         native_does="a boolean attn_mask (and key_padding_mask) of nn.MultiheadAttention is True = "
-        "blocked, so the spec's mask passed as it is attends to exactly the keys it "
-        "hides (a row it allows fully is blocked fully)",
-        reproducer=_TORCH_MHA
-        + """\
+                    "blocked, so the spec's mask passed as it is attends to exactly the keys it "
+                    "hides (a row it allows fully is blocked fully)",
+        reproducer=_TORCH_MHA + """\
 allowed = torch.tensor([True, True, False, True, False]).expand(3, 5)  # True = may attend
 out, _ = mha(x, kv, kv, attn_mask=allowed, need_weights=False)
 hidden_keys_only, _ = mha(x, kv[:, [2, 4]], kv[:, [2, 4]], need_weights=False)
@@ -720,10 +699,9 @@ assert torch.allclose(out, hidden_keys_only, atol=1e-6)  # the spec: attend to k
         feature="mha: a query row with no visible key, with need_weights=True (torch's default)",
         spec_says="attention output 0, so the layer's output is b_o; the row's weights are 0",
         native_does="NaN output and NaN weights for the row (all keys padded by key_padding_mask, "
-        "or blocked by a boolean or -inf float attn_mask); need_weights=False takes "
-        "its SDPA path, which gives b_o as the spec does",
-        reproducer=_TORCH_MHA
-        + """\
+                    "or blocked by a boolean or -inf float attn_mask); need_weights=False takes "
+                    "its SDPA path, which gives b_o as the spec does",
+        reproducer=_TORCH_MHA + """\
 padding = torch.tensor([[True] * 5, [False] * 5])  # batch 0: every key is padding
 out, w = mha(x, kv, kv, key_padding_mask=padding)  # need_weights=True by default
 assert out[0].isnan().all() and w[0].isnan().all()  # the spec: out_proj.bias, weights 0
@@ -742,9 +720,8 @@ assert torch.allclose(out[0], mha.out_proj.bias.expand(3, 8))  # its SDPA path a
         feature="mha: attention weights (need_weights=True)",
         spec_says="weights per head, (..., H, n, m)",
         native_does="weights averaged over the heads, (N, n, m): average_attn_weights=True is the "
-        "default; average_attn_weights=False gives (N, H, n, m)",
-        reproducer=_TORCH_MHA
-        + """\
+                    "default; average_attn_weights=False gives (N, H, n, m)",
+        reproducer=_TORCH_MHA + """\
 _, w = mha(x, kv, kv)
 _, per_head = mha(x, kv, kv, average_attn_weights=False)
 assert w.shape == (2, 3, 5) and torch.allclose(w, per_head.mean(dim=1))  # the spec: (2, 2, 3, 5)

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Callable
 
 from attnspec._errors import SpecError
 from attnspec.backends._base import FLOAT_DTYPES, Backend, Unsupported
-from attnspec.backends._common import variant_keywords
 from attnspec.backends.arrays import ArrayLibrary, array_library
 from attnspec.backends.authoring import plan_sdpa
+from attnspec.backends._common import variant_keywords
 from attnspec.backends.conventions import Convention, call_needs, describe, get_convention
 from attnspec.backends.probe import Capabilities, probe
 
@@ -38,18 +37,10 @@ class FunctionBackend(Backend):
 
     implements = frozenset({"sdpa"})
 
-    def __init__(
-        self,
-        fn: Callable,
-        convention: str | Convention,
-        *,
-        name: str | None = None,
-        dtypes: tuple[str, ...] | None = None,
-        device: str | None = None,
-        arrays: str | ArrayLibrary | None = None,
-        capabilities: Capabilities | None = None,
-        deviations: str | None = None,
-    ) -> None:
+    def __init__(self, fn: Callable, convention: str | Convention, *, name: str | None = None,
+                 dtypes: tuple[str, ...] | None = None, device: str | None = None,
+                 arrays: str | ArrayLibrary | None = None, capabilities: Capabilities | None = None,
+                 deviations: str | None = None) -> None:
         if not callable(fn):
             raise SpecError(f"from_function: fn must be callable, got {type(fn).__name__}")
         self.fn = fn
@@ -59,10 +50,8 @@ class FunctionBackend(Backend):
         if dtypes is not None:
             bad = [d for d in dtypes if d not in FLOAT_DTYPES]
             if bad or not dtypes:
-                raise SpecError(
-                    f"from_function: dtypes={tuple(dtypes)!r} must be a non-empty subset of "
-                    f"{', '.join(FLOAT_DTYPES)}"
-                )
+                raise SpecError(f"from_function: dtypes={tuple(dtypes)!r} must be a non-empty subset of "
+                                f"{', '.join(FLOAT_DTYPES)}")
         self.dtypes = tuple(dtypes) if dtypes else FLOAT_DTYPES
         self.device = device
         self._capabilities = capabilities
@@ -116,12 +105,8 @@ class FunctionBackend(Backend):
 
     def describe(self) -> dict[str, str]:
         """What the report shows about this backend."""
-        return {
-            "function": describe(self.fn),
-            "convention": self.convention.name,
-            "signature": self.convention.signature,
-            "arrays": self.arrays.name,
-        }
+        return {"function": describe(self.fn), "convention": self.convention.name,
+                "signature": self.convention.signature, "arrays": self.arrays.name}
 
     # -- the spec's function -------------------------------------------------------------------
     def variant_refusals(self, feature: str, options) -> list[str]:
@@ -129,68 +114,26 @@ class FunctionBackend(Backend):
             return []  # the convention decides (`supports` asks it), with reasons naming it
         return super().variant_refusals(feature, options)
 
-    def sdpa(
-        self,
-        q,
-        k,
-        v,
-        *,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-        return_weights=False,
-        return_lse=False,
-    ):
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+             return_weights=False, return_lse=False):
         fn = f"{self.name}.sdpa"
         variants = variant_keywords(locals())
-        p = plan_sdpa(
-            fn,
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            window=window,
-            scale=scale,
-            q_lengths=q_lengths,
-            kv_lengths=kv_lengths,
-            library=self.arrays,
-            **variants,
-        )
-        options = {
-            "mask": mask,
-            "bias": bias,
-            "causal": causal,
-            "window": window,
-            "scale": scale,
-            "q_lengths": q_lengths,
-            "kv_lengths": kv_lengths,
-            "return_weights": return_weights,
-            **variants,
-        }
+        p = plan_sdpa(fn, q, k, v, mask=mask, bias=bias, causal=causal, window=window, scale=scale,
+                      q_lengths=q_lengths, kv_lengths=kv_lengths, library=self.arrays, **variants)
+        options = {"mask": mask, "bias": bias, "causal": causal, "window": window, "scale": scale,
+                   "q_lengths": q_lengths, "kv_lengths": kv_lengths, "return_weights": return_weights,
+                   **variants}
         refused = self.convention.refusals(call_needs(q.shape, k.shape, v.shape, options))
         if refused:
             raise Unsupported(f"{fn}: " + "; ".join(refused))
         fn = self.fn
         if self.record_calls:  # keep the exact arguments, for reproducers that call fn directly
-
             def fn(*args, **kwargs):
                 self.last_call = (args, kwargs)
                 self.last_result = self.fn(*args, **kwargs)
                 return self.last_result
-
         out, weights = self.convention.call(fn, self.arrays, p, q, k, v, options)
         lse = None
         if p.return_lse:  # a convention that carries lse returns (out, lse) as its output
@@ -201,16 +144,9 @@ class FunctionBackend(Backend):
         return found[0] if len(found) == 1 else tuple(found)
 
 
-def from_function(
-    fn: Callable,
-    convention: str | Convention,
-    *,
-    name: str | None = None,
-    dtypes: tuple[str, ...] | None = None,
-    device: str | None = None,
-    arrays: str | ArrayLibrary | None = None,
-    deviations: str | None = None,
-) -> FunctionBackend:
+def from_function(fn: Callable, convention: str | Convention, *, name: str | None = None,
+                  dtypes: tuple[str, ...] | None = None, device: str | None = None,
+                  arrays: str | ArrayLibrary | None = None, deviations: str | None = None) -> FunctionBackend:
     """A Backend that checks ``fn`` called by ``convention``.
 
     Args:
@@ -228,6 +164,5 @@ def from_function(
     Raises:
         SpecError: an unknown convention or array library, or a bad dtype.
     """
-    return FunctionBackend(
-        fn, convention, name=name, dtypes=dtypes, device=device, arrays=arrays, deviations=deviations
-    )
+    return FunctionBackend(fn, convention, name=name, dtypes=dtypes, device=device, arrays=arrays,
+                           deviations=deviations)

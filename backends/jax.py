@@ -46,7 +46,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnspec._errors import SpecError
 from attnspec.backends import _lsh_xp, _mha, _xp_core
 from attnspec.backends._base import VARIANT_FEATURES, variant_features
 from attnspec.backends._common import (
@@ -69,13 +68,13 @@ from attnspec.backends._jax_arrays import (  # noqa: F401  (re-exported: jax_nat
     use_compilation_cache,
     with_head,
 )
+from attnspec._errors import SpecError
 from attnspec.spec._validate import SDPAPlan
 
 __all__ = ["JaxBackend"]
 
 
 # -- the conformant adapter -----------------------------------------------------------------
-
 
 @partial(jax.jit, static_argnames=("p",))
 def _fused(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan):
@@ -100,51 +99,17 @@ def _fused(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan):
 @partial(jax.jit, static_argnames=("p", "nonfinite_v", "want_weights"))
 def _exact(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan, nonfinite_v: bool, want_weights: bool):
     vis = full_visibility(p, mask, bias, q_len, kv_len)
-    return _xp_core.attention(
-        jnp,
-        p,
-        with_head(q),
-        with_head(k),
-        with_head(v),
-        vis,
-        bias,
-        nonfinite_v=nonfinite_v,
-        want_weights=want_weights,
-    )[:2]
+    return _xp_core.attention(jnp, p, with_head(q), with_head(k), with_head(v), vis, bias,
+                              nonfinite_v=nonfinite_v, want_weights=want_weights)[:2]
 
 
 @partial(jax.jit, static_argnames=("p", "nonfinite_v", "want_weights"))
-def _exact_variants(
-    q,
-    k,
-    v,
-    mask,
-    bias,
-    q_len,
-    kv_len,
-    alibi,
-    sinks,
-    keep,
-    *,
-    p: SDPAPlan,
-    nonfinite_v: bool,
-    want_weights: bool,
-):
+def _exact_variants(q, k, v, mask, bias, q_len, kv_len, alibi, sinks, keep, *, p: SDPAPlan,
+                    nonfinite_v: bool, want_weights: bool):
     vis = full_visibility(p, mask, bias, q_len, kv_len)
-    return _xp_core.attention(
-        jnp,
-        p,
-        with_head(q),
-        with_head(k),
-        with_head(v),
-        vis,
-        bias,
-        nonfinite_v=nonfinite_v,
-        want_weights=want_weights,
-        alibi=alibi,
-        sinks=sinks,
-        keep=keep,
-    )
+    return _xp_core.attention(jnp, p, with_head(q), with_head(k), with_head(v), vis, bias,
+                              nonfinite_v=nonfinite_v, want_weights=want_weights, alibi=alibi,
+                              sinks=sinks, keep=keep)
 
 
 @partial(jax.jit, static_argnames=("p",))
@@ -245,14 +210,8 @@ class Route:
 def route(p: SDPAPlan, q, k, v, mask, bias, q_len, kv_len, want_weights: bool) -> Route:
     """The route for concrete inputs. Raises TracerArrayConversionError under a trace."""
     sp = static_plan(p)
-    has_rules = (
-        p.causal
-        or p.window
-        or mask is not None
-        or bias is not None
-        or q_len is not None
-        or kv_len is not None
-    )
+    has_rules = (p.causal or p.window or mask is not None or bias is not None or q_len is not None
+                 or kv_len is not None)
     finite_q, finite_k, finite_v = _finite(q, k, v)
     drop = not (finite_k and finite_v) and bool(has_rules)
     if drop:  # fixes jax.masked-nonfinite-v (and masked keys generally) where it can stay fused
@@ -275,9 +234,8 @@ def run(r: Route, p: SDPAPlan, q, k, v, mask, bias, q_len, kv_len, want_weights:
         k, v = _drop_hidden_keys(k, v, mask, bias, q_len, kv_len, p=sp)
     if not r.exact:
         return _fused(q, k, v, mask, bias, q_len, kv_len, p=sp)
-    result = _exact(
-        q, k, v, mask, bias, q_len, kv_len, p=sp, nonfinite_v=r.nonfinite_v, want_weights=want_weights
-    )
+    result = _exact(q, k, v, mask, bias, q_len, kv_len, p=sp, nonfinite_v=r.nonfinite_v,
+                    want_weights=want_weights)
     return result if want_weights else result[0]
 
 
@@ -288,7 +246,6 @@ def _traced(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan, want_weights: bo
     kernel may be used, ``lax.cond`` picks it on device for all-finite inputs (both branches are
     compiled, one runs).
     """
-
     def exact_path():
         out, w = _exact(q, k, v, mask, bias, q_len, kv_len, p=p, nonfinite_v=True, want_weights=want_weights)
         return (out, w) if want_weights else out
@@ -296,8 +253,7 @@ def _traced(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan, want_weights: bo
     if exact:
         return exact_path()
     fused_ok = _finite_flags(q, k, v).all() & (
-        _logit_floor_on_device(q, k, bias, p.scale) > _fill_limit(q.dtype)
-    )  # jax.finite-mask-fill
+        _logit_floor_on_device(q, k, bias, p.scale) > _fill_limit(q.dtype))  # jax.finite-mask-fill
     return jax.lax.cond(fused_ok, lambda: _fused(q, k, v, mask, bias, q_len, kv_len, p=p), exact_path)
 
 
@@ -328,33 +284,13 @@ class JaxBackend(JaxArrays):
     name = "jax"
     variants = frozenset(VARIANT_FEATURES)
 
-    def sdpa(
-        self,
-        q,
-        k,
-        v,
-        *,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-        return_weights=False,
-        return_lse=False,
-    ):
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+             return_weights=False, return_lse=False):
         variants = variant_keywords(locals())
-        p = self._plan(
-            "jax.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, **variants
-        )
+        p = self._plan("jax.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+                       **variants)
         if is_empty(p):
             # a tracer (mha_vjp's jax.vjp through an empty mha) has no device: the default one
             device = None if isinstance(q, jax.core.Tracer) else q.device
@@ -362,20 +298,8 @@ class JaxBackend(JaxArrays):
             self._last = result
             return result
         if variant_features({**variants, "causal": causal}):
-            result = self._variants(
-                p,
-                q,
-                k,
-                v,
-                mask,
-                bias,
-                return_weights,
-                alibi_slopes,
-                sinks,
-                q_segment_ids,
-                kv_segment_ids,
-                dropout_mask,
-            )
+            result = self._variants(p, q, k, v, mask, bias, return_weights, alibi_slopes, sinks,
+                                    q_segment_ids, kv_segment_ids, dropout_mask)
             self._last = result
             return result
         q_len, kv_len = lengths_arrays(p)
@@ -384,18 +308,8 @@ class JaxBackend(JaxArrays):
             chosen = chosen or route(p, q, k, v, mask, bias, q_len, kv_len, return_weights)
         except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
             # traced by the caller's jax.jit: the values are not known yet, so decide on device
-            result = _traced(
-                q,
-                k,
-                v,
-                mask,
-                bias,
-                q_len,
-                kv_len,
-                p=static_plan(p),
-                want_weights=return_weights,
-                exact=return_weights or not _fused_ok(p, q),
-            )
+            result = _traced(q, k, v, mask, bias, q_len, kv_len, p=static_plan(p),
+                             want_weights=return_weights, exact=return_weights or not _fused_ok(p, q))
             self._last = result
             return result
         result = run(chosen, p, q, k, v, mask, bias, q_len, kv_len, return_weights)
@@ -413,27 +327,14 @@ class JaxBackend(JaxArrays):
         try:
             o = dict(options)
             mask, bias, causal = o.pop("mask"), o.pop("bias"), o["causal"]
-            p = self._plan(
-                "jax.sdpa_vjp",
-                q,
-                k,
-                v,
-                mask,
-                bias,
-                o.pop("causal"),
-                o.pop("window"),
-                o.pop("scale"),
-                o.pop("q_lengths"),
-                o.pop("kv_lengths"),
-                **o,
-            )
+            p = self._plan("jax.sdpa_vjp", q, k, v, mask, bias, o.pop("causal"), o.pop("window"),
+                           o.pop("scale"), o.pop("q_lengths"), o.pop("kv_lengths"), **o)
             if not is_empty(p) and not variant_features({**o, "causal": causal}):
                 q_len, kv_len = lengths_arrays(p)
                 chosen = route(p, q, k, v, mask, bias, q_len, kv_len, False)
                 self._route = chosen  # for the forward, should the engine trace it itself
-                self._vjp_on_route = partial(
-                    _vjp_on_route, mask=mask, q_len=q_len, kv_len=kv_len, p=static_plan(p), r=chosen
-                )
+                self._vjp_on_route = partial(_vjp_on_route, mask=mask, q_len=q_len, kv_len=kv_len,
+                                             p=static_plan(p), r=chosen)
         except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError, SpecError):
             pass  # traced by the caller (decided on device), or bad input (the vjp names it)
         try:
@@ -442,9 +343,8 @@ class JaxBackend(JaxArrays):
             self.__dict__.pop("_route", None)  # never left for another call
             self.__dict__.pop("_vjp_on_route", None)
 
-    def _variants(
-        self, p, q, k, v, mask, bias, want_weights, alibi_slopes, sinks, q_segment_ids, kv_segment_ids, keep
-    ):
+    def _variants(self, p, q, k, v, mask, bias, want_weights, alibi_slopes, sinks, q_segment_ids,
+                  kv_segment_ids, keep):
         """The variants of issue #15, all on the exact path: jax.nn has none of them (no softcap,
         ALiBi, sinks, segment ids or lengths-aligned causal), and its logsumexp (return_residual)
         is not the spec's. The segment ids are read back (a sync; concrete ids only) for the
@@ -462,114 +362,35 @@ class JaxBackend(JaxArrays):
             dist = jnp.asarray(alibi_distance(p, q_ids, kv_ids), dtype=ct)  # (..., 1, n, m)
             alibi = -alibi_slopes.astype(ct)[..., :, None, None] * dist  # (..., Hq, n, m)
         q_len, kv_len = lengths_arrays(rules)
-        out, weights, lse = _exact_variants(
-            q,
-            k,
-            v,
-            mask,
-            bias,
-            q_len,
-            kv_len,
-            alibi,
-            sinks,
-            keep,
-            p=static_plan(rules),
-            nonfinite_v=_nonfinite(v),
-            want_weights=want_weights,
-        )
+        out, weights, lse = _exact_variants(q, k, v, mask, bias, q_len, kv_len, alibi, sinks, keep,
+                                            p=static_plan(rules), nonfinite_v=_nonfinite(v),
+                                            want_weights=want_weights)
         return _xp_core.results(p, out, weights, lse)
 
-    def mha(
-        self,
-        query,
-        key,
-        value,
-        params,
-        *,
-        num_heads,
-        num_kv_heads=None,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-        return_weights=False,
-        return_lse=False,
-    ):
+    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
+            bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
         # `attnspec.backends._mha`: jnp projections, then self.sdpa per head
-        result = _mha.run(
-            self,
-            "jax.mha",
-            _mha.XPHeadOps(jnp),
-            self._info,
-            _lengths_to_numpy,
-            lambda: device_name(query),
-            query,
-            key,
-            value,
-            params,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            window=window,
-            scale=scale,
-            q_lengths=q_lengths,
-            kv_lengths=kv_lengths,
-            return_weights=return_weights,
-            **variant_keywords(locals()),
-        )
+        result = _mha.run(self, "jax.mha", _mha.XPHeadOps(jnp), self._info, _lengths_to_numpy,
+                          lambda: device_name(query), query, key, value, params, num_heads=num_heads,
+                          num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal, window=window,
+                          scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                          return_weights=return_weights, **variant_keywords(locals()))
         self._last = result
         return result
 
-    def lsh_attention(
-        self,
-        x,
-        v,
-        *,
-        rotations,
-        chunk_length,
-        causal=False,
-        kv_lengths=None,
-        dedup=False,
-        scale=None,
-        return_buckets=False,
-    ):
-        p = _lsh_xp.plan(
-            "jax.lsh_attention",
-            self._info,
-            _lengths_to_numpy,
-            x,
-            v,
-            rotations,
-            chunk_length,
-            causal,
-            kv_lengths,
-            dedup,
-            scale,
-        )
+    def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                      dedup=False, scale=None, return_buckets=False):
+        p = _lsh_xp.plan("jax.lsh_attention", self._info, _lengths_to_numpy, x, v, rotations,
+                         chunk_length, causal, kv_lengths, dedup, scale)
         if p.L == 0 or 0 in p.batch:
             result = _lsh_xp.empty(jnp, p, x.dtype, None)
         else:
             kv = _lsh_xp.kv_flat(p)
-            result = _lsh(
-                x,
-                v,
-                rotations,
-                None if kv is None else jnp.asarray(kv),
-                p=dataclasses.replace(p, kv_lengths=None),
-                nonfinite_v=_nonfinite(v),
-            )
+            result = _lsh(x, v, rotations, None if kv is None else jnp.asarray(kv),
+                          p=dataclasses.replace(p, kv_lengths=None),
+                          nonfinite_v=_nonfinite(v))
         self._last = result
         return result if return_buckets else result[0]
 

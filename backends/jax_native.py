@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from attnspec.backends._base import Unsupported
-from attnspec.backends._common import static_plan, variant_keywords
+from attnspec.backends._common import variant_keywords, static_plan
 from attnspec.backends.jax import JaxArrays, from_btnh, lengths_arrays, native_call
 from attnspec.spec._validate import SDPAPlan
 
@@ -56,45 +56,21 @@ class JaxNativeBackend(JaxArrays):
         device = case.get("device")
         on_cpu = device == "cpu" or (device is None and jax.default_backend() == "cpu")
         if case.get("dtype") == "float16" and on_cpu:
-            reasons.append(
-                "XLA:CPU cannot compile the float16 matmul precision JAX asks for under "
-                "jit (deviation jax.float16-jit-cpu-refused)"
-            )
+            reasons.append("XLA:CPU cannot compile the float16 matmul precision JAX asks for under "
+                           "jit (deviation jax.float16-jit-cpu-refused)")
         q_shape, v_shape = case.get("q_shape"), case.get("v_shape")
         if q_shape and v_shape and q_shape[-1] != v_shape[-1]:
-            reasons.append(
-                "jax.nn.dot_product_attention requires v.shape[-1] == q.shape[-1] "
-                "(deviation jax.dv-ne-dk-refused)"
-            )
+            reasons.append("jax.nn.dot_product_attention requires v.shape[-1] == q.shape[-1] "
+                           "(deviation jax.dv-ne-dk-refused)")
         return reasons
 
-    def sdpa(
-        self,
-        q,
-        k,
-        v,
-        *,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-        return_weights=False,
-        return_lse=False,
-    ):
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+             return_weights=False, return_lse=False):
         variants = variant_keywords(locals())
-        p = self._plan(
-            "jax-native.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, **variants
-        )
+        p = self._plan("jax-native.sdpa", q, k, v, mask, bias, causal, window, scale,
+                       q_lengths, kv_lengths, **variants)
         # jax.nn.dot_product_attention has no softcap, ALiBi, sinks, segment ids, lengths-aligned
         # causal or dropout argument: a native backend measures, so it refuses rather than emulates them
         self.refuse_variants("sdpa", {**variants, "causal": causal})

@@ -20,10 +20,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -31,7 +30,7 @@ from attnspec._journal import read_journal
 from attnspec.backends._base import FLOAT_DTYPES, Backend, Unsupported
 from attnspec.backends.conventions import NEEDS, Call
 
-__all__ = ["PROBE_CASES", "Capabilities", "ProbeResult", "probe", "probe_isolated"]
+__all__ = ["Capabilities", "ProbeResult", "probe", "probe_isolated", "PROBE_CASES"]
 
 #: dtypes in the order a feature probe prefers them
 PREFERRED = ("float32", "float64", "bfloat16", "float16")
@@ -68,7 +67,7 @@ class Capabilities:
         return [asdict(r) for r in self.results]
 
     @classmethod
-    def from_json(cls, rows: list[dict[str, Any]]) -> Capabilities:
+    def from_json(cls, rows: list[dict[str, Any]]) -> "Capabilities":
         return cls([ProbeResult(**r) for r in rows])
 
 
@@ -142,15 +141,11 @@ def probe_one(backend: Backend, need: str, dtype: str, device: str | None = None
     """Call ``backend.sdpa`` on the tiny case of ``need`` in ``dtype``; ok, or refused with why."""
     if need == "empty":  # both kinds of empty: no key, and no query (with a mask)
         first = _probe_case(backend, "empty", dtype, device)
-        return (
-            first if first.status != "ok" else _probe_case(backend, "empty_q", dtype, device, label="empty")
-        )
+        return first if first.status != "ok" else _probe_case(backend, "empty_q", dtype, device, label="empty")
     return _probe_case(backend, need, dtype, device)
 
 
-def _probe_case(
-    backend: Backend, need: str, dtype: str, device: str | None, label: str | None = None
-) -> ProbeResult:
+def _probe_case(backend: Backend, need: str, dtype: str, device: str | None, label: str | None = None) -> ProbeResult:
     label = label or need
     qs, ks, vs, opts = PROBE_CASES[need]
     rng = np.random.default_rng(0)
@@ -167,9 +162,8 @@ def _probe_case(
         text = " ".join(str(e).split())
         # the convention's own refusal is known without calling: recorded, not repeated as a reason
         status = "convention" if isinstance(e, Unsupported) and "convention" in text else "refused"
-        return ProbeResult(
-            label if label != "plain" else "dtype", dtype, status, f"{type(e).__name__}: {text[:300]}"
-        )
+        return ProbeResult(label if label != "plain" else "dtype", dtype, status,
+                           f"{type(e).__name__}: {text[:300]}")
     return ProbeResult(label if label != "plain" else "dtype", dtype, "ok")
 
 
@@ -178,13 +172,9 @@ def plan(dtypes: tuple[str, ...]) -> list[tuple[str, str | None]]:
     return [("plain", d) for d in dtypes] + [(need, None) for need in NEEDS]
 
 
-def probe(
-    backend: Backend,
-    dtypes: tuple[str, ...] | None = None,
-    device: str | None = None,
-    skip: dict[tuple[str, str | None], str] | None = None,
-    on_event: Callable[[dict], None] | None = None,
-) -> Capabilities:
+def probe(backend: Backend, dtypes: tuple[str, ...] | None = None, device: str | None = None,
+          skip: dict[tuple[str, str | None], str] | None = None,
+          on_event: Callable[[dict], None] | None = None) -> Capabilities:
     """Probe ``backend`` in-process. ``skip`` marks probes as crashed/timeout without running them."""
     dtypes = tuple(dtypes or getattr(backend, "dtypes", FLOAT_DTYPES))
     results: list[ProbeResult] = []
@@ -210,14 +200,8 @@ def probe(
     return Capabilities(results)
 
 
-def probe_isolated(
-    target: str,
-    out: Path,
-    dtypes: tuple[str, ...] | None = None,
-    device: str | None = None,
-    timeout: float = 120.0,
-    env: dict[str, str] | None = None,
-) -> Capabilities:
+def probe_isolated(target: str, out: Path, dtypes: tuple[str, ...] | None = None, device: str | None = None,
+                   timeout: float = 120.0, env: dict[str, str] | None = None) -> Capabilities:
     """Probe ``target`` (anything `attnspec.backends.load` takes) in a child process.
 
     A probe that kills the child or runs past ``timeout`` seconds is recorded as crashed /
@@ -227,30 +211,15 @@ def probe_isolated(
     journal.unlink(missing_ok=True)
     skip: dict[str, str] = {}
     for _ in range(len(plan(tuple(dtypes or FLOAT_DTYPES))) + 1):
-        cmd = [
-            sys.executable,
-            "-W",
-            "ignore::RuntimeWarning",
-            "-m",
-            "attnspec.backends.probe",
-            target,
-            "--journal",
-            str(journal),
-            "--skip",
-            json.dumps(skip),
-        ]
+        cmd = [sys.executable, "-W", "ignore::RuntimeWarning", "-m", "attnspec.backends.probe", target, "--journal", str(journal),
+               "--skip", json.dumps(skip)]
         if dtypes:
             cmd += ["--dtypes", ",".join(dtypes)]
         if device:
             cmd += ["--device", device]
         with open(log, "w") as err:
-            proc = subprocess.Popen(
-                cmd,
-                env={**os.environ, **(env or {})},
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                start_new_session=True,
-            )
+            proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+                                    stderr=err, start_new_session=True)
             status = _wait(proc, journal, timeout)
         events = read_journal(journal)
         if status is None:
@@ -291,9 +260,7 @@ def _wait(proc: subprocess.Popen, journal: Path, timeout: float) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m attnspec.backends.probe", description=__doc__.splitlines()[0]
-    )
+    ap = argparse.ArgumentParser(prog="python -m attnspec.backends.probe", description=__doc__.splitlines()[0])
     ap.add_argument("target", help="backend name, module:Class, or module:function@convention[/arrays]")
     ap.add_argument("--dtypes", default=None)
     ap.add_argument("--device", default=None)

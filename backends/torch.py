@@ -37,13 +37,13 @@ from attnspec.backends._base import VARIANT_FEATURES, Backend
 from attnspec.backends._common import (
     alibi_distance,
     is_empty,
-    lengths_column,
     per_sequence_rules,
-    refuse,
     spec_visibility,
+    variant_keywords,
+    lengths_column,
+    refuse,
     to_reference,
     validate,
-    variant_keywords,
     visibility,
     with_mask_and_bias,
 )
@@ -93,25 +93,10 @@ class TorchArrays(Backend):
             raise refuse(fn, name, x, "torch.Tensor")
         return ArrayInfo(tuple(x.shape), self.dtype_name(x))
 
-    def _plan(
-        self, fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, **variants
-    ) -> SDPAPlan:
-        return validate(
-            fn,
-            self._info,
-            _lengths_to_numpy,
-            q,
-            k,
-            v,
-            mask,
-            bias,
-            causal,
-            window,
-            scale,
-            q_lengths,
-            kv_lengths,
-            **variants,
-        )
+    def _plan(self, fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+              **variants) -> SDPAPlan:
+        return validate(fn, self._info, _lengths_to_numpy, q, k, v, mask, bias, causal, window,
+                        scale, q_lengths, kv_lengths, **variants)
 
     # -- gradients: autodiff through this backend's own forward (attnspec.backends._vjp) --------
     def __init_subclass__(cls, **kwargs) -> None:
@@ -120,117 +105,34 @@ class TorchArrays(Backend):
 
     def supports(self, feature: str, **case) -> list[str]:
         reasons = _vjp.refusals(self, feature, super().supports(feature, **case))
-        if (
-            feature in ("lsh_attention", "lsh_attention_vjp")
-            and feature in self.implements
-            and importlib.util.find_spec("array_api_compat") is None
-        ):
-            reasons.append(
-                f"{self.name}.{feature} runs on array-api-compat's torch namespace, which is "
-                "not installed (pip install 'attnspec[torch]')"
-            )
+        if (feature in ("lsh_attention", "lsh_attention_vjp") and feature in self.implements
+                and importlib.util.find_spec("array_api_compat") is None):
+            reasons.append(f"{self.name}.{feature} runs on array-api-compat's torch namespace, which is "
+                           "not installed (pip install 'attnspec[torch]')")
         return reasons
 
-    def sdpa_vjp(
-        self,
-        q,
-        k,
-        v,
-        d_out,
-        *,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-    ):
-        return _vjp.sdpa_vjp(
-            self,
-            "torch",
-            q,
-            k,
-            v,
-            d_out,
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            window=window,
-            scale=scale,
-            q_lengths=q_lengths,
-            kv_lengths=kv_lengths,
-            **variant_keywords(locals()),
-        )
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
+                 scale=None, q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None,
+                 sinks=None, q_segment_ids=None, kv_segment_ids=None, dropout_mask=None,
+                 dropout_p=None):
+        return _vjp.sdpa_vjp(self, "torch", q, k, v, d_out, mask=mask, bias=bias, causal=causal,
+                             window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                             **variant_keywords(locals()))
 
-    def mha_vjp(
-        self,
-        query,
-        key,
-        value,
-        params,
-        d_out,
-        *,
-        num_heads,
-        num_kv_heads=None,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-    ):
-        return _vjp.mha_vjp(
-            self,
-            "torch",
-            query,
-            key,
-            value,
-            params,
-            d_out,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            window=window,
-            scale=scale,
-            q_lengths=q_lengths,
-            kv_lengths=kv_lengths,
-            **variant_keywords(locals()),
-        )
+    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
+                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+                dropout_mask=None, dropout_p=None):
+        return _vjp.mha_vjp(self, "torch", query, key, value, params, d_out, num_heads=num_heads,
+                            num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal,
+                            window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                            **variant_keywords(locals()))
 
-    def lsh_attention_vjp(
-        self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None, dedup=False, scale=None
-    ):
-        return _vjp.lsh_attention_vjp(
-            self,
-            "torch",
-            x,
-            v,
-            d_out,
-            rotations=rotations,
-            chunk_length=chunk_length,
-            causal=causal,
-            kv_lengths=kv_lengths,
-            dedup=dedup,
-            scale=scale,
-        )
+    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                          dedup=False, scale=None):
+        return _vjp.lsh_attention_vjp(self, "torch", x, v, d_out, rotations=rotations,
+                                      chunk_length=chunk_length, causal=causal,
+                                      kv_lengths=kv_lengths, dedup=dedup, scale=scale)
 
 
 def torch_numerics_policy() -> dict[str, object]:
@@ -253,16 +155,13 @@ def with_head(x: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(0) if x.ndim == 2 else x  # (L, d) -> (1, L, d): one head
 
 
-def structural_visibility(
-    p: SDPAPlan, device, q_segment_ids=None, kv_segment_ids=None
-) -> torch.Tensor | None:
+def structural_visibility(p: SDPAPlan, device, q_segment_ids=None, kv_segment_ids=None) -> torch.Tensor | None:
     if per_sequence_rules(p, q_segment_ids, kv_segment_ids):  # data-dependent anchors: read the ids back
         vis = spec_visibility(p, _ids_to_numpy(q_segment_ids), _ids_to_numpy(kv_segment_ids))
         return None if vis is None else torch.from_numpy(np.ascontiguousarray(vis)).to(device)
     q_len, kv_len = (None if a is None else torch.from_numpy(a).to(device) for a in lengths_column(p))
-    return visibility(
-        p.n, p.m, p.causal, p.window, q_len, kv_len, lambda size: torch.arange(size, device=device)
-    )
+    return visibility(p.n, p.m, p.causal, p.window, q_len, kv_len,
+                      lambda size: torch.arange(size, device=device))
 
 
 def _ids_to_numpy(ids) -> np.ndarray | None:
@@ -298,43 +197,12 @@ class TorchBackend(TorchArrays):
     name = "torch"
     variants = frozenset(VARIANT_FEATURES)
 
-    def sdpa(
-        self,
-        q,
-        k,
-        v,
-        *,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-        return_weights=False,
-        return_lse=False,
-    ):
-        p = self._plan(
-            "torch.sdpa",
-            q,
-            k,
-            v,
-            mask,
-            bias,
-            causal,
-            window,
-            scale,
-            q_lengths,
-            kv_lengths,
-            **variant_keywords(locals()),
-        )
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+             return_weights=False, return_lse=False):
+        p = self._plan("torch.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+                       **variant_keywords(locals()))
         if is_empty(p):
             return _xp_core.empty(_xp(), p, q.dtype, q.device, return_weights, sinks)
         # Kernels differ in which batch broadcasts they accept; expand (a view) makes them equal.
@@ -343,28 +211,19 @@ class TorchBackend(TorchArrays):
         v = with_head(v).expand(*p.batch, p.hkv, p.m, p.dv)
         finite_q, finite_k, finite_v = _finite(q, k, v)
         # softcap, sinks, lse and dropout change the softmax: no fused kernel has them
-        softmax_variant = softcap is not None or sinks is not None or return_lse or dropout_mask is not None
-        plain_causal = (
-            p.causal == "upper_left"
-            and mask is None
-            and bias is None
-            and p.window is None
-            and p.q_lengths is None
-            and p.kv_lengths is None
-            and q_segment_ids is None
-            and alibi_slopes is None
-            and not softmax_variant
-        )
+        softmax_variant = (softcap is not None or sinks is not None or return_lse
+                           or dropout_mask is not None)
+        plain_causal = (p.causal == "upper_left" and mask is None and bias is None
+                        and p.window is None and p.q_lengths is None and p.kv_lengths is None
+                        and q_segment_ids is None and alibi_slopes is None and not softmax_variant)
         if plain_causal and finite_q and finite_k and finite_v and not return_weights:
             # the common case needs no mask at all
-            out = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=p.scale, enable_gqa=p.group > 1
-            )
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=p.scale,
+                                                 enable_gqa=p.group > 1)
             return out.reshape(p.out_shape)
 
-        vis = with_mask_and_bias(
-            structural_visibility(p, q.device, q_segment_ids, kv_segment_ids), mask, bias, -math.inf
-        )
+        vis = with_mask_and_bias(structural_visibility(p, q.device, q_segment_ids, kv_segment_ids),
+                                 mask, bias, -math.inf)
         if not (finite_k and finite_v) and vis is not None:
             # fixes torch.masked-nonfinite-k and torch.masked-nonfinite-v where it can stay fused
             k, v = _drop_hidden_keys(p, vis, k, v)
@@ -373,144 +232,59 @@ class TorchBackend(TorchArrays):
         # torch.nonfinite-query-row-zeroed
         if return_weights or softmax_variant or not (finite_q and finite_k and finite_v):
             ct = torch.float64 if q.dtype == torch.float64 else torch.float32
-            alibi = (
-                None
-                if alibi_slopes is None
-                else alibi_term(p, alibi_slopes, q_segment_ids, kv_segment_ids, ct)
-            )
+            alibi = None if alibi_slopes is None else alibi_term(p, alibi_slopes, q_segment_ids,
+                                                                 kv_segment_ids, ct)
             out, weights, lse = _xp_core.attention(
-                _xp(),
-                p,
-                q,
-                k,
-                v,
-                vis,
-                bias,
-                nonfinite_v=not bool(torch.isfinite(v).all()),
-                want_weights=return_weights,
-                alibi=alibi,
-                sinks=sinks,
-                keep=dropout_mask,
-            )
+                _xp(), p, q, k, v, vis, bias, nonfinite_v=not bool(torch.isfinite(v).all()),
+                want_weights=return_weights, alibi=alibi, sinks=sinks, keep=dropout_mask)
             return _xp_core.results(p, out, weights, lse)
 
         additive = bias
         if alibi_slopes is not None:  # ALiBi is one more additive term, after bias (no softcap here)
             alibi = alibi_term(p, alibi_slopes, q_segment_ids, kv_segment_ids, q.dtype)
             additive = alibi if bias is None else bias + alibi
-        attn_mask = (
-            vis if additive is None else (additive if vis is None else torch.where(vis, additive, -math.inf))
-        )  # one additive term
+        attn_mask = vis if additive is None else (
+            additive if vis is None else torch.where(vis, additive, -math.inf))  # one additive term
         if attn_mask is not None and attn_mask.ndim < 2:  # torch wants (..., n, m)
             attn_mask = attn_mask.expand(p.n, p.m)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, scale=p.scale, enable_gqa=p.group > 1
-        )
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=p.scale,
+                                             enable_gqa=p.group > 1)
         if vis is not None and q.device.type != "cpu":
             # Rows with no visible key: every CPU kernel of torch 2.13 returns 0 (measured, so no
             # deviation is declared); GPU kernels could not be measured here, so make it sure.
             out = torch.where(vis.any(dim=-1, keepdim=True), out, 0.0)
         return out.reshape(p.out_shape)
 
-    def mha(
-        self,
-        query,
-        key,
-        value,
-        params,
-        *,
-        num_heads,
-        num_kv_heads=None,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-        return_weights=False,
-        return_lse=False,
-    ):
+    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
+            bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
         # `attnspec.backends._mha`: F.linear projections, then self.sdpa per head. That avoids the
         # deviations of torch.nn.MultiheadAttention: the mask keeps the spec's polarity, True =
         # may attend (torch.mha-mask-polarity); a row with no visible key gets sdpa's 0, so b_o
         # (torch.mha-empty-row-nan); weights come back per head (torch.mha-weights-head-averaged).
-        return _mha.run(
-            self,
-            "torch.mha",
-            TorchHeadOps(),
-            self._info,
-            _lengths_to_numpy,
-            lambda: str(query.device),
-            query,
-            key,
-            value,
-            params,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            window=window,
-            scale=scale,
-            q_lengths=q_lengths,
-            kv_lengths=kv_lengths,
-            return_weights=return_weights,
-            **variant_keywords(locals()),
-        )
+        return _mha.run(self, "torch.mha", TorchHeadOps(), self._info, _lengths_to_numpy,
+                        lambda: str(query.device), query, key, value, params, num_heads=num_heads,
+                        num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal, window=window,
+                        scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                        return_weights=return_weights, **variant_keywords(locals()))
 
-    def lsh_attention(
-        self,
-        x,
-        v,
-        *,
-        rotations,
-        chunk_length,
-        causal=False,
-        kv_lengths=None,
-        dedup=False,
-        scale=None,
-        return_buckets=False,
-    ):
+    def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                      dedup=False, scale=None, return_buckets=False):
         # `attnspec.backends._lsh_xp` on torch ops, through array-api-compat's torch namespace
         import array_api_compat.torch as xp
 
         from attnspec.backends import _lsh_xp
 
-        p = _lsh_xp.plan(
-            "torch.lsh_attention",
-            self._info,
-            _lengths_to_numpy,
-            x,
-            v,
-            rotations,
-            chunk_length,
-            causal,
-            kv_lengths,
-            dedup,
-            scale,
-        )
+        p = _lsh_xp.plan("torch.lsh_attention", self._info, _lengths_to_numpy, x, v, rotations,
+                         chunk_length, causal, kv_lengths, dedup, scale)
         if p.L == 0 or 0 in p.batch:
             out, buckets = _lsh_xp.empty(xp, p, x.dtype, x.device)
         else:
             kv = _lsh_xp.kv_flat(p)
             out, buckets = _lsh_xp.lsh_attention(
-                xp,
-                p,
-                x,
-                v,
-                rotations.to(x.device),
-                None if kv is None else torch.tensor(kv, device=x.device),
-                nonfinite_v=not bool(torch.isfinite(v).all()),
-                device=x.device,
-            )
+                xp, p, x, v, rotations.to(x.device), None if kv is None else torch.tensor(kv, device=x.device),
+                nonfinite_v=not bool(torch.isfinite(v).all()), device=x.device)
         return (out, buckets) if return_buckets else out
 
 

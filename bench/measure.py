@@ -43,9 +43,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 __all__ = [
     "Timing",
@@ -128,7 +127,9 @@ def time_calls(
         for name in names if rounds % 2 == 0 else reversed(names):
             times[name].append(_timed(fns[name], sync))
         rounds += 1
-    return {name: Timing(statistics.median(ts), min(ts), max(ts), len(ts)) for name, ts in times.items()}
+    return {
+        name: Timing(statistics.median(ts), min(ts), max(ts), len(ts)) for name, ts in times.items()
+    }
 
 
 def matmul_tflops(backend: Any, dtype: str, device: str, size: int, budget_s: float) -> float:
@@ -216,16 +217,13 @@ def probe_peak(target: str, kwargs: dict[str, Any], timeout_s: float = 900) -> t
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "attnspec.bench.measure", spec],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=env,
+            capture_output=True, text=True, timeout=timeout_s, env=env,
         )
     except subprocess.TimeoutExpired:
         return None, f"failed: probe timed out after {timeout_s:.0f} s"
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(PROBE_PREFIX):
-            result = json.loads(line[len(PROBE_PREFIX) :])
+            result = json.loads(line[len(PROBE_PREFIX):])
             return result["peak_bytes"], result["method"]
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     return None, f"failed: probe exit code {proc.returncode}: {tail[:300]}"

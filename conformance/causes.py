@@ -39,18 +39,8 @@ def _mean_v(v: np.ndarray, group: int, full_shape: tuple[int, ...]) -> np.ndarra
     return np.broadcast_to(mean, (*full_shape[:-2], 1, mean.shape[-1]))
 
 
-def sdpa_causes(
-    plan,
-    vis: np.ndarray,
-    q,
-    k,
-    v,
-    got: np.ndarray,
-    golden: np.ndarray,
-    allowed: float,
-    got_w: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-) -> list[str]:
+def sdpa_causes(plan, vis: np.ndarray, q, k, v, got: np.ndarray, golden: np.ndarray, allowed: float,
+                got_w: np.ndarray | None = None, bias: np.ndarray | None = None) -> list[str]:
     """Causes for one sdpa case. ``vis`` is the case's visibility (*batch, Hq, n, m); ``got`` and
     ``golden`` are outputs in float64 (any shape holding (*batch, Hq, n, dv) elements)."""
     full = (*vis.shape[:-1], plan.dv)
@@ -59,9 +49,7 @@ def sdpa_causes(
     got, golden = got.reshape(full), golden.reshape(full)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(got - golden)
-        bad = (
-            (err > allowed) | (np.isfinite(golden) != np.isfinite(got)) | (np.isnan(got) & ~np.isnan(golden))
-        )
+        bad = (err > allowed) | (np.isfinite(golden) != np.isfinite(got)) | (np.isnan(got) & ~np.isnan(golden))
     bad_rows = bad.any(axis=-1)  # (*batch, Hq, n)
     empty = ~vis.any(axis=-1)  # (*batch, Hq, n)
     causes = []
@@ -77,25 +65,19 @@ def sdpa_causes(
             with np.errstate(invalid="ignore", over="ignore"):
                 close = np.abs(rows - mean) <= allowed + 1e-2 * np.abs(mean)
             what = "mean(V) over all keys" if close.all() else f"values up to {np.abs(rows).max():.3g}"
-        causes.append(
-            f"row with no visible key: expected 0, got {what} (rows {_rows(idx)} of (*batch, Hq, n))"
-        )
+        causes.append(f"row with no visible key: expected 0, got {what} (rows {_rows(idx)} of (*batch, Hq, n))")
     hidden_nonfinite = _hidden_nonfinite(plan, vis, k, v)
     leak = bad_rows & ~empty & ~np.isfinite(got).all(axis=-1) & np.isfinite(golden).all(axis=-1)
     if hidden_nonfinite and leak.any():
         causes.append(f"a hidden key's NaN/inf reached visible row {_rows(np.argwhere(leak))}")
     floor = bad_rows & ~empty & (_row_max_logit(plan, vis, q, k, bias) <= FLOOR)
     if floor.any():
-        causes.append(
-            f"rows whose visible logits are all <= {FLOOR:g} differ (rows {_rows(np.argwhere(floor))}): "
-            "hidden keys took weight there, as under a finite mask fill (-1e4, -1e9, finfo.min) "
-            "instead of excluding them"
-        )
+        causes.append(f"rows whose visible logits are all <= {FLOOR:g} differ (rows {_rows(np.argwhere(floor))}): "
+                      "hidden keys took weight there, as under a finite mask fill (-1e4, -1e9, finfo.min) "
+                      "instead of excluding them")
     if not causes and plan.group > 1 and plan.hkv > 1 and _matches_tiled(plan, q, k, v, vis, got, allowed):
-        causes.append(
-            "GQA heads tiled: query head h reads kv head h % Hkv; the spec's is h // G "
-            f"(G = Hq / Hkv = {plan.group})"
-        )
+        causes.append("GQA heads tiled: query head h reads kv head h % Hkv; the spec's is h // G "
+                      f"(G = Hq / Hkv = {plan.group})")
     if got_w is not None and got_w.size == vis.size:
         w = got_w.reshape(vis.shape)
         with np.errstate(invalid="ignore"):
@@ -125,11 +107,8 @@ def _row_max_logit(plan, vis: np.ndarray, q, k, bias) -> np.ndarray:
 
 def _hidden_nonfinite(plan, vis: np.ndarray, k, v) -> bool:
     """Whether some key hidden from some row holds NaN or inf in k or v."""
-    kv = (
-        np.concatenate([np.asarray(k, np.float64), np.asarray(v, np.float64)], axis=-1)
-        if k.shape[:-1] == v.shape[:-1]
+    kv = np.concatenate([np.asarray(k, np.float64), np.asarray(v, np.float64)], axis=-1) if k.shape[:-1] == v.shape[:-1] \
         else np.asarray(k, np.float64)
-    )
     bad_key = ~np.isfinite(kv).all(axis=-1)  # (..., Hkv, m)
     return bool(bad_key.any() and (~vis).any())
 

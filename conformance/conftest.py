@@ -17,9 +17,7 @@ def attn_backend(attn_backend_name, pytestconfig):
     try:
         backend = resolve_backend(attn_backend_name)
     except Exception as exc:  # an unusable backend is the user's first question: say why
-        pytest.fail(
-            f"backend {attn_backend_name!r} is not usable: {type(exc).__name__}: {exc}", pytrace=False
-        )
+        pytest.fail(f"backend {attn_backend_name!r} is not usable: {type(exc).__name__}: {exc}", pytrace=False)
     if ":" in attn_backend_name and "@" not in attn_backend_name:
         # a path-loaded class: failures and reproducers name it as the user did
         backend.name = attn_backend_name
@@ -45,28 +43,15 @@ def judge(attn_backend, attn_device, pytestconfig, request):
     deviations = declared_deviations(name, attn_backend)
 
     def run(function: str, prop: str, case, body, feature_case: dict | None = None) -> None:
-        base = {
-            "function": function,
-            "property": prop,
-            "feature": case.feature,
-            "dtype": case.dtype,
-            "tags": sorted(case.tags),
-            "shapes": {k: list(v) for k, v in case.shapes.items()},
-        }
+        base = {"function": function, "property": prop, "feature": case.feature, "dtype": case.dtype,
+                "tags": sorted(case.tags), "shapes": {k: list(v) for k, v in case.shapes.items()}}
         skipped = rec.start(nodeid, case_key(nodeid, case.describe(), case.seed))
         if skipped:
             rec.record(nodeid, {**base, "status": skipped, "message": f"{skipped} in an earlier attempt"})
             return
-        reasons = attn_backend.supports(
-            function,
-            dtype=case.dtype,
-            device=attn_device,
-            q_shape=case.q.shape,
-            k_shape=case.k.shape,
-            v_shape=case.v.shape,
-            **case.options,
-            **(feature_case or {}),
-        )
+        reasons = attn_backend.supports(function, dtype=case.dtype, device=attn_device,
+                                        q_shape=case.q.shape, k_shape=case.k.shape,
+                                        v_shape=case.v.shape, **case.options, **(feature_case or {}))
         if reasons:
             rec.record(nodeid, {**base, "status": "unsupported", "reason": "; ".join(reasons)})
             return
@@ -77,37 +62,23 @@ def judge(attn_backend, attn_device, pytestconfig, request):
             rec.record(nodeid, {**base, "status": "unsupported", "reason": str(exc)})
             return
         except SpecError as exc:
-            verdict = _raised(
-                name, function, prop, case, attn_device, f"raised SpecError on a valid input: {exc}"
-            )
+            verdict = _raised(name, function, prop, case, attn_device, f"raised SpecError on a valid input: {exc}")
         except Exception as exc:
             # the innermost frames: where inside the implementation it failed
-            verdict = _raised(
-                name,
-                function,
-                prop,
-                case,
-                attn_device,
-                f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}",
-            )
+            verdict = _raised(name, function, prop, case, attn_device,
+                              f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}")
         if verdict.status == "failed" and applicable:
             # every declared deviation whose conditions the case meets is credited with it
             verdict.status, verdict.deviation_id = "deviation", ",".join(dev_id(d) for d in applicable)
         worst = verdict.worst
-        rec.record(
-            nodeid,
-            {
-                **base,
-                "status": verdict.status,
-                "reason": verdict.reason,
-                "deviation_id": verdict.deviation_id,
-                "max_abs_err": worst.max_abs_err if worst else None,
-                "max_rel_err": worst.max_rel_err if worst else None,
-                "budget_used": worst.budget_used if worst else None,
-                "message": verdict.message if verdict.status == "failed" else "",
-                "exercised": [dev_id(d) for d in applicable],
-            },
-        )
+        rec.record(nodeid, {
+            **base, "status": verdict.status, "reason": verdict.reason, "deviation_id": verdict.deviation_id,
+            "max_abs_err": worst.max_abs_err if worst else None,
+            "max_rel_err": worst.max_rel_err if worst else None,
+            "budget_used": worst.budget_used if worst else None,
+            "message": verdict.message if verdict.status == "failed" else "",
+            "exercised": [dev_id(d) for d in applicable],
+        })
         if verdict.status == "failed":
             raise AssertionError(verdict.message)
 
@@ -124,8 +95,5 @@ def _raised(name, function, prop, case, device, text: str):
 
     snippet = "\n".join("    " + line for line in repro(name, case, device).splitlines())
     first, _, rest = text.partition("\n")
-    return Verdict(
-        "failed",
-        message=f"[{name}] {function} {prop}: {first}\n  case: {case.describe()} "
-        f"device={device}\n  {rest}\n  reproduce with:\n{snippet}",
-    )
+    return Verdict("failed", message=f"[{name}] {function} {prop}: {first}\n  case: {case.describe()} "
+                                     f"device={device}\n  {rest}\n  reproduce with:\n{snippet}")

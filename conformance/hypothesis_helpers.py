@@ -21,37 +21,14 @@ from attnspec.conformance.corners import corner_case, floor_levels, floor_rows
 MAX_SIDE = int(os.environ.get("ATTNSPEC_MAX_SIDE", "24"))
 SIDES = tuple(s for s in (1, 2, 3, 5, 8, 13, 16, 24, 32, 64) if s <= MAX_SIDE)
 DIMS = (1, 4, 8, 16)
-NP_DTYPES = {
-    "float16": np.float16,
-    "bfloat16": ml_dtypes.bfloat16,
-    "float32": np.float32,
-    "float64": np.float64,
-}
+NP_DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float64": np.float64}
 
 # feature -> what the case exercises. Every case is one feature; "combined" mixes several.
 SDPA_FEATURES = (
-    "plain",
-    "scale",
-    "rank2",
-    "batch_broadcast",
-    "gqa",
-    "mqa",
-    "dk_ne_dv",
-    "mask",
-    "bias",
-    "bias_neg_inf",
-    "causal_upper_left",
-    "causal_lower_right",
-    "window",
-    "window_lower_right",
-    "kv_lengths",
-    "q_lengths",
-    "no_visible_rows",
-    "masked_nonfinite",
-    "empty",
-    "large_logits",
-    "ties_and_zeros",
-    "combined",
+    "plain", "scale", "rank2", "batch_broadcast", "gqa", "mqa", "dk_ne_dv",
+    "mask", "bias", "bias_neg_inf", "causal_upper_left", "causal_lower_right",
+    "window", "window_lower_right", "kv_lengths", "q_lengths", "no_visible_rows",
+    "masked_nonfinite", "empty", "large_logits", "ties_and_zeros", "combined",
 )
 
 
@@ -72,12 +49,10 @@ class SDPACase:
 
     def describe(self) -> str:
         opts = ", ".join(f"{k}={_short(v)}" for k, v in sorted(self.options.items()))
-        return (
-            f"feature={self.feature} dtype={self.dtype} q{self.q.shape} k{self.k.shape} "
-            f"v{self.v.shape} {opts}"
-        ).rstrip()
+        return (f"feature={self.feature} dtype={self.dtype} q{self.q.shape} k{self.k.shape} "
+                f"v{self.v.shape} {opts}").rstrip()
 
-    def with_options(self, **options: Any) -> SDPACase:
+    def with_options(self, **options: Any) -> "SDPACase":
         return replace(self, options={**self.options, **options})
 
 
@@ -113,11 +88,8 @@ def _sdpa_cases(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
     if feature == "empty":
         n, m = draw(st.sampled_from([(0, m), (n, 0), (0, 0)]))
     dk = draw(st.sampled_from(DIMS))
-    dv = (
-        draw(st.sampled_from([d for d in DIMS if d != dk] or [dk]))
-        if feature == "dk_ne_dv"
-        else (draw(st.sampled_from(DIMS)) if feature == "combined" else dk)
-    )
+    dv = draw(st.sampled_from([d for d in DIMS if d != dk] or [dk])) if feature == "dk_ne_dv" else (
+        draw(st.sampled_from(DIMS)) if feature == "combined" else dk)
     if dk != dv:
         tags.add("dk_ne_dv")
     if group > 1:
@@ -176,9 +148,7 @@ def _sdpa_cases(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
             tags.add("finite_floor")
         options["bias"] = bias
     if feature in ("causal_upper_left", "window", "combined"):
-        options["causal"] = draw(
-            st.sampled_from(["upper_left", None] if feature == "window" else ["upper_left"])
-        )
+        options["causal"] = draw(st.sampled_from(["upper_left", None] if feature == "window" else ["upper_left"]))
     if feature in ("causal_lower_right", "window_lower_right"):
         options["causal"] = "lower_right"
     if feature == "combined" and draw(st.booleans()):
@@ -186,9 +156,7 @@ def _sdpa_cases(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
     if feature in ("window", "window_lower_right", "combined"):
         options["window"] = (draw(st.integers(0, 4)), draw(st.integers(0, 4)))
     if feature in ("kv_lengths", "no_visible_rows", "masked_nonfinite", "combined") and not rank2:
-        options["kv_lengths"] = rng.integers(
-            0 if feature == "no_visible_rows" else min(1, m), m + 1, size=batch
-        )
+        options["kv_lengths"] = rng.integers(0 if feature == "no_visible_rows" else min(1, m), m + 1, size=batch)
     if feature in ("q_lengths", "combined") and not rank2:
         options["q_lengths"] = rng.integers(0, n + 1, size=batch)
     if feature == "masked_nonfinite":
@@ -221,30 +189,11 @@ def case_plan(q, k, v, options: dict[str, Any]):
     from attnspec.spec.sdpa import _validate
 
     o = options
-    extras = SDPAExtras(
-        o.get("alibi_slopes"),
-        o.get("sinks"),
-        o.get("q_segment_ids"),
-        o.get("kv_segment_ids"),
-        o.get("dropout_mask"),
-    )
-    plan = _validate(
-        "sdpa",
-        q,
-        k,
-        v,
-        o.get("mask"),
-        o.get("bias"),
-        o.get("causal"),
-        o.get("window"),
-        o.get("scale"),
-        o.get("q_lengths"),
-        o.get("kv_lengths"),
-        extras,
-        o.get("softcap"),
-        o.get("dropout_p"),
-        bool(o.get("return_lse")),
-    )
+    extras = SDPAExtras(o.get("alibi_slopes"), o.get("sinks"), o.get("q_segment_ids"),
+                        o.get("kv_segment_ids"), o.get("dropout_mask"))
+    plan = _validate("sdpa", q, k, v, o.get("mask"), o.get("bias"), o.get("causal"), o.get("window"),
+                     o.get("scale"), o.get("q_lengths"), o.get("kv_lengths"), extras, o.get("softcap"),
+                     o.get("dropout_p"), bool(o.get("return_lse")))
     return plan, extras
 
 
@@ -254,9 +203,7 @@ def _tag_visibility(tags: set[str], q, k, v, options) -> None:
     vis = full_visibility(plan, options)
     if plan.n and plan.hq and (plan.m == 0 or not vis.any(axis=-1).all()):
         tags.add("no_visible_row")
-    nonfinite = ~np.isfinite(k.astype(np.float64)).all(axis=-1) | ~np.isfinite(v.astype(np.float64)).all(
-        axis=-1
-    )
+    nonfinite = ~np.isfinite(k.astype(np.float64)).all(axis=-1) | ~np.isfinite(v.astype(np.float64)).all(axis=-1)
     if nonfinite.any():
         tags.add("masked_nonfinite")
     if options.get("causal"):
@@ -273,16 +220,10 @@ def full_visibility(plan, options) -> np.ndarray:
     """The case's visibility broadcast to (*batch, Hq, n, m)."""
     from attnspec.spec.masks import visibility
 
-    vis = visibility(
-        plan.n,
-        plan.m,
-        causal=plan.causal,
-        window=plan.window,
-        q_lengths=plan.q_lengths,
-        kv_lengths=plan.kv_lengths,
-        q_segment_ids=options.get("q_segment_ids"),
-        kv_segment_ids=options.get("kv_segment_ids"),
-    )
+    vis = visibility(plan.n, plan.m, causal=plan.causal, window=plan.window,
+                     q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths,
+                     q_segment_ids=options.get("q_segment_ids"),
+                     kv_segment_ids=options.get("kv_segment_ids"))
     full = np.ones(plan.full_weights_shape, bool)
     if vis is not None:
         full &= vis
@@ -296,30 +237,12 @@ def full_visibility(plan, options) -> np.ndarray:
 # -- the attention variants of issue #15 --------------------------------------------------------
 
 #: one feature per variant (the names of `attnspec.backends.VARIANT_FEATURES`), and all together
-VARIANT_FEATURES = (
-    "softcap",
-    "alibi",
-    "sinks",
-    "lse",
-    "segments",
-    "causal_lower_right_lengths",
-    "dropout",
-    "variants_combined",
-)
+VARIANT_FEATURES = ("softcap", "alibi", "sinks", "lse", "segments", "causal_lower_right_lengths",
+                    "dropout", "variants_combined")
 #: the sdpa features a variant case is drawn on top of (rank-2 and empty cases are the base
 #: suite's business)
-_VARIANT_BASES = (
-    "plain",
-    "gqa",
-    "mask",
-    "bias",
-    "kv_lengths",
-    "q_lengths",
-    "causal_lower_right",
-    "window_lower_right",
-    "large_logits",
-    "combined",
-)
+_VARIANT_BASES = ("plain", "gqa", "mask", "bias", "kv_lengths", "q_lengths", "causal_lower_right",
+                  "window_lower_right", "large_logits", "combined")
 
 
 def segment_ids(rng: np.random.Generator, shape: tuple[int, ...], segments: int) -> np.ndarray:
@@ -327,13 +250,12 @@ def segment_ids(rng: np.random.Generator, shape: tuple[int, ...], segments: int)
     ids = np.sort(rng.integers(0, segments, size=shape), axis=-1)
     if shape[-1] and rng.random() < 0.5:
         pad = int(rng.integers(0, shape[-1] // 2 + 1))
-        ids[..., shape[-1] - pad :] = -1
+        ids[..., shape[-1] - pad:] = -1
     return ids.astype(np.int64)
 
 
-def variant_cases(
-    dtype: str, features: tuple[str, ...] = VARIANT_FEATURES, bases: tuple[str, ...] = _VARIANT_BASES
-):
+def variant_cases(dtype: str, features: tuple[str, ...] = VARIANT_FEATURES,
+                  bases: tuple[str, ...] = _VARIANT_BASES):
     """One sdpa call with a drawn variant (or all of them) on top of a drawn base case; a `Corner`
     puts the first of ``features`` on the corner case."""
     strategy = _variant_cases(dtype, features, bases)

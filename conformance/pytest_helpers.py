@@ -8,9 +8,8 @@ reproduces the call.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -19,18 +18,8 @@ from attnspec.backends._compare import Golden, sdpa_golden
 from attnspec.conformance.hypothesis_helpers import SDPACase
 from attnspec.spec.tolerance import Comparison
 
-__all__ = [
-    "Golden",
-    "Verdict",
-    "bad_input_verdict",
-    "call_sdpa",
-    "check_metadata",
-    "failure_message",
-    "golden_for",
-    "repro",
-    "resolve_backend",
-    "to_backend",
-]
+__all__ = ["Golden", "Verdict", "bad_input_verdict", "call_sdpa", "check_metadata", "failure_message", "golden_for", "repro",
+           "resolve_backend", "to_backend"]
 
 
 @dataclass
@@ -66,11 +55,8 @@ def to_backend(backend, case: SDPACase, device: str | None, options: dict[str, A
     conv = {}
     for name, value in opts.items():
         conv[name] = backend.asarray(value, device=device) if isinstance(value, np.ndarray) else value
-    return (
-        backend.asarray(case.q, device=device),
-        backend.asarray(case.k, device=device),
-        backend.asarray(case.v, device=device),
-    ), conv
+    return (backend.asarray(case.q, device=device), backend.asarray(case.k, device=device),
+            backend.asarray(case.v, device=device)), conv
 
 
 def call_sdpa(backend, case: SDPACase, device: str | None, **extra: Any):
@@ -89,15 +75,8 @@ def golden_for(case: SDPACase) -> Golden:
     return sdpa_golden(case.q, case.k, case.v, **case.options)
 
 
-def bad_input_verdict(
-    backend_name: str,
-    fn: str,
-    bad_id: str,
-    match: str,
-    call: Callable[[], Any],
-    named: str | None = None,
-    named_first: bool = False,
-) -> Verdict:
+def bad_input_verdict(backend_name: str, fn: str, bad_id: str, match: str, call: Callable[[], Any],
+                      named: str | None = None, named_first: bool = False) -> Verdict:
     """Judge one entry of a bad-input catalogue: ``call()`` must raise `SpecError` whose message
     matches ``match`` (a regex) and, when ``named`` is given, contains it (at the start with
     ``named_first``): the function's name. Any other outcome fails, saying what happened."""
@@ -110,24 +89,15 @@ def bad_input_verdict(
         named_ok = named is None or (text.startswith(named) if named_first else named in text)
         if re.search(match, text) and named_ok:
             return Verdict("passed")
-        return Verdict(
-            "failed", message=f"{head}: SpecError message {text!r} should match {match!r}{name_rule}"
-        )
+        return Verdict("failed", message=f"{head}: SpecError message {text!r} should match {match!r}{name_rule}")
     except Exception as exc:
-        return Verdict(
-            "failed",
-            message=(
-                f"{head}: raised {type(exc).__name__}: {exc}, but should raise SpecError matching {match!r}"
-            ),
-        )
-    return Verdict(
-        "failed", message=f"{head}: returned a result, but should raise SpecError matching {match!r}"
-    )
+        return Verdict("failed", message=(f"{head}: raised {type(exc).__name__}: {exc}, but should raise "
+                                          f"SpecError matching {match!r}"))
+    return Verdict("failed", message=f"{head}: returned a result, but should raise SpecError matching {match!r}")
 
 
-def check_metadata(
-    backend, result, expected_shape, dtype: str, device: str | None, what: str = "out"
-) -> list[str]:
+def check_metadata(backend, result, expected_shape, dtype: str, device: str | None,
+                   what: str = "out") -> list[str]:
     """Shape, dtype and device of one result array (``what`` names it in the problems).
 
     The device is the backend's own name for it (`Backend.device_of`), compared with the device
@@ -165,17 +135,8 @@ def repro(backend_name: str, case: SDPACase, device: str | None, fn: str = "sdpa
             return f"np.array({x.astype(int).tolist()}, dtype=bool)"
         if x.dtype.kind in "iu":
             return f"np.array({x.tolist()}, dtype=np.int64)"
-        vals = (
-            np.array2string(
-                x.astype(np.float64),
-                separator=", ",
-                threshold=10**9,
-                floatmode="unique",
-                max_line_width=10**9,
-            )
-            .replace("nan", "np.nan")
-            .replace("inf", "np.inf")
-        )
+        vals = np.array2string(x.astype(np.float64), separator=", ", threshold=10**9, floatmode="unique",
+                               max_line_width=10**9).replace("nan", "np.nan").replace("inf", "np.inf")
         return f"np.array({vals}, dtype={dt})"
 
     for name in ("q", "k", "v"):
@@ -196,17 +157,9 @@ def repro(backend_name: str, case: SDPACase, device: str | None, fn: str = "sdpa
     return "\n".join(lines)
 
 
-def failure_message(
-    backend_name: str,
-    prop: str,
-    case: SDPACase,
-    device: str | None,
-    comparisons: dict[str, Comparison],
-    problems: list[str],
-    fn: str = "sdpa",
-    causes: list[str] | None = None,
-    **extra: Any,
-) -> str:
+def failure_message(backend_name: str, prop: str, case: SDPACase, device: str | None,
+                    comparisons: dict[str, Comparison], problems: list[str], fn: str = "sdpa",
+                    causes: list[str] | None = None, **extra: Any) -> str:
     """The failure, its cause first: ``[backend] fn prop: CAUSE`` (when one is known), then the
     case, the problems and comparisons, and the reproducer."""
     cause = "; ".join(causes or [])

@@ -91,34 +91,18 @@ class Recorder:
             self.test_finished(node, "incomplete")
         rows: dict[tuple, dict[str, Any]] = {}
         failures = []
-        failed_keys: set[tuple[str, str, str]] = (
-            set()
-        )  # the first failure of each (function, feature, dtype) is kept
+        failed_keys: set[tuple[str, str, str]] = set()  # the first failure of each (function, feature, dtype) is kept
         for r in self.records:
             key = (r["function"], r["property"], r["feature"], r["dtype"])
-            row = rows.setdefault(
-                key,
-                {
-                    "function": key[0],
-                    "property": key[1],
-                    "feature": key[2],
-                    "dtype": key[3],
-                    "run": 0,
-                    **{s: 0 for s in STATUSES},
-                    "max_abs_err": None,
-                    "max_rel_err": None,
-                    "max_budget_used": None,
-                    "unsupported_reasons": [],
-                    "deviation_ids": [],
-                },
-            )
+            row = rows.setdefault(key, {
+                "function": key[0], "property": key[1], "feature": key[2], "dtype": key[3],
+                "run": 0, **{s: 0 for s in STATUSES}, "max_abs_err": None, "max_rel_err": None,
+                "max_budget_used": None, "unsupported_reasons": [], "deviation_ids": [],
+            })
             row["run"] += 1
             row[r["status"]] += 1
-            for field, src in (
-                ("max_abs_err", "max_abs_err"),
-                ("max_rel_err", "max_rel_err"),
-                ("max_budget_used", "budget_used"),
-            ):
+            for field, src in (("max_abs_err", "max_abs_err"), ("max_rel_err", "max_rel_err"),
+                               ("max_budget_used", "budget_used")):
                 val = r.get(src)
                 if val is not None and r["status"] in ("passed", "failed"):
                     row[field] = val if row[field] is None else max(row[field], val)
@@ -128,14 +112,10 @@ class Recorder:
                 if did and did not in row["deviation_ids"]:
                     row["deviation_ids"].append(did)
             first_of_key = (key[0], key[2], key[3]) not in failed_keys
-            if r["status"] in ("failed", "crashed", "timeout") and (
-                first_of_key or len(failures) < MAX_FAILURES_KEPT
-            ):
+            if r["status"] in ("failed", "crashed", "timeout") and (first_of_key or len(failures) < MAX_FAILURES_KEPT):
                 failed_keys.add((key[0], key[2], key[3]))
-                failures.append(
-                    {k: r.get(k) for k in ("function", "property", "feature", "dtype", "status")}
-                    | {"message": r.get("message", ""), "repro": r.get("repro", "")}
-                )
+                failures.append({k: r.get(k) for k in ("function", "property", "feature", "dtype", "status")}
+                                | {"message": r.get("message", ""), "repro": r.get("repro", "")})
         observed: dict[str, int] = defaultdict(int)
         for r in self.records:
             for did in (r.get("deviation_id") or "").split(","):
@@ -148,14 +128,8 @@ class Recorder:
             # (nox -s atlas), not because the suite's cases with its tags all passed
             stale = self.deviation_exercised[did] and not getattr(dev, "question", None)
             status = "observed" if observed[did] else "stale" if stale else "not_exercised"
-            deviations.append(
-                {
-                    "id": did,
-                    "status": status,
-                    "observed": observed[did],
-                    "exercised": self.deviation_exercised[did],
-                }
-            )
+            deviations.append({"id": did, "status": status, "observed": observed[did],
+                               "exercised": self.deviation_exercised[did]})
         results = {
             "schema": "attnspec.conformance/1",
             "backend": self.backend_name,
@@ -184,15 +158,11 @@ class Recorder:
             "frameworks": framework_versions(),
             "numerics_policy": policy,
             "hypothesis_profile": self.profile,
-            "hypothesis_seed": "derandomized"
-            if PROFILE_EXAMPLES.get(self.profile, (0, False))[1]
-            else "random",
+            "hypothesis_seed": "derandomized" if PROFILE_EXAMPLES.get(self.profile, (0, False))[1] else "random",
             "max_side": int(os.environ.get("ATTNSPEC_MAX_SIDE", "24")),
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "elapsed_s": round(time.time() - self.started, 1),
-            "first_result_s": None
-            if self.first_result_at is None
-            else round(self.first_result_at - self.started, 1),
+            "first_result_s": None if self.first_result_at is None else round(self.first_result_at - self.started, 1),
         }
 
     def write_results(self, path: str) -> None:
@@ -212,7 +182,7 @@ def declared_deviations(backend_name: str, backend=None) -> list:
 
 
 def dev_id(dev) -> str:
-    return getattr(dev, "id", None) or dev.deviation_id
+    return getattr(dev, "id", None) or getattr(dev, "deviation_id")
 
 
 def device_name(backend, device) -> str:

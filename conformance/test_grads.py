@@ -15,13 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnspec.conformance.corners import with_corners
-from attnspec.conformance.hypothesis_helpers import (
-    NP_DTYPES,
-    SDPACase,
-    _tag_visibility,
-    full_visibility,
-    sdpa_cases,
-)
+from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility, full_visibility, sdpa_cases
 from attnspec.conformance.pytest_helpers import Verdict, check_metadata, repro, to_backend
 from attnspec.spec._validate import FLOAT_DTYPES
 from attnspec.spec.grads import sdpa_vjp
@@ -34,19 +28,8 @@ DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 
 def _plan(case: SDPACase):
     o = case.options
-    return _validate(
-        "sdpa",
-        case.q,
-        case.k,
-        case.v,
-        o.get("mask"),
-        o.get("bias"),
-        o.get("causal"),
-        o.get("window"),
-        o.get("scale"),
-        o.get("q_lengths"),
-        o.get("kv_lengths"),
-    )
+    return _validate("sdpa", case.q, case.k, case.v, o.get("mask"), o.get("bias"), o.get("causal"),
+                     o.get("window"), o.get("scale"), o.get("q_lengths"), o.get("kv_lengths"))
 
 
 def _vjp_case(case: SDPACase) -> tuple[SDPACase, np.ndarray]:
@@ -59,10 +42,8 @@ def _vjp_case(case: SDPACase) -> tuple[SDPACase, np.ndarray]:
 def golden_vjp(case: SDPACase, d_out: np.ndarray):
     """(golden gradients float64, allowed per gradient) for one case."""
     o = {k: v for k, v in case.options.items() if k != "return_weights"}
-    f64 = {
-        k: v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype.name in FLOAT_DTYPES else v
-        for k, v in o.items()
-    }
+    f64 = {k: v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype.name in FLOAT_DTYPES else v
+           for k, v in o.items()}
     q64, k64, v64, d64 = (x.astype(np.float64) for x in (case.q, case.k, case.v, d_out))
     golden = sdpa_vjp(q64, k64, v64, d64, **f64)
     plan = _plan(case)
@@ -86,11 +67,9 @@ def _message(backend_name: str, prop: str, case: SDPACase, device, comparisons, 
     for name, c in comparisons.items():
         if not c.ok:
             where = f" at index {c.worst_index}" if c.worst_index is not None else ""
-            lines.append(
-                f"  {name}: max abs err {c.max_abs_err:.3e}{where} > allowed {c.allowed:.3e} "
-                f"(budget used {c.budget_used:.3g}); {100 * c.out_of_tolerance:.1f}% of elements "
-                f"out of tolerance; {c.nonfinite_mismatch} NaN/inf mismatches"
-            )
+            lines.append(f"  {name}: max abs err {c.max_abs_err:.3e}{where} > allowed {c.allowed:.3e} "
+                         f"(budget used {c.budget_used:.3g}); {100 * c.out_of_tolerance:.1f}% of elements "
+                         f"out of tolerance; {c.nonfinite_mismatch} NaN/inf mismatches")
     lines.append("  reproduce with (the forward; the vjp takes d_out = the same seed's normal draw):")
     lines += ["    " + line for line in repro(backend_name, case, device).splitlines()]
     return "\n".join(lines)
@@ -98,24 +77,19 @@ def _message(backend_name: str, prop: str, case: SDPACase, device, comparisons, 
 
 def judge_grads(backend, device, prop, case, d_out, grads, golden_case=None, extra_problems=()) -> Verdict:
     golden, allowed = golden_vjp(golden_case or case, d_out)
-    names = GRAD_NAMES[: len(golden)]
+    names = GRAD_NAMES[:len(golden)]
     problems = list(extra_problems)
     if not isinstance(grads, tuple) or len(grads) != len(golden):
-        problems.append(
-            f"returned {type(grads).__name__} of {len(grads) if isinstance(grads, tuple) else '?'} "
-            f"arrays, but should return a tuple ({', '.join(names)})"
-        )
+        problems.append(f"returned {type(grads).__name__} of {len(grads) if isinstance(grads, tuple) else '?'} "
+                        f"arrays, but should return a tuple ({', '.join(names)})")
         return Verdict("failed", {}, _message(backend.name, prop, case, device, {}, problems))
     comparisons: dict[str, Comparison] = {}
     for name, g, want in zip(names, grads, golden):
-        problems += [
-            p.replace("out.", f"{name}.") for p in check_metadata(backend, g, want.shape, case.dtype, device)
-        ]
+        problems += [p.replace("out.", f"{name}.") for p in
+                     check_metadata(backend, g, want.shape, case.dtype, device)]
         comparisons[name] = compare(backend.to_numpy(g).astype(np.float64), want, allowed[name])
     if problems or not all(c.ok for c in comparisons.values()):
-        return Verdict(
-            "failed", comparisons, _message(backend.name, prop, case, device, comparisons, problems)
-        )
+        return Verdict("failed", comparisons, _message(backend.name, prop, case, device, comparisons, problems))
     return Verdict("passed", comparisons)
 
 
@@ -127,14 +101,8 @@ def test_vjp_matches_golden(attn_backend, attn_device, judge, dtype, data):
     case, d_out = _vjp_case(data.draw(sdpa_cases(dtype), label="case"))
 
     def body():
-        return judge_grads(
-            attn_backend,
-            attn_device,
-            "matches_golden",
-            case,
-            d_out,
-            call_vjp(attn_backend, case, d_out, attn_device),
-        )
+        return judge_grads(attn_backend, attn_device, "matches_golden", case, d_out,
+                           call_vjp(attn_backend, case, d_out, attn_device))
 
     judge("sdpa_vjp", "matches_golden", case, body)
 
@@ -172,21 +140,11 @@ def test_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, data)
             for name, g in (("dk", grads[1]), ("dv", grads[2])):
                 got = attn_backend.to_numpy(g).astype(np.float64)[..., hidden, :]
                 if got.size and not (got == 0).all():
-                    problems.append(
-                        f"{name} of the {int(hidden.sum())} hidden keys is not exactly 0: "
-                        f"max |{name}| = {np.nanmax(np.abs(got), initial=0):.3e}, "
-                        f"{int((~(got == 0)).sum())} nonzero or NaN entries"
-                    )
-        return judge_grads(
-            attn_backend,
-            attn_device,
-            "masked_keys_get_zero",
-            poisoned,
-            d_out,
-            grads,
-            golden_case=clean,
-            extra_problems=problems,
-        )
+                    problems.append(f"{name} of the {int(hidden.sum())} hidden keys is not exactly 0: "
+                                    f"max |{name}| = {np.nanmax(np.abs(got), initial=0):.3e}, "
+                                    f"{int((~(got == 0)).sum())} nonzero or NaN entries")
+        return judge_grads(attn_backend, attn_device, "masked_keys_get_zero", poisoned, d_out, grads,
+                           golden_case=clean, extra_problems=problems)
 
     judge("sdpa_vjp", "masked_keys_get_zero", poisoned, body)
 
@@ -196,9 +154,8 @@ def test_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, data)
 @given(data=st.data())
 def test_vjp_empty_rows_zero_and_finite(attn_backend, attn_device, judge, dtype, data):
     """A query row with no visible key gets dq = 0 (and dbias = 0); every gradient is finite."""
-    case, d_out = _vjp_case(
-        data.draw(sdpa_cases(dtype, ("no_visible_rows", "q_lengths", "bias_neg_inf")), label="case")
-    )
+    case, d_out = _vjp_case(data.draw(sdpa_cases(dtype, ("no_visible_rows", "q_lengths", "bias_neg_inf")),
+                                      label="case"))
     plan = _plan(case)
     empty = ~full_visibility(plan, case.options).any(axis=-1)  # (*batch, Hq, n)
 
@@ -209,27 +166,15 @@ def test_vjp_empty_rows_zero_and_finite(attn_backend, attn_device, judge, dtype,
             arrays = [attn_backend.to_numpy(g).astype(np.float64) for g in grads]
             for name, g in zip(GRAD_NAMES, arrays):
                 if not np.isfinite(g).all():
-                    problems.append(
-                        f"{name} has {int((~np.isfinite(g)).sum())} NaN/inf entries; the inputs "
-                        "are finite, so every gradient must be"
-                    )
-            dq = np.broadcast_to(
-                arrays[0].reshape(_with_head_shape(case.q.shape)), (*plan.batch, plan.hq, plan.n, plan.dk)
-            )
+                    problems.append(f"{name} has {int((~np.isfinite(g)).sum())} NaN/inf entries; the inputs "
+                                    "are finite, so every gradient must be")
+            dq = np.broadcast_to(arrays[0].reshape(_with_head_shape(case.q.shape)),
+                                 (*plan.batch, plan.hq, plan.n, plan.dk))
             if empty.any() and not (dq[empty] == 0).all():
-                problems.append(
-                    f"dq of the {int(empty.sum())} rows with no visible key is not exactly 0 "
-                    f"(max |dq| there {np.nanmax(np.abs(dq[empty]), initial=0):.3e})"
-                )
-        return judge_grads(
-            attn_backend,
-            attn_device,
-            "empty_rows_zero_and_finite",
-            case,
-            d_out,
-            grads,
-            extra_problems=problems,
-        )
+                problems.append(f"dq of the {int(empty.sum())} rows with no visible key is not exactly 0 "
+                                f"(max |dq| there {np.nanmax(np.abs(dq[empty]), initial=0):.3e})")
+        return judge_grads(attn_backend, attn_device, "empty_rows_zero_and_finite", case, d_out, grads,
+                           extra_problems=problems)
 
     judge("sdpa_vjp", "empty_rows_zero_and_finite", case, body)
 
@@ -254,13 +199,8 @@ def test_vjp_deterministic(attn_backend, attn_device, judge, dtype, data):
             if not (x.shape == y.shape and np.array_equal(x, y, equal_nan=True)):
                 diffs.append(f"{name}: max |a - b| = {np.nanmax(np.abs(x - y), initial=0):.3e}")
         if diffs:
-            return Verdict(
-                "failed",
-                message=(
-                    f"[{attn_backend.name}] sdpa_vjp deterministic: {case.describe()}\n"
-                    "  two identical calls differ: " + "; ".join(diffs)
-                ),
-            )
+            return Verdict("failed", message=(f"[{attn_backend.name}] sdpa_vjp deterministic: {case.describe()}\n"
+                                              "  two identical calls differ: " + "; ".join(diffs)))
         return Verdict("passed")
 
     judge("sdpa_vjp", "deterministic", case, body)

@@ -47,8 +47,7 @@ def test_long_sequence_matches_golden(attn_backend, attn_device, judge, pytestco
     case = long_case()
 
     def body():
-        return _judge_output(
-            attn_backend, attn_device, "matches_golden", case, call_sdpa(attn_backend, case, attn_device)
-        )
+        return _judge_output(attn_backend, attn_device, "matches_golden", case,
+                             call_sdpa(attn_backend, case, attn_device))
 
     judge("sdpa", "long", case, body)

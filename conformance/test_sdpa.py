@@ -47,38 +47,23 @@ def _judge_output(backend, device, prop, case, result, golden_case=None, **extra
         if lse is None:
             problems.append("returned no lse, but return_lse=True asks for it last")
         else:
-            problems += [
-                p.replace("out.", "lse.")
-                for p in check_metadata(backend, lse, g.lse.shape, _plan(case).lse_dtype, device)
-            ]
+            problems += [p.replace("out.", "lse.") for p in
+                         check_metadata(backend, lse, g.lse.shape, _plan(case).lse_dtype, device)]
             comparisons["lse"] = compare(backend.to_numpy(lse).astype(np.float64), g.lse, g.allowed_lse)
     if weights is not None:
-        problems += [
-            p.replace("out.", "weights.")
-            for p in check_metadata(backend, weights, g.weights.shape, case.dtype, device)
-        ]
+        problems += [p.replace("out.", "weights.") for p in
+                     check_metadata(backend, weights, g.weights.shape, case.dtype, device)]
         comparisons["weights"] = compare(backend.to_numpy(weights).astype(np.float64), g.weights, g.allowed_w)
     if problems or not all(c.ok for c in comparisons.values()):
         causes = problems[:1]
         if not problems:
             got_w = None if weights is None else backend.to_numpy(weights).astype(np.float64)
-            causes = sdpa_causes(
-                _plan(case),
-                full_visibility(_plan(golden_case or case), (golden_case or case).options),
-                case.q,
-                case.k,
-                case.v,
-                backend.to_numpy(out).astype(np.float64),
-                g.out,
-                g.allowed_out,
-                got_w,
-                bias=case.options.get("bias"),
-            )
-        return Verdict(
-            "failed",
-            comparisons,
-            failure_message(backend.name, prop, case, device, comparisons, problems, causes=causes, **extra),
-        )
+            causes = sdpa_causes(_plan(case), full_visibility(_plan(golden_case or case), (golden_case or case).options),
+                                 case.q, case.k, case.v, backend.to_numpy(out).astype(np.float64), g.out,
+                                 g.allowed_out, got_w, bias=case.options.get("bias"))
+        return Verdict("failed", comparisons,
+                       failure_message(backend.name, prop, case, device, comparisons, problems, causes=causes,
+                                       **extra))
     return Verdict("passed", comparisons)
 
 
@@ -93,9 +78,8 @@ def test_matches_golden(attn_backend, attn_device, judge, dtype, data):
         case = case.with_options(return_weights=True)
 
     def body():
-        return _judge_output(
-            attn_backend, attn_device, "matches_golden", case, call_sdpa(attn_backend, case, attn_device)
-        )
+        return _judge_output(attn_backend, attn_device, "matches_golden", case,
+                             call_sdpa(attn_backend, case, attn_device))
 
     judge("sdpa", "matches_golden", case, body)
 
@@ -122,12 +106,10 @@ def test_weights_rows_sum_to_one_or_zero(attn_backend, attn_device, judge, dtype
         bad_full = np.abs(sums[~empty] - 1) > bound
         bad_empty = sums[empty] != 0
         if bad_full.any() or bad_empty.any():
-            msg = (
-                f"[{attn_backend.name}] sdpa weights_rows: {case.describe()}\n"
-                f"  {int(bad_full.sum())} rows with visible keys do not sum to 1 within {bound:.3e}"
-                f" (worst {np.abs(sums[~empty] - 1).max(initial=0):.3e}); {int(bad_empty.sum())} rows "
-                "with no visible key do not sum to exactly 0"
-            )
+            msg = (f"[{attn_backend.name}] sdpa weights_rows: {case.describe()}\n"
+                   f"  {int(bad_full.sum())} rows with visible keys do not sum to 1 within {bound:.3e}"
+                   f" (worst {np.abs(sums[~empty] - 1).max(initial=0):.3e}); {int(bad_empty.sum())} rows "
+                   "with no visible key do not sum to exactly 0")
             return Verdict("failed", verdict.comparisons, msg)
         return verdict
 
@@ -140,9 +122,7 @@ def _explicit(case: SDPACase) -> SDPACase:
     if case.q.ndim == 2:
         vis = vis.reshape(vis.shape[-2:])
     opts = {k: v for k, v in case.options.items() if k in ("bias", "scale", "return_weights")}
-    return SDPACase(
-        case.feature, case.dtype, case.q, case.k, case.v, {**opts, "mask": vis}, case.tags, case.seed
-    )
+    return SDPACase(case.feature, case.dtype, case.q, case.k, case.v, {**opts, "mask": vis}, case.tags, case.seed)
 
 
 @DTYPES
@@ -165,14 +145,8 @@ def test_masked_keys_are_absent(attn_backend, attn_device, judge, dtype, data):
     poisoned = SDPACase(clean.feature, clean.dtype, case.q, k, v, options, clean.tags, clean.seed)
 
     def body():
-        return _judge_output(
-            attn_backend,
-            attn_device,
-            "masked_keys_are_absent",
-            poisoned,
-            call_sdpa(attn_backend, poisoned, attn_device),
-            golden_case=clean,
-        )
+        return _judge_output(attn_backend, attn_device, "masked_keys_are_absent", poisoned,
+                             call_sdpa(attn_backend, poisoned, attn_device), golden_case=clean)
 
     judge("sdpa", "masked_keys_are_absent", poisoned, body)
 
@@ -189,26 +163,12 @@ def test_key_permutation(attn_backend, attn_device, judge, dtype, data):
     opts["mask"] = opts["mask"][..., perm]
     if "bias" in opts:
         opts["bias"] = np.broadcast_to(opts["bias"], opts["bias"].shape[:-1] + (m,))[..., perm]
-    permuted = SDPACase(
-        case.feature,
-        case.dtype,
-        case.q,
-        case.k[..., perm, :],
-        case.v[..., perm, :],
-        opts,
-        case.tags,
-        case.seed,
-    )
+    permuted = SDPACase(case.feature, case.dtype, case.q, case.k[..., perm, :], case.v[..., perm, :],
+                        opts, case.tags, case.seed)
 
     def body():
-        return _judge_output(
-            attn_backend,
-            attn_device,
-            "key_permutation",
-            permuted,
-            call_sdpa(attn_backend, permuted, attn_device),
-            golden_case=case,
-        )
+        return _judge_output(attn_backend, attn_device, "key_permutation", permuted,
+                             call_sdpa(attn_backend, permuted, attn_device), golden_case=case)
 
     judge("sdpa", "key_permutation", permuted, body)
 
@@ -226,14 +186,10 @@ def test_deterministic(attn_backend, attn_device, judge, dtype, data):
         if a.shape == b.shape and np.array_equal(a, b, equal_nan=True):
             return Verdict("passed")
         diff = np.abs(a - b)
-        return Verdict(
-            "failed",
-            message=(
-                f"[{attn_backend.name}] sdpa deterministic: {case.describe()}\n"
-                f"  two identical calls differ: max |a - b| = {np.nanmax(diff, initial=0):.3e}, "
-                f"{int((~((a == b) | (np.isnan(a) & np.isnan(b)))).sum())} elements differ"
-            ),
-        )
+        return Verdict("failed", message=(
+            f"[{attn_backend.name}] sdpa deterministic: {case.describe()}\n"
+            f"  two identical calls differ: max |a - b| = {np.nanmax(diff, initial=0):.3e}, "
+            f"{int((~((a == b) | (np.isnan(a) & np.isnan(b)))).sum())} elements differ"))
 
     judge("sdpa", "deterministic", case, body)
 
@@ -247,23 +203,11 @@ def test_bad_input_raises_spec_error(attn_backend, attn_device, judge, bad):
 
     def body():
         (bq, bk, bv), opts = to_backend(attn_backend, case, attn_device)
-        return bad_input_verdict(
-            attn_backend.name, "sdpa", bad.id, bad.match, lambda: attn_backend.sdpa(bq, bk, bv, **opts)
-        )
+        return bad_input_verdict(attn_backend.name, "sdpa", bad.id, bad.match,
+                                 lambda: attn_backend.sdpa(bq, bk, bv, **opts))
 
     # a backend without one of the case's dtypes cannot even build its arrays (bias_dtype's float64)
-    judge(
-        "sdpa",
-        "bad_input",
-        case,
-        body,
-        feature_case={
-            "bad_input": True,
-            "dtypes": tuple(d for d in bad.dtypes if d in FLOAT_DTYPES)
-            + tuple(
-                x.dtype.name
-                for x in options.values()
-                if isinstance(x, np.ndarray) and x.dtype.name in FLOAT_DTYPES
-            ),
-        },
-    )
+    judge("sdpa", "bad_input", case, body,
+          feature_case={"bad_input": True, "dtypes": tuple(d for d in bad.dtypes if d in FLOAT_DTYPES)
+                        + tuple(x.dtype.name for x in options.values()
+                                if isinstance(x, np.ndarray) and x.dtype.name in FLOAT_DTYPES)})

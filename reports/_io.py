@@ -103,9 +103,7 @@ class Results:
 
     @property
     def files(self) -> list[str]:
-        return sorted(
-            d["_file"] for d in (*self.conformance, *self.bench, *self.lsh_quality, *self.suite_timing)
-        )
+        return sorted(d["_file"] for d in (*self.conformance, *self.bench, *self.lsh_quality, *self.suite_timing))
 
 
 def _is_int(x: Any) -> bool:
@@ -132,80 +130,38 @@ _CHECKS = {
 }
 
 # field -> (kind, required)
-_TOP = {
-    "schema": ("str", True),
-    "backend": ("str", True),
-    "device": ("str", True),
-    "device_name": ("str?", False),
-    "environment": ("dict", False),
-    "rows": ("list", True),
-}
+_TOP = {"schema": ("str", True), "backend": ("str", True), "device": ("str", True),
+        "device_name": ("str?", False), "environment": ("dict", False), "rows": ("list", True)}
 _CONF_TOP = {**_TOP, "failures": ("list", False), "deviations": ("list", False)}
 _BENCH_TOP = {**_TOP, "matmul_tflops": ("dict", False), "targets": ("list", False)}
 _CONF_ROW = {
-    "function": ("str", True),
-    "property": ("str", False),
-    "feature": ("str", True),
-    "dtype": ("str", True),
-    **{k: ("int", True) for k in ("run", "passed", "failed", "unsupported")},
+    "function": ("str", True), "property": ("str", False), "feature": ("str", True),
+    "dtype": ("str", True), **{k: ("int", True) for k in ("run", "passed", "failed", "unsupported")},
     **{k: ("int", False) for k in ("deviation", "crashed", "timeout")},
     **{k: ("num?", False) for k in ("max_abs_err", "max_rel_err", "max_budget_used")},
-    "unsupported_reasons": ("list", False),
-    "deviation_ids": ("list", False),
+    "unsupported_reasons": ("list", False), "deviation_ids": ("list", False),
 }
-_FAILURE = {
-    k: ("str?", False) for k in ("function", "property", "feature", "dtype", "status", "message", "repro")
-}
-_DEVIATION = {
-    "id": ("str", True),
-    "status": ("str", True),
-    "observed": ("int?", False),
-    "exercised": ("int?", False),
-}
+_FAILURE = {k: ("str?", False) for k in ("function", "property", "feature", "dtype", "status",
+                                          "message", "repro")}
+_DEVIATION = {"id": ("str", True), "status": ("str", True), "observed": ("int?", False),
+              "exercised": ("int?", False)}
 _BENCH_ROW = {
-    "implementation": ("str", True),
-    "pass": ("str", True),
-    "dtype": ("str", True),
-    **{k: ("int", True) for k in ("B", "H", "n", "m", "d")},
-    "causal": ("bool", True),
-    "median_s": ("num", True),
-    "min_s": ("num?", False),
-    "max_s": ("num?", False),
-    "repeats": ("int?", False),
-    "tflops": ("num?", False),
-    "share_of_matmul": ("num?", False),
-    "peak_mem_bytes": ("int?", False),
-    "mem_method": ("str?", False),
+    "implementation": ("str", True), "pass": ("str", True), "dtype": ("str", True),
+    **{k: ("int", True) for k in ("B", "H", "n", "m", "d")}, "causal": ("bool", True),
+    "median_s": ("num", True), "min_s": ("num?", False), "max_s": ("num?", False),
+    "repeats": ("int?", False), "tflops": ("num?", False), "share_of_matmul": ("num?", False),
+    "peak_mem_bytes": ("int?", False), "mem_method": ("str?", False),
 }
-_TARGET = {
-    "name": ("str", True),
-    "value": ("num?", False),
-    "target": ("num?", False),
-    "met": ("bool?", True),
-    "detail": ("str?", False),
-}
+_TARGET = {"name": ("str", True), "value": ("num?", False), "target": ("num?", False),
+           "met": ("bool?", True), "detail": ("str?", False)}
 _LSH_TOP = {"schema": ("str", True), "rows": ("list", True)}
-_TIMING = {
-    "schema": ("str", True),
-    "backend": ("str", True),
-    "device": ("str", True),
-    "profile": ("str", True),
-    "selection": ("str", True),
-    "jobs": ("int", True),
-    "tests": ("int", True),
-    "cases": ("int", True),
-    "seconds": ("num", True),
-    "first_result_s": ("num?", True),
-    "incomplete": ("bool", True),
-    "date": ("str", False),
-    "git_commit": ("str?", False),
-}
-_LSH_ROW = {
-    "input": ("str", True),
-    "n_hashes": ("int", True),
-    "seed": ("int", True),
-    "rel_err": ("num", True),
-}
+_TIMING = {"schema": ("str", True), "backend": ("str", True), "device": ("str", True),
+           "profile": ("str", True), "selection": ("str", True), "jobs": ("int", True),
+           "tests": ("int", True), "cases": ("int", True), "seconds": ("num", True),
+           "first_result_s": ("num?", True), "incomplete": ("bool", True), "date": ("str", False),
+           "git_commit": ("str?", False)}
+_LSH_ROW = {"input": ("str", True), "n_hashes": ("int", True), "seed": ("int", True),
+            "rel_err": ("num", True)}
 
 
 def _check(obj: Any, spec: dict[str, tuple[str, bool]], where: str, problems: list[str]) -> bool:
@@ -232,19 +188,13 @@ def _check_list(doc: dict, key: str, spec: dict, problems: list[str]) -> None:
 
 def _validate(doc: Any, kind: str) -> list[str]:
     problems: list[str] = []
-    expected = {
-        "conformance": CONFORMANCE,
-        "bench": BENCH,
-        "lsh_quality": LSH_QUALITY,
-        "suite_timing": SUITE_TIMING,
-    }[kind]
+    expected = {"conformance": CONFORMANCE, "bench": BENCH, "lsh_quality": LSH_QUALITY,
+                "suite_timing": SUITE_TIMING}[kind]
     if not isinstance(doc, dict):
         return [f"top level must be an object, got {type(doc).__name__}"]
     if doc.get("schema") != expected:
-        return [
-            f"schema is {json.dumps(doc.get('schema'))}, expected {expected!r} "
-            f"(a {kind} results file, see reports/SCHEMA.md)"
-        ]
+        return [f"schema is {json.dumps(doc.get('schema'))}, expected {expected!r} "
+                f"(a {kind} results file, see reports/SCHEMA.md)"]
     if kind == "conformance":
         _check(doc, _CONF_TOP, "top level", problems)
         _check_list(doc, "rows", _CONF_ROW, problems)
@@ -255,7 +205,7 @@ def _validate(doc: Any, kind: str) -> list[str]:
         _check_list(doc, "rows", _BENCH_ROW, problems)
         _check_list(doc, "targets", _TARGET, problems)
         rates = doc.get("matmul_tflops")
-        for dtype, rate in rates.items() if isinstance(rates, dict) else ():
+        for dtype, rate in (rates.items() if isinstance(rates, dict) else ()):
             if not (rate is None or _is_number(rate)):
                 problems.append(f"matmul_tflops[{dtype!r}]: must be a number, got {json.dumps(rate)[:60]}")
     elif kind == "suite_timing":
@@ -291,12 +241,8 @@ def load_results(directory: str | os.PathLike) -> Results:
     if not directory.is_dir():
         return results
     errors = []
-    for kind, pattern in (
-        ("conformance", "conformance-*.json"),
-        ("bench", "bench-*.json"),
-        ("lsh_quality", "lsh-quality*.json"),
-        ("suite_timing", "suite-timings/*.json"),
-    ):
+    for kind, pattern in (("conformance", "conformance-*.json"), ("bench", "bench-*.json"),
+                          ("lsh_quality", "lsh-quality*.json"), ("suite_timing", "suite-timings/*.json")):
         for path in sorted(directory.glob(pattern)):
             doc, problems = _read(path, kind)
             if problems:

@@ -12,16 +12,8 @@ from attnspec.reports._md import DASH, anchor, fence, num, run_label, table
 
 __all__ = ["accuracy_page", "declared_deviations", "deviations_page", "totals", "verdict"]
 
-FUNCTION_ORDER = (
-    "sdpa",
-    "sdpa_blocked",
-    "mha",
-    "lsh_attention",
-    "sdpa_vjp",
-    "sdpa_blocked_vjp",
-    "mha_vjp",
-    "lsh_attention_vjp",
-)
+FUNCTION_ORDER = ("sdpa", "sdpa_blocked", "mha", "lsh_attention",
+                  "sdpa_vjp", "sdpa_blocked_vjp", "mha_vjp", "lsh_attention_vjp")
 COUNTS = ("run", "passed", "failed", "unsupported", "deviation", "crashed", "timeout")
 NO_RESULTS = "No conformance results in `{dir}`; run `nox -s conformance`."
 
@@ -40,7 +32,7 @@ def run_key(doc: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def verdict(doc: dict[str, Any]) -> str:
-    """ "FAILS" on any failed, crashed or timed-out case; else "deviates as declared" if a
+    """"FAILS" on any failed, crashed or timed-out case; else "deviates as declared" if a
     declared deviation was observed; else "conforms" (or "nothing run"). Stale declarations
     are appended, since a declaration that no longer matches the framework needs attention."""
     total = totals(doc)
@@ -70,30 +62,10 @@ def _summary(results: Results) -> str:
     rows = []
     for doc in sorted(results.conformance, key=run_key):
         t = totals(doc)
-        rows.append(
-            [
-                doc["backend"],
-                doc["device"],
-                doc.get("device_name"),
-                *(t[c] for c in COUNTS),
-                num(_max(r.get("max_budget_used") for r in doc["rows"])),
-                verdict(doc),
-            ]
-        )
-    headers = [
-        "backend",
-        "device",
-        "device name",
-        "run",
-        "passed",
-        "failed",
-        "unsupported",
-        "deviation",
-        "crashed",
-        "timeout",
-        "worst budget used",
-        "verdict",
-    ]
+        rows.append([doc["backend"], doc["device"], doc.get("device_name"), *(t[c] for c in COUNTS),
+                     num(_max(r.get("max_budget_used") for r in doc["rows"])), verdict(doc)])
+    headers = ["backend", "device", "device name", "run", "passed", "failed", "unsupported",
+               "deviation", "crashed", "timeout", "worst budget used", "verdict"]
     return table(headers, rows, "lll" + "r" * 8 + "l")
 
 
@@ -103,10 +75,8 @@ def _matrix(results: Results, gradients: bool) -> str:
     dtypes = ("float16", "bfloat16", "float32", "float64")
     rows = []
     for doc in sorted(results.conformance, key=run_key):
-        fns = sorted(
-            {r["function"] for r in doc["rows"] if str(r["function"]).endswith("_vjp") == gradients},
-            key=_function_key,
-        )
+        fns = sorted({r["function"] for r in doc["rows"] if str(r["function"]).endswith("_vjp") == gradients},
+                     key=_function_key)
         for fn in fns:
             mine = [r for r in doc["rows"] if r["function"] == fn]
             cells = []
@@ -124,9 +94,7 @@ def _matrix(results: Results, gradients: bool) -> str:
             t = _counts(mine)
             if t["unsupported"] == t["run"]:
                 continue  # the per-function tables below give the reason
-            rows.append(
-                [doc["backend"], doc["device"], fn, *cells, t["failed"] + t["crashed"] + t["timeout"]]
-            )
+            rows.append([doc["backend"], doc["device"], fn, *cells, t["failed"] + t["crashed"] + t["timeout"]])
     if not rows:
         return ""
     return table(["backend", "device", "function", *dtypes, "failed"], rows, "lll" + "l" * 4 + "r")
@@ -147,42 +115,13 @@ def _function_table(entries: list[tuple[dict, dict]]) -> str:
     rows = []
     for doc, r in entries:
         crashed = int(r.get("crashed", 0)) + int(r.get("timeout", 0))
-        rows.append(
-            [
-                doc["backend"],
-                doc["device"],
-                r.get("property") or DASH,
-                r["feature"],
-                r["dtype"],
-                r["run"],
-                r["passed"],
-                r["unsupported"],
-                r["failed"],
-                r.get("deviation", 0),
-                crashed,
-                num(r.get("max_abs_err")),
-                num(r.get("max_rel_err")),
-                num(r.get("max_budget_used")),
-                _notes(r),
-            ]
-        )
-    headers = [
-        "backend",
-        "device",
-        "property",
-        "feature",
-        "dtype",
-        "run",
-        "passed",
-        "unsupported",
-        "failed",
-        "deviation",
-        "crashed/timeout",
-        "max abs err",
-        "max rel err",
-        "max budget used",
-        "notes",
-    ]
+        rows.append([doc["backend"], doc["device"], r.get("property") or DASH, r["feature"], r["dtype"],
+                     r["run"], r["passed"], r["unsupported"], r["failed"], r.get("deviation", 0), crashed,
+                     num(r.get("max_abs_err")), num(r.get("max_rel_err")),
+                     num(r.get("max_budget_used")), _notes(r)])
+    headers = ["backend", "device", "property", "feature", "dtype", "run", "passed", "unsupported",
+               "failed", "deviation", "crashed/timeout", "max abs err", "max rel err",
+               "max budget used", "notes"]
     return table(headers, rows, "lllll" + "r" * 9 + "l")
 
 
@@ -197,21 +136,15 @@ def _failures(results: Results) -> list[str]:
         t = totals(doc)
         bad = t["failed"] + t["crashed"] + t["timeout"]
         if bad > len(listed):
-            out.append(
-                f"- {run_label(doc)}: {bad} failed, crashed or timed-out cases, "
-                f"{len(listed)} kept in the results file (`{doc['_file']}`)."
-            )
+            out.append(f"- {run_label(doc)}: {bad} failed, crashed or timed-out cases, "
+                       f"{len(listed)} kept in the results file (`{doc['_file']}`).")
     if out:
         out = ["", *out]
     for i, (_, _, doc, f) in enumerate(sorted(items, key=lambda t: (t[0], t[1])), 1):
         what = " ".join(x for x in (f.get("function"), f.get("property")) if x)
         where = ", ".join(x for x in (f.get("feature"), f.get("dtype")) if x)
-        out += [
-            "",
-            f"### {i}. {run_label(doc)}: {what} [{where}] — {f.get('status') or 'failed'}",
-            "",
-            fence(f.get("message") or "(no message)"),
-        ]
+        out += ["", f"### {i}. {run_label(doc)}: {what} [{where}] — {f.get('status') or 'failed'}", "",
+                fence(f.get("message") or "(no message)")]
         if f.get("repro"):
             out += ["", "Reproducer:", "", fence(f["repro"], "python")]
     return out
@@ -231,36 +164,23 @@ def accuracy_page(results: Results, plots: list[tuple[str, str]] | None = None) 
         "differ from the spec exactly as a [declared deviation](deviations.md) says. *Max rel err*",
         "is taken only over elements whose golden magnitude exceeds their allowed error (nearer 0 a",
         "relative error measures nothing; results written before this rule may show absurd values).",
-        "",
-        "## Summary",
-        "",
-        _summary(results),
-        "",
-        "## By function and dtype",
-        "",
+        "", "## Summary", "", _summary(results),
+        "", "## By function and dtype", "",
         "Each cell: cases passed of those run (the rest failed, were unsupported or showed a",
         "declared deviation, counted as *dev.*) and the worst budget used. A function the",
-        "backend supports at no dtype is left out here; the tables further down give the reason.",
-        "",
+        "backend supports at no dtype is left out here; the tables further down give the reason.", "",
         _matrix(results, gradients=False),
     ]
     grads = _matrix(results, gradients=True)
     if grads:
-        lines += [
-            "",
-            "## Gradients",
-            "",
-            "Gradient functions (`*_vjp`), cells as above; the budget is the worst over the",
-            "gradient tensors (`attnspec.spec.tolerance_grads`).",
-            "",
-            grads,
-        ]
+        lines += ["", "## Gradients", "",
+                  "Gradient functions (`*_vjp`), cells as above; the budget is the worst over the",
+                  "gradient tensors (`attnspec.spec.tolerance_grads`).", "", grads]
     entries = [(doc, r) for doc in results.conformance for r in doc["rows"]]
     for fn in sorted({r["function"] for _, r in entries}, key=_function_key):
-        mine = sorted(
-            (e for e in entries if e[1]["function"] == fn),
-            key=lambda e: (run_key(e[0]), e[1].get("property") or "", e[1]["feature"], e[1]["dtype"]),
-        )
+        mine = sorted((e for e in entries if e[1]["function"] == fn),
+                      key=lambda e: (run_key(e[0]), e[1].get("property") or "", e[1]["feature"],
+                                     e[1]["dtype"]))
         lines += ["", f"## {fn}", "", _function_table(mine)]
     lines += ["", "## Failures"]
     fails = _failures(results)
@@ -306,19 +226,12 @@ def declared_deviations() -> tuple[list[dict[str, Any]], str | None]:
         did = _field(d, "id", "deviation_id")
         if did is None:
             continue
-        out.append(
-            {
-                "id": str(did),
-                "backend": _field(d, "backend"),
-                "feature": _field(d, "feature"),
-                "spec_says": _field(d, "spec_says", "spec"),
-                "native_does": _field(d, "native_does", "native"),
-                "reproducer": _field(d, "reproducer", "repro"),
-                "fixed_by": _field(d, "fixed_by", "fixup"),
-                "upstream": _field(d, "upstream", "issue", "link"),
-                "source": "declared",
-            }
-        )
+        out.append({
+            "id": str(did), "backend": _field(d, "backend"), "feature": _field(d, "feature"),
+            "spec_says": _field(d, "spec_says", "spec"), "native_does": _field(d, "native_does", "native"),
+            "reproducer": _field(d, "reproducer", "repro"), "fixed_by": _field(d, "fixed_by", "fixup"),
+            "upstream": _field(d, "upstream", "issue", "link"), "source": "declared",
+        })
     return out, None
 
 
@@ -342,14 +255,8 @@ def _observations(dev: dict[str, Any], results: Results) -> list[list[Any]]:
         if entry is None:
             rows.append([run_label(doc), "not recorded", DASH, DASH])
         else:
-            rows.append(
-                [
-                    run_label(doc),
-                    entry["status"].replace("_", " "),
-                    entry.get("observed"),
-                    entry.get("exercised"),
-                ]
-            )
+            rows.append([run_label(doc), entry["status"].replace("_", " "), entry.get("observed"),
+                         entry.get("exercised")])
     return rows
 
 
@@ -357,8 +264,7 @@ def deviations_page(results: Results) -> str:
     """The Markdown of ``deviations.md``."""
     devs, note = _all_deviations(results)
     lines = [
-        "# Declared deviations",
-        "",
+        "# Declared deviations", "",
         "Where a framework's native primitive does not do what the spec says, the adapter fixes it",
         "up, and the native behaviour is declared in `attnspec/backends/deviations.py` with a",
         "reproducer. The conformance suite checks each declaration in both directions: *observed*",
@@ -373,30 +279,18 @@ def deviations_page(results: Results) -> str:
     summary = []
     for d in devs:
         seen = "; ".join(f"{r[0]}: {r[1]}" for r in _observations(d, results)) or "no run of this backend"
-        summary.append(
-            [f"[{d['id']}](#{anchor(d['id'])})", d.get("backend"), d.get("feature"), d.get("fixed_by"), seen]
-        )
-    lines += [
-        "",
-        "## Summary",
-        "",
-        table(["id", "backend", "feature", "fixed by", "status per run"], summary),
-    ]
+        summary.append([f"[{d['id']}](#{anchor(d['id'])})", d.get("backend"), d.get("feature"),
+                        d.get("fixed_by"), seen])
+    lines += ["", "## Summary", "", table(["id", "backend", "feature", "fixed by", "status per run"],
+                                          summary)]
     for d in devs:
         lines += ["", f"## {d['id']}", ""]
         if d["source"] == "results":
-            lines += [
-                "Reported by a results file but not declared in this checkout's",
-                "`attnspec.backends.deviations` (results from another version?).",
-                "",
-            ]
-        facts = [
-            ["backend", d.get("backend")],
-            ["feature", d.get("feature")],
-            ["spec says", d.get("spec_says")],
-            ["framework does", d.get("native_does")],
-            ["fixed by", d.get("fixed_by")],
-        ]
+            lines += ["Reported by a results file but not declared in this checkout's",
+                      "`attnspec.backends.deviations` (results from another version?).", ""]
+        facts = [["backend", d.get("backend")], ["feature", d.get("feature")],
+                 ["spec says", d.get("spec_says")], ["framework does", d.get("native_does")],
+                 ["fixed by", d.get("fixed_by")]]
         if d.get("upstream"):
             facts.append(["upstream", d["upstream"]])
         lines += [table(["field", "value"], facts)]
@@ -404,9 +298,7 @@ def deviations_page(results: Results) -> str:
             lines += ["", "Reproducer:", "", fence(str(d["reproducer"]), "python")]
         obs = _observations(d, results)
         lines += [""]
-        lines += (
-            [table(["run", "status", "observed", "exercised"], obs, "llrr")]
-            if obs
-            else [f"No conformance run of backend `{d.get('backend')}` in the results."]
-        )
+        lines += [table(["run", "status", "observed", "exercised"], obs, "llrr")] if obs else \
+            [f"No conformance run of backend `{d.get('backend')}` in the results."]
     return "\n".join(lines) + "\n"
+

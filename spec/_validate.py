@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnspec._errors import SpecError
-from attnspec.spec._dtypes import FLOAT_DTYPES, compute_dtype_name
+from attnspec.spec._dtypes import FLOAT_DTYPES, compute_dtype_name  # noqa: F401  (re-exported)
 
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 CAUSAL_CHOICES = ("upper_left", "lower_right", "lower_right_lengths")
@@ -198,9 +198,8 @@ def check_softcap(fn: str, softcap: object) -> float | None:
         )
     value = float(softcap)
     if not math.isfinite(value) or value <= 0:
-        raise SpecError(
-            f"{fn}: softcap={value!r} must be finite and > 0 (logits become softcap * tanh(s / softcap))"
-        )
+        raise SpecError(f"{fn}: softcap={value!r} must be finite and > 0 (logits become "
+                        "softcap * tanh(s / softcap))")
     return value
 
 
@@ -208,7 +207,8 @@ def check_dropout(fn: str, dropout_p: object, mask: ArrayInfo | None, target: tu
     if dropout_p is not None:
         if not _is_real(dropout_p):
             raise SpecError(
-                f"{fn}: dropout_p must be a real number or None, got {type(dropout_p).__name__} {dropout_p!r}"
+                f"{fn}: dropout_p must be a real number or None, got {type(dropout_p).__name__} "
+                f"{dropout_p!r}"
             )
         if not 0.0 <= float(dropout_p) < 1.0:  # NaN fails too
             raise SpecError(f"{fn}: dropout_p={float(dropout_p)!r} must lie in [0, 1)")
@@ -227,13 +227,14 @@ def check_dropout(fn: str, dropout_p: object, mask: ArrayInfo | None, target: tu
     if mask.dtype != "bool":
         raise SpecError(f"{fn}: dropout_mask.dtype={mask.dtype} must be bool (True = keep)")
     if not broadcasts_to(mask.shape, target):
-        raise SpecError(f"{fn}: dropout_mask.shape={mask.shape} must broadcast to (..., Hq, n, m)={target}")
+        raise SpecError(
+            f"{fn}: dropout_mask.shape={mask.shape} must broadcast to (..., Hq, n, m)={target}"
+        )
     return float(dropout_p)
 
 
-def check_per_head(
-    fn: str, name: str, info: ArrayInfo, batch: tuple[int, ...], hq: int, q_dtype: str | None
-) -> None:
+def check_per_head(fn: str, name: str, info: ArrayInfo, batch: tuple[int, ...], hq: int,
+                   q_dtype: str | None) -> None:
     """alibi_slopes ((Hq,) or (..., Hq) over the batch dims, any float dtype) and sinks ((Hq,),
     q's dtype: a sink is a logit, like bias). ``q_dtype`` None means any float dtype, batched."""
     if q_dtype is None and info.dtype not in FLOAT_DTYPES:
@@ -243,22 +244,18 @@ def check_per_head(
     batched = q_dtype is None
     expected = f"(Hq,)=({hq},)" + (f" or (..., Hq) broadcasting to {(*batch, hq)}" if batched else "")
     shape = info.shape
-    ok = (
-        len(shape) >= 1
-        and shape[-1] == hq
-        and (len(shape) == 1 or (batched and broadcasts_to(shape[:-1], batch)))
+    ok = len(shape) >= 1 and shape[-1] == hq and (
+        len(shape) == 1 or (batched and broadcasts_to(shape[:-1], batch))
     )
     if not ok:
         raise SpecError(f"{fn}: {name}.shape={shape} must be {expected}")
 
 
-def check_segments(
-    fn: str, q_ids: ArrayInfo | None, kv_ids: ArrayInfo | None, batch: tuple[int, ...], n: int, m: int
-) -> None:
+def check_segments(fn: str, q_ids: ArrayInfo | None, kv_ids: ArrayInfo | None,
+                   batch: tuple[int, ...], n: int, m: int) -> None:
     if (q_ids is None) != (kv_ids is None):
-        given, missing = (
-            ("q_segment_ids", "kv_segment_ids") if kv_ids is None else ("kv_segment_ids", "q_segment_ids")
-        )
+        given, missing = ("q_segment_ids", "kv_segment_ids") if kv_ids is None else (
+            "kv_segment_ids", "q_segment_ids")
         raise SpecError(f"{fn}: {given} was given without {missing}; expected both or neither")
     if q_ids is None:
         return

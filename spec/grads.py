@@ -92,9 +92,8 @@ def sdpa_vjp(
     """
     fn = "sdpa_vjp"
     extras = SDPAExtras(alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
-    plan = _validate(
-        fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, extras, softcap, dropout_p
-    )
+    plan = _validate(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+                     extras, softcap, dropout_p)
     _check_d_out(fn, plan, d_out)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # NaN and inf are handled
         grads = _sdpa_grads(plan, q, k, v, d_out, mask, bias, extras)
@@ -110,9 +109,8 @@ def _check_d_out(fn: str, plan: SDPAPlan, d_out: object) -> None:
         raise SpecError(f"{fn}: d_out.dtype={info.dtype} must equal q.dtype={plan.dtype}")
 
 
-def _sdpa_grads(
-    plan: SDPAPlan, q, k, v, d_out, mask, bias, extras: SDPAExtras = NO_EXTRAS
-) -> list[np.ndarray]:
+def _sdpa_grads(plan: SDPAPlan, q, k, v, d_out, mask, bias,
+                extras: SDPAExtras = NO_EXTRAS) -> list[np.ndarray]:
     """float64 gradients, each in its input's shape (a rank-2 input as (1, L, d))."""
     p, ex = plan, extras
     q_h, k_h, v_h = _with_head(q), _with_head(k), _with_head(v)
@@ -139,18 +137,8 @@ def _sdpa_grads(
     if p.softcap is not None:
         t = p.scale * (fold(q64) @ np.swapaxes(k64, -1, -2))  # (..., Hkv, G*n, m): capped logits' input
         cap_grad = 1.0 - np.tanh(t / p.softcap) ** 2  # d/dt of softcap * tanh(t / softcap)
-    dq, dk, dv, ds = _attention_vjp(
-        fold(q64),
-        k64,
-        v64,
-        fold(w),
-        fold(vis),
-        fold(out),
-        fold(dO),
-        p.scale,
-        keep=None if keep is None else fold(keep),
-        cap_grad=cap_grad,
-    )
+    dq, dk, dv, ds = _attention_vjp(fold(q64), k64, v64, fold(w), fold(vis), fold(out), fold(dO), p.scale,
+                                    keep=None if keep is None else fold(keep), cap_grad=cap_grad)
     dq = dq.reshape(*p.batch, p.hq, p.n, p.dk)  # (..., Hkv, G*n, dk) -> (..., Hq, n, dk)
     grads = [dq, dk, dv]
     if bias is not None:
@@ -167,16 +155,9 @@ def _sdpa_grads(
 
 def _sdpa_visibility(p: SDPAPlan, mask, bias, extras: SDPAExtras = NO_EXTRAS) -> np.ndarray:
     """The visibility `attention_core` applies, as a (..., Hq, n, m) bool view."""
-    vis = visibility(
-        p.n,
-        p.m,
-        causal=p.causal,
-        window=p.window,
-        q_lengths=p.q_lengths,
-        kv_lengths=p.kv_lengths,
-        q_segment_ids=extras.q_segment_ids,
-        kv_segment_ids=extras.kv_segment_ids,
-    )
+    vis = visibility(p.n, p.m, causal=p.causal, window=p.window,
+                     q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
+                     q_segment_ids=extras.q_segment_ids, kv_segment_ids=extras.kv_segment_ids)
     for extra in (mask, None if bias is None else bias.astype(np.float64) != -np.inf):
         if extra is not None:
             vis = extra if vis is None else vis & extra

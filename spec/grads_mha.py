@@ -82,27 +82,13 @@ def mha_vjp(
         SpecError: for any input `mha` refuses, and for a d_out of the wrong type, shape or dtype.
     """
     fn = "mha_vjp"
-    options = dict(
-        causal=causal,
-        window=window,
-        scale=scale,
-        q_lengths=q_lengths,
-        kv_lengths=kv_lengths,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        sinks=sinks,
-        q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids,
-        dropout_mask=dropout_mask,
-        dropout_p=dropout_p,
-    )
+    options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                   softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, q_segment_ids=q_segment_ids,
+                   kv_segment_ids=kv_segment_ids, dropout_mask=dropout_mask, dropout_p=dropout_p)
     _validate(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias, options)
     hkv = num_heads if num_kv_heads is None else num_kv_heads
-    out_shape = (
-        *np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2]),
-        query.shape[-2],
-        params.embed_dim,
-    )
+    out_shape = (*np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2]),
+                 query.shape[-2], params.embed_dim)
     info = numpy_info(fn, "d_out", d_out)
     if info.shape != out_shape:
         raise SpecError(f"{fn}: d_out.shape={info.shape} must equal the output shape {out_shape}")
@@ -112,10 +98,8 @@ def mha_vjp(
     query64, key64, value64, dO = (x.astype(np.float64) for x in (query, key, value, d_out))
     w = {name: getattr(params, name) for name in ("w_q", "w_k", "w_v", "w_o")}
     w = {name: x.astype(np.float64) for name, x in w.items()}
-    b = {
-        name: None if getattr(params, name) is None else getattr(params, name).astype(np.float64)
-        for name in ("b_q", "b_k", "b_v", "b_o")
-    }
+    b = {name: None if getattr(params, name) is None else getattr(params, name).astype(np.float64)
+         for name in ("b_q", "b_k", "b_v", "b_o")}
     kw = in_float64(bias=bias, **options)  # bias and sinks in float64, like the projections
     with np.errstate(invalid="ignore", over="ignore"):  # NaN in padded rows and hidden keys is expected
         q = split_heads(_project(query64, w["w_q"], b["b_q"]), num_heads)  # (..., H, n, hd)
@@ -138,13 +122,12 @@ def mha_vjp(
             "w_o": _outer_sum(dO, merged),  # (E, E)
         }
         d_b = {"b_q": _row_sum(dq), "b_k": np.zeros(params.kv_dim), "b_v": _row_sum(dv), "b_o": _row_sum(dO)}
-    d_params = MHAParams(
-        **{name: d_w[name].astype(getattr(params, name).dtype) for name in d_w},
-        **{
-            name: None if getattr(params, name) is None else d_b[name].astype(getattr(params, name).dtype)
-            for name in d_b
-        },
-    )
+    d_params = MHAParams(**{
+        name: d_w[name].astype(getattr(params, name).dtype) for name in d_w
+    }, **{
+        name: None if getattr(params, name) is None else d_b[name].astype(getattr(params, name).dtype)
+        for name in d_b
+    })
     inputs = (query, key, value)
     result = [g.reshape(x.shape).astype(x.dtype) for g, x in zip(d_inputs, inputs)]
     result.append(d_params)

@@ -36,8 +36,7 @@ The parameters are `MHAParams` (`attnspec.spec.mha_params`; torch's state dicts 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -59,7 +58,9 @@ def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
     if len(info.shape) < 2:
         raise SpecError(f"{fn}: x.ndim={len(info.shape)} must be >= 2 (expected (..., L, H * hd))")
     if not is_int(num_heads) or num_heads < 1 or x.shape[-1] % num_heads:
-        raise SpecError(f"{fn}: x.shape[-1]={x.shape[-1]} must be a multiple of num_heads={num_heads!r} >= 1")
+        raise SpecError(
+            f"{fn}: x.shape[-1]={x.shape[-1]} must be a multiple of num_heads={num_heads!r} >= 1"
+        )
     x = x.reshape(*x.shape[:-1], num_heads, x.shape[-1] // num_heads)  # (..., L, H, hd)
     return np.swapaxes(x, -2, -3)  # (..., H, L, hd)
 
@@ -237,39 +238,19 @@ def mha(
     """
     fn = "mha"
     options = dict(
-        causal=causal,
-        window=window,
-        scale=scale,
-        q_lengths=q_lengths,
-        kv_lengths=kv_lengths,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        sinks=sinks,
-        q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids,
-        dropout_mask=dropout_mask,
-        dropout_p=dropout_p,
+        causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+        softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids, dropout_mask=dropout_mask, dropout_p=dropout_p,
     )
-    plan = _validate(
-        fn,
-        query,
-        key,
-        value,
-        params,
-        num_heads,
-        num_kv_heads,
-        mask,
-        bias,
-        {**options, "return_lse": return_lse},
-    )
+    plan = _validate(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias,
+                     {**options, "return_lse": return_lse})
     hkv = num_heads if num_kv_heads is None else num_kv_heads
 
     q = split_heads(_project(query, params.w_q, params.b_q), num_heads)  # (..., n, E) -> (..., H, n, hd)
     k = split_heads(_project(key, params.w_k, params.b_k), hkv)  # (..., m, P) -> (..., Hkv, m, hd)
     v = split_heads(_project(value, params.w_v, params.b_v), hkv)  # (..., m, P) -> (..., Hkv, m, hd)
-    result = sdpa(
-        q, k, v, mask=mask, return_weights=True, return_lse=return_lse, **in_float64(bias=bias, **options)
-    )  # (..., H, n, hd), (..., H, n, m)[, (..., H, n)]
+    result = sdpa(q, k, v, mask=mask, return_weights=True, return_lse=return_lse,
+                  **in_float64(bias=bias, **options))  # (..., H, n, hd), (..., H, n, m)[, (..., H, n)]
     out = _project(merge_heads(result[0]), params.w_o, params.b_o)  # (..., n, E)
     results = [out.astype(query.dtype)]
     if return_weights:

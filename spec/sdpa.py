@@ -32,7 +32,7 @@ of `attnspec.spec.blocked`, the same function to a few ulp, in O(tile + n * dv) 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from typing import Callable
 
 import numpy as np
 
@@ -54,23 +54,9 @@ BLOCKED_MIN_LOGITS = 1 << 20
 GOLDEN_TILES = (512, 1024)
 
 
-def _validate(
-    fn,
-    q,
-    k,
-    v,
-    mask,
-    bias,
-    causal,
-    window,
-    scale,
-    q_lengths,
-    kv_lengths,
-    extras: SDPAExtras = NO_EXTRAS,
-    softcap=None,
-    dropout_p=None,
-    return_lse=False,
-) -> SDPAPlan:
+def _validate(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+              extras: SDPAExtras = NO_EXTRAS, softcap=None, dropout_p=None,
+              return_lse=False) -> SDPAPlan:
     def info(name, x):
         return None if x is None else numpy_info(fn, name, x)
 
@@ -173,33 +159,18 @@ def sdpa(
         SpecError: for any input outside the definition (see spec/README.md, "Bad input").
     """
     extras = SDPAExtras(alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
-    plan = _validate(
-        "sdpa",
-        q,
-        k,
-        v,
-        mask,
-        bias,
-        causal,
-        window,
-        scale,
-        q_lengths,
-        kv_lengths,
-        extras,
-        softcap,
-        dropout_p,
-        return_lse,
-    )
+    plan = _validate("sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+                     extras, softcap, dropout_p, return_lse)
     return golden(plan, q, k, v, mask, bias, return_weights, extras)
 
 
-def golden(plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool, extras: SDPAExtras = NO_EXTRAS):
+def golden(plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool,
+           extras: SDPAExtras = NO_EXTRAS):
     """`sdpa` after validation: the vectorized core, or the tiled one for large inputs."""
     if math.prod(plan.full_weights_shape) >= BLOCKED_MIN_LOGITS:
         return blocked_core(plan, q, k, v, mask, bias, return_weights, *GOLDEN_TILES, extras=extras)
-    out, weights, lse = attention_core(
-        plan, q, k, v, mask, bias, np.float64, _identity, extras, with_lse=True
-    )
+    out, weights, lse = attention_core(plan, q, k, v, mask, bias, np.float64, _identity, extras,
+                                       with_lse=True)
     return finish(plan, out, weights, q.dtype, return_weights, lse)
 
 
@@ -210,15 +181,8 @@ def _identity(x: np.ndarray) -> np.ndarray:
 def alibi_term(plan: SDPAPlan, extras: SDPAExtras, compute: type = np.float64) -> np.ndarray:
     """-slope[h] * |i' - j|, broadcastable to (..., Hq, n, m); i' as for the window."""
     p = plan
-    anchor = query_anchor(
-        p.n,
-        p.m,
-        p.causal,
-        q_lengths=p.q_lengths,
-        kv_lengths=p.kv_lengths,
-        q_segment_ids=extras.q_segment_ids,
-        kv_segment_ids=extras.kv_segment_ids,
-    )
+    anchor = query_anchor(p.n, p.m, p.causal, q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
+                          q_segment_ids=extras.q_segment_ids, kv_segment_ids=extras.kv_segment_ids)
     dist = np.abs(anchor[..., None, :, None] - np.arange(p.m))  # (..., 1, n, m)
     slopes = extras.alibi_slopes.astype(compute)[..., :, None, None]  # (..., Hq, 1, 1)
     return -slopes * dist.astype(compute)  # (..., Hq, n, m)
@@ -257,16 +221,9 @@ def attention_core(
     q = rnd(_with_head(q).astype(compute))
     k = rnd(_with_head(k).astype(compute))
     v = rnd(_with_head(v).astype(compute))
-    vis = visibility(
-        p.n,
-        p.m,
-        causal=p.causal,
-        window=p.window,
-        q_lengths=p.q_lengths,
-        kv_lengths=p.kv_lengths,
-        q_segment_ids=ex.q_segment_ids,
-        kv_segment_ids=ex.kv_segment_ids,
-    )
+    vis = visibility(p.n, p.m, causal=p.causal, window=p.window,
+                     q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
+                     q_segment_ids=ex.q_segment_ids, kv_segment_ids=ex.kv_segment_ids)
     if mask is not None:
         vis = mask if vis is None else vis & mask
     if bias is not None:

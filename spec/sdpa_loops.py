@@ -43,23 +43,8 @@ def sdpa_loops(
     independent check of the vectorized code.
     """
     extras = SDPAExtras(alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
-    p = _validate(
-        "sdpa_loops",
-        q,
-        k,
-        v,
-        mask,
-        bias,
-        causal,
-        window,
-        scale,
-        q_lengths,
-        kv_lengths,
-        extras,
-        softcap,
-        dropout_p,
-        return_lse,
-    )
+    p = _validate("sdpa_loops", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+                  extras, softcap, dropout_p, return_lse)
     full = (*p.batch, p.hq)
     q64 = np.broadcast_to(_with_head(q).astype(np.float64), (*full, p.n, p.dk))
     k64 = np.broadcast_to(_with_head(k).astype(np.float64), (*p.batch, p.hkv, p.m, p.dk))

@@ -52,35 +52,14 @@ from attnspec.spec.sdpa import _with_head, sdpa
 from attnspec.spec.tolerance import _NP, K, _logit_scale, eps, reference_sdpa
 from attnspec.spec.tolerance_mha import _abs_projection
 
-__all__ = [
-    "GRAD_NAMES",
-    "LSH_GRAD_NAMES",
-    "MHA_GRAD_NAMES",
-    "lsh_vjp_allowed",
-    "mha_grads_by_name",
-    "mha_vjp_allowed",
-    "reference_lsh_vjp",
-    "reference_mha_vjp",
-    "reference_sdpa_vjp",
-    "sdpa_vjp_allowed",
-]
+__all__ = ["GRAD_NAMES", "LSH_GRAD_NAMES", "MHA_GRAD_NAMES", "lsh_vjp_allowed", "mha_grads_by_name",
+           "mha_vjp_allowed", "reference_lsh_vjp", "reference_mha_vjp", "reference_sdpa_vjp",
+           "sdpa_vjp_allowed"]
 
 GRAD_NAMES = ("dq", "dk", "dv", "dbias")
 #: mha_vjp's gradients by name: the inputs', each parameter's (its MHAParams field), the bias's
-MHA_GRAD_NAMES = (
-    "d_query",
-    "d_key",
-    "d_value",
-    "w_q",
-    "b_q",
-    "w_k",
-    "b_k",
-    "w_v",
-    "b_v",
-    "w_o",
-    "b_o",
-    "d_bias",
-)
+MHA_GRAD_NAMES = ("d_query", "d_key", "d_value", "w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o",
+                  "d_bias")
 PARAM_FIELDS = MHA_GRAD_NAMES[3:11]
 #: lsh_attention_vjp's gradients; dx is judged in two parts, see `lsh_vjp_allowed`
 LSH_GRAD_NAMES = ("dx", "dx_zero_x", "dv")
@@ -107,28 +86,18 @@ def reference_sdpa_vjp(plan: SDPAPlan, q, k, v, d_out, mask, bias) -> list[np.nd
     full_out = (*p.batch, p.hq, p.n, p.dv)
     with np.errstate(invalid="ignore", over="ignore"):
         dq, dk, dv, ds = _attention_vjp(
-            fold(_with_head(q)),
-            kk,
-            vv,
-            fold(w.reshape(p.full_weights_shape)),
-            fold(vis),
-            fold(out.reshape(full_out)),
-            fold(d_out.reshape(full_out)),
-            ct(p.scale),
-        )
+            fold(_with_head(q)), kk, vv, fold(w.reshape(p.full_weights_shape)), fold(vis),
+            fold(out.reshape(full_out)), fold(d_out.reshape(full_out)), ct(p.scale))
     grads = [dq.reshape(*p.batch, p.hq, p.n, p.dk), dk, dv]
     if bias is not None:
         grads.append(ds.reshape(p.full_weights_shape))
     originals = [x.shape for x in (q, k, v)] + ([] if bias is None else [bias.shape])
-    return [
-        _sum_to(g, s).astype(dt).astype(np.float64).reshape(o)  # one rounding, after the sums
-        for g, s, o in zip(grads, shapes, originals)
-    ]
+    return [_sum_to(g, s).astype(dt).astype(np.float64).reshape(o)  # one rounding, after the sums
+            for g, s, o in zip(grads, shapes, originals)]
 
 
-def sdpa_vjp_allowed(
-    plan: SDPAPlan, q, k, v, d_out, bias, vis: np.ndarray, weights: np.ndarray, err_ref: dict[str, float]
-) -> dict[str, float]:
+def sdpa_vjp_allowed(plan: SDPAPlan, q, k, v, d_out, bias, vis: np.ndarray, weights: np.ndarray,
+                     err_ref: dict[str, float]) -> dict[str, float]:
     """``allowed_T`` for each gradient of one sdpa_vjp case (``weights``: the golden P, float64)."""
     p = plan
 
@@ -149,10 +118,8 @@ def sdpa_vjp_allowed(
         "dbias": (2 * A, p.m + p.dv),
     }
     e = eps(p.dtype)
-    return {
-        name: K * err_ref.get(name, 0.0) + e * S * (1 + math.sqrt(c) + 2 * math.sqrt(p.dk) * L)
-        for name, (S, c) in sizes.items()
-    }
+    return {name: K * err_ref.get(name, 0.0) + e * S * (1 + math.sqrt(c) + 2 * math.sqrt(p.dk) * L)
+            for name, (S, c) in sizes.items()}
 
 
 def _finite_max(x) -> float:
@@ -166,7 +133,6 @@ def _ratio(err: float, size: float) -> float:
 
 # -- mha_vjp ------------------------------------------------------------------------------------
 
-
 def mha_grads_by_name(grads: tuple) -> dict:
     """mha_vjp's result as ``{name: array}`` in `MHA_GRAD_NAMES` order (None parameters left out)."""
     named = dict(zip(MHA_GRAD_NAMES[:3], grads[:3]))
@@ -176,19 +142,8 @@ def mha_grads_by_name(grads: tuple) -> dict:
     return named
 
 
-def reference_mha_vjp(
-    query,
-    key,
-    value,
-    params: MHAParams,
-    d_out,
-    *,
-    num_heads: int,
-    num_kv_heads: int | None = None,
-    mask=None,
-    bias=None,
-    **options,
-) -> dict:
+def reference_mha_vjp(query, key, value, params: MHAParams, d_out, *, num_heads: int,
+                      num_kv_heads: int | None = None, mask=None, bias=None, **options) -> dict:
     """mha's backward with every stored intermediate rounded to D (the rule's ``ref_T``).
 
     The projections and the output projection's backward ``dO W_o`` are rounded to D, sdpa's
@@ -197,9 +152,8 @@ def reference_mha_vjp(
     computes it (the golden's exact 0 is its limit). Returns float64 arrays by name.
     """
     opts = {k: options.get(k) for k in _OPTIONS}
-    plan = _mha_validate(
-        "reference_mha_vjp", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts
-    )
+    plan = _mha_validate("reference_mha_vjp", query, key, value, params, num_heads, num_kv_heads, mask,
+                         bias, opts)
     dt = _NP[plan.dtype]
     ct = np.float64 if plan.dtype == "float64" else np.float32
 
@@ -221,46 +175,22 @@ def reference_mha_vjp(
         grads = reference_sdpa_vjp(plan, q, k, v, do, mask, bias)
         dq, dk, dv = (merge_heads(g).astype(ct) for g in grads[:3])  # (..., n, E), (..., m, P) twice
         named = {
-            "d_query": dq @ p.w_q.astype(ct),
-            "d_key": dk @ p.w_k.astype(ct),
-            "d_value": dv @ p.w_v.astype(ct),
-            "w_q": _outer_sum(dq, query.astype(ct)),
-            "w_k": _outer_sum(dk, key.astype(ct)),
-            "w_v": _outer_sum(dv, value.astype(ct)),
-            "w_o": _outer_sum(dO, merge_heads(o).astype(ct)),
-            "b_q": _row_sum(dq),
-            "b_k": _row_sum(dk),
-            "b_v": _row_sum(dv),
-            "b_o": _row_sum(dO),
+            "d_query": dq @ p.w_q.astype(ct), "d_key": dk @ p.w_k.astype(ct), "d_value": dv @ p.w_v.astype(ct),
+            "w_q": _outer_sum(dq, query.astype(ct)), "w_k": _outer_sum(dk, key.astype(ct)),
+            "w_v": _outer_sum(dv, value.astype(ct)), "w_o": _outer_sum(dO, merge_heads(o).astype(ct)),
+            "b_q": _row_sum(dq), "b_k": _row_sum(dk), "b_v": _row_sum(dv), "b_o": _row_sum(dO),
         }
     named = {name: g for name, g in named.items() if name not in PARAM_FIELDS or getattr(p, name) is not None}
     named = {name: rnd(g).astype(np.float64) for name, g in named.items()}
-    named.update(
-        {
-            "d_query": named["d_query"].reshape(query.shape),
-            "d_key": named["d_key"].reshape(key.shape),
-            "d_value": named["d_value"].reshape(value.shape),
-        }
-    )
+    named.update({"d_query": named["d_query"].reshape(query.shape), "d_key": named["d_key"].reshape(key.shape),
+                  "d_value": named["d_value"].reshape(value.shape)})
     if bias is not None:
         named["d_bias"] = grads[3]
     return named
 
 
-def mha_vjp_allowed(
-    query,
-    key,
-    value,
-    params: MHAParams,
-    d_out,
-    err_ref: dict,
-    *,
-    num_heads: int,
-    num_kv_heads: int | None = None,
-    mask=None,
-    bias=None,
-    **options,
-) -> dict:
+def mha_vjp_allowed(query, key, value, params: MHAParams, d_out, err_ref: dict, *, num_heads: int,
+                    num_kv_heads: int | None = None, mask=None, bias=None, **options) -> dict:
     """``allowed_T`` for each gradient of one mha_vjp case: K * err_ref_T + floor_T.
 
     The floor is the first-order error of an implementation as exact as D allows, u = eps(D),
@@ -285,9 +215,7 @@ def mha_vjp_allowed(
       u (1 + sqrt(R_o)) N_dO; d_bias e_dbias. R_x counts the rows summed (batch * length).
     """
     opts = {k: options.get(k) for k in _OPTIONS}
-    plan = _mha_validate(
-        "mha_vjp_allowed", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts
-    )
+    plan = _mha_validate("mha_vjp_allowed", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts)
     u = eps(plan.dtype)
     pr = params
     e, hd, hkv, G, n, m = pr.embed_dim, plan.dk, plan.hkv, plan.group, plan.n, plan.m
@@ -308,15 +236,11 @@ def mha_vjp_allowed(
     d_v = u * (1 + math.sqrt(pr.vdim)) * float(_abs_projection(value64, pr.w_v, pr.b_v).max(initial=0.0))
     d_do = u * (1 + math.sqrt(e)) * float(_abs_projection(dO, wo.T, None).max(initial=0.0))
     with np.errstate(all="ignore"):
-        o, w = sdpa(
-            q, k, v, mask=mask, bias=bias64, return_weights=True, **opts
-        )  # (..., H, n, hd), (..., H, n, m)
+        o, w = sdpa(q, k, v, mask=mask, bias=bias64, return_weights=True, **opts)  # (..., H, n, hd), (..., H, n, m)
     vis = _sdpa_visibility(plan, mask, bias64)  # (..., H, n, m)
     L = _logit_scale(plan, q, k, bias64, vis)
-    d_L = u * (
-        (1 + math.sqrt(e)) * _logit_scale(plan, a_q, k, None, vis)
-        + (1 + math.sqrt(pr.kdim)) * _logit_scale(plan, q, a_k, None, vis)
-    )
+    d_L = u * ((1 + math.sqrt(e)) * _logit_scale(plan, a_q, k, None, vis)
+               + (1 + math.sqrt(pr.kdim)) * _logit_scale(plan, q, a_k, None, vis))
     v_max = _finite_max(v)
     d_o = u * v_max * (1 + math.sqrt(m) + 2 * math.sqrt(hd) * L) + 2 * d_L * v_max + d_v
 
@@ -348,9 +272,7 @@ def mha_vjp_allowed(
         return float(np.abs(w_.astype(np.float64)).sum(axis=0).max(initial=0.0))
 
     def rowsum(x) -> float:
-        return float(
-            np.abs(np.where(np.isfinite(x), x, 0)).reshape(-1, x.shape[-1]).sum(axis=0).max(initial=0.0)
-        )
+        return float(np.abs(np.where(np.isfinite(x), x, 0)).reshape(-1, x.shape[-1]).sum(axis=0).max(initial=0.0))
 
     def rows(x) -> int:
         return math.prod(x.shape[:-1])
@@ -375,7 +297,6 @@ def mha_vjp_allowed(
 
 
 # -- lsh_attention_vjp --------------------------------------------------------------------------
-
 
 def reference_lsh_vjp(plan: LSHPlan, x, v, d_out, rotations) -> dict:
     """LSH's forward and backward (`grads_lsh._lsh_grads`) with every stored intermediate rounded

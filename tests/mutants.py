@@ -24,52 +24,20 @@ class Naive(Backend):
     def to_numpy(self, x):
         return np.asarray(x)
 
-    def sdpa(
-        self,
-        q,
-        k,
-        v,
-        *,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-        return_weights=False,
-        return_lse=False,
-    ):
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
+             return_weights=False, return_lse=False):
         fn = f"{self.name}.sdpa"
         info = lambda name, x: None if x is None else numpy_info(fn, name, x)  # noqa: E731
-        p = validate_sdpa(
-            fn,
-            info("q", q),
-            info("k", k),
-            info("v", v),
-            mask=info("mask", mask),
-            bias=info("bias", bias),
-            causal=causal,
-            window=window,
-            scale=scale,
-            q_lengths=q_lengths,
-            kv_lengths=kv_lengths,
-            softcap=softcap,
-            alibi_slopes=info("alibi_slopes", alibi_slopes),
-            sinks=info("sinks", sinks),
-            q_segment_ids=info("q_segment_ids", q_segment_ids),
-            kv_segment_ids=info("kv_segment_ids", kv_segment_ids),
-            dropout_mask=info("dropout_mask", dropout_mask),
-            dropout_p=dropout_p,
-            return_lse=return_lse,
-        )
+        p = validate_sdpa(fn, info("q", q), info("k", k), info("v", v), mask=info("mask", mask),
+                          bias=info("bias", bias), causal=causal, window=window, scale=scale,
+                          q_lengths=q_lengths, kv_lengths=kv_lengths, softcap=softcap,
+                          alibi_slopes=info("alibi_slopes", alibi_slopes), sinks=info("sinks", sinks),
+                          q_segment_ids=info("q_segment_ids", q_segment_ids),
+                          kv_segment_ids=info("kv_segment_ids", kv_segment_ids),
+                          dropout_mask=info("dropout_mask", dropout_mask),
+                          dropout_p=dropout_p, return_lse=return_lse)
         bug = self.bug
         ct = np.float32 if bug == "f32_accumulation" and p.dtype == "float64" else np.float64
 
@@ -163,9 +131,8 @@ class Naive(Backend):
         """i' (*batch, n) of each query row, written out row by row for lower_right_lengths."""
         i = np.arange(p.n)
         lengths_on_padded = self.bug == "lengths_on_padded"
-        if (causal == "lower_right" and self.bug != "wrong_alignment") or (
-            causal == "lower_right_lengths" and lengths_on_padded
-        ):
+        if causal == "lower_right" and self.bug != "wrong_alignment" or (
+                causal == "lower_right_lengths" and lengths_on_padded):
             return np.broadcast_to(i + p.m - p.n, (*p.batch, p.n))
         anchor = np.broadcast_to(i, (*p.batch, p.n)).copy()
         if causal != "lower_right_lengths":
@@ -248,12 +215,8 @@ def finite_fill(bug: str, dtype: str) -> float:
     import ml_dtypes
 
     fi = ml_dtypes.finfo(_np_dtype(dtype))
-    return {
-        "minus_1e4": -1e4,
-        "minus_1e9": -1e9,
-        "finfo_min": float(fi.min),
-        "minus_0_7_finfo_max": -0.7 * float(fi.max),
-    }[bug.removeprefix("finite_fill_")]
+    return {"minus_1e4": -1e4, "minus_1e9": -1e9, "finfo_min": float(fi.min),
+            "minus_0_7_finfo_max": -0.7 * float(fi.max)}[bug.removeprefix("finite_fill_")]
 
 
 def fill_caught_in(bug: str) -> set[str]:
@@ -265,9 +228,7 @@ def fill_caught_in(bug: str) -> set[str]:
     return {d for d in FLOAT_DTYPES if min(floor_levels(d)) <= finite_fill(bug, d) + 20}
 
 
-FILL_MUTANTS = {
-    f"finite_fill_{name}": (f"finite_fill_{name}", "corner_finite_floor") for name in FINITE_FILLS
-}
+FILL_MUTANTS = {f"finite_fill_{name}": (f"finite_fill_{name}", "corner_finite_floor") for name in FINITE_FILLS}
 #: pytest -k of a fill mutant's run: the forward sdpa properties (the corners are in each)
 FILL_RUN = "test_sdpa and not bad_input"
 # the attention variants of issue #15; their runs are restricted to the variant tests (`VARIANT_RUN`)
@@ -295,7 +256,7 @@ def control():
 
 
 for _name, (_bug, _) in {**MUTANTS, **VARIANT_MUTANTS, **FILL_MUTANTS}.items():
-    globals()[f"mutant_{_name}"] = (lambda b: lambda: make(b)())(_bug)
+    globals()[f"mutant_{_name}"] = (lambda b: (lambda: make(b)()))(_bug)
 
 
 class Crasher(Naive):
@@ -329,32 +290,7 @@ class SignatureDrift(Naive):
 
     name = "signature-drift"
 
-    def sdpa(
-        self,
-        q,
-        k,
-        v,
-        *,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        return_weights=False,
-        dropout_p=0.0,
-    ):
-        return super().sdpa(
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            window=window,
-            scale=scale,
-            q_lengths=q_lengths,
-            kv_lengths=kv_lengths,
-            return_weights=return_weights,
-        )
+    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+             q_lengths=None, kv_lengths=None, return_weights=False, dropout_p=0.0):
+        return super().sdpa(q, k, v, mask=mask, bias=bias, causal=causal, window=window, scale=scale,
+                            q_lengths=q_lengths, kv_lengths=kv_lengths, return_weights=return_weights)

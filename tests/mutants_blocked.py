@@ -11,6 +11,7 @@ bug that tiles of a single size (block_k >= m) never show.
 from __future__ import annotations
 
 import numpy as np
+
 from mutants import Naive, _np_dtype
 
 from attnspec.spec._validate import ArrayInfo, validate_sdpa
@@ -20,37 +21,12 @@ class BlockedNaive(Naive):
     name = "blocked-naive"
     bug = None
 
-    def sdpa_blocked(
-        self,
-        q,
-        k,
-        v,
-        *,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        return_weights=False,
-        block_q=256,
-        block_k=512,
-    ):
+    def sdpa_blocked(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
+                     q_lengths=None, kv_lengths=None, return_weights=False, block_q=256, block_k=512):
         info = lambda x: None if x is None else ArrayInfo(tuple(x.shape), x.dtype.name)  # noqa: E731
-        p = validate_sdpa(
-            f"{self.name}.sdpa_blocked",
-            info(q),
-            info(k),
-            info(v),
-            mask=info(mask),
-            bias=info(bias),
-            causal=causal,
-            window=window,
-            scale=scale,
-            q_lengths=q_lengths,
-            kv_lengths=kv_lengths,
-        )
+        p = validate_sdpa(f"{self.name}.sdpa_blocked", info(q), info(k), info(v), mask=info(mask),
+                          bias=info(bias), causal=causal, window=window, scale=scale,
+                          q_lengths=q_lengths, kv_lengths=kv_lengths)
 
         def lift(x):  # (..., H, L, d), batch dims broadcast out
             x = x if x.ndim > 2 else x[None]

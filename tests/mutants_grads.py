@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from mutants import Naive, _np_dtype
 from mutants_lsh import NaiveLSH
 from mutants_mha import NaiveMHA, _info
-
 from attnspec.backends import Unsupported, _mha
 from attnspec.backends._base import MHAArrays, variant_features
 from attnspec.spec._validate import ArrayInfo, validate_sdpa
@@ -29,56 +29,18 @@ class NaiveGrad(Naive):
     name = "naive-grad"
     grad_bug = None
 
-    def sdpa_vjp(
-        self,
-        q,
-        k,
-        v,
-        d_out,
-        *,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-    ):
-        variants = variant_features(
-            dict(
-                softcap=softcap,
-                alibi_slopes=alibi_slopes,
-                sinks=sinks,
-                causal=causal,
-                q_segment_ids=q_segment_ids,
-                kv_segment_ids=kv_segment_ids,
-                dropout_mask=dropout_mask,
-                dropout_p=dropout_p,
-            )
-        )
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None, scale=None,
+                 q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
+                 q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None):
+        variants = variant_features(dict(softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, causal=causal,
+                                         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                                         dropout_mask=dropout_mask, dropout_p=dropout_p))
         if variants:  # this backward is the plain one of the gradient chapter: the variants' is not here
             raise Unsupported(f"{self.name}.sdpa_vjp: no backward for {', '.join(variants)}")
         info = lambda x: None if x is None else ArrayInfo(tuple(x.shape), x.dtype.name)  # noqa: E731
-        p = validate_sdpa(
-            f"{self.name}.sdpa_vjp",
-            info(q),
-            info(k),
-            info(v),
-            mask=info(mask),
-            bias=info(bias),
-            causal=causal,
-            window=window,
-            scale=scale,
-            q_lengths=q_lengths,
-            kv_lengths=kv_lengths,
-        )
+        p = validate_sdpa(f"{self.name}.sdpa_vjp", info(q), info(k), info(v), mask=info(mask),
+                          bias=info(bias), causal=causal, window=window, scale=scale,
+                          q_lengths=q_lengths, kv_lengths=kv_lengths)
         shapes = [x.shape for x in (q, k, v)] + ([] if bias is None else [bias.shape])
         dt = _np_dtype(p.dtype)
         if p.n == 0 or p.m == 0 or p.hq == 0:
@@ -164,70 +126,27 @@ def control():
 
 
 for _bug in GRAD_MUTANTS:
-    globals()[f"mutant_{_bug}"] = (lambda b: lambda: make(b)())(_bug)
+    globals()[f"mutant_{_bug}"] = (lambda b: (lambda: make(b)()))(_bug)
 
 
 # -- mha_vjp and lsh_attention_vjp ------------------------------------------------------------------
-
 
 class NaiveGradAll(NaiveGrad, NaiveMHA, NaiveLSH):
     name = "naive-grad-all"
     vjp_bug = None
 
-    def mha_vjp(
-        self,
-        query,
-        key,
-        value,
-        params,
-        d_out,
-        *,
-        num_heads,
-        num_kv_heads=None,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-    ):
-        variants = variant_features(
-            dict(
-                softcap=softcap,
-                alibi_slopes=alibi_slopes,
-                sinks=sinks,
-                causal=causal,
-                q_segment_ids=q_segment_ids,
-                kv_segment_ids=kv_segment_ids,
-                dropout_mask=dropout_mask,
-                dropout_p=dropout_p,
-            )
-        )
+    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
+                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+                dropout_mask=None, dropout_p=None):
+        variants = variant_features(dict(softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, causal=causal,
+                                         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                                         dropout_mask=dropout_mask, dropout_p=dropout_p))
         if variants:  # as sdpa_vjp above: the variants' backward is not here
             raise Unsupported(f"{self.name}.mha_vjp: no backward for {', '.join(variants)}")
         options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
-        plan = _mha.validate(
-            f"{self.name}.mha_vjp",
-            _info,
-            lambda x: x,
-            query,
-            key,
-            value,
-            params,
-            num_heads,
-            num_kv_heads,
-            mask,
-            bias,
-            options,
-        )
+        plan = _mha.validate(f"{self.name}.mha_vjp", _info, lambda x: x, query, key, value, params, num_heads,
+                             num_kv_heads, mask, bias, options)
         h, hkv, hd = plan.hq, plan.hkv, plan.dk
         p = params
         f = lambda x: None if x is None else x.astype(np.float64)  # noqa: E731
@@ -246,11 +165,8 @@ class NaiveGradAll(NaiveGrad, NaiveMHA, NaiveLSH):
         def outer(d, x):  # sum over rows of d^T x: (..., L, out), (..., L, in) -> (out, in)
             return d.reshape(-1, d.shape[-1]).T @ x.reshape(-1, x.shape[-1])
 
-        q, k, v = (
-            split(project(query, p.w_q, p.b_q), h),
-            split(project(key, p.w_k, p.b_k), hkv),
-            split(project(value, p.w_v, p.b_v), hkv),
-        )
+        q, k, v = split(project(query, p.w_q, p.b_q), h), split(project(key, p.w_k, p.b_k), hkv), \
+            split(project(value, p.w_v, p.b_v), hkv)
         o = self.sdpa(q, k, v, mask=mask, bias=f(bias), **options)  # (..., H, n, hd)
         dO = f(d_out)  # (..., n, E)
         do = np.ascontiguousarray(split(dO @ f(p.w_o), h))  # (..., H, n, hd)
@@ -259,43 +175,22 @@ class NaiveGradAll(NaiveGrad, NaiveMHA, NaiveLSH):
         d_w_o = outer(dO, merge(o))  # (E, E)
         if self.vjp_bug == "w_o_transposed":
             d_w_o = d_w_o.T
-        d = {
-            "w_q": outer(dq, f(query)),
-            "w_k": outer(dk, f(key)),
-            "w_v": outer(dv, f(value)),
-            "w_o": d_w_o,
-            "b_q": dq.reshape(-1, dq.shape[-1]).sum(0),
-            "b_k": dk.reshape(-1, dk.shape[-1]).sum(0),
-            "b_v": dv.reshape(-1, dv.shape[-1]).sum(0),
-            "b_o": dO.reshape(-1, dO.shape[-1]).sum(0),
-        }
-        d_params = MHAArrays(
-            **{
-                name: None if getattr(p, name) is None else g.astype(getattr(p, name).dtype)
-                for name, g in d.items()
-            }
-        )
+        d = {"w_q": outer(dq, f(query)), "w_k": outer(dk, f(key)), "w_v": outer(dv, f(value)), "w_o": d_w_o,
+             "b_q": dq.reshape(-1, dq.shape[-1]).sum(0), "b_k": dk.reshape(-1, dk.shape[-1]).sum(0),
+             "b_v": dv.reshape(-1, dv.shape[-1]).sum(0), "b_o": dO.reshape(-1, dO.shape[-1]).sum(0)}
+        d_params = MHAArrays(**{name: None if getattr(p, name) is None else g.astype(getattr(p, name).dtype)
+                                for name, g in d.items()})
         dt = query.dtype
         out = (dq @ f(p.w_q), dk @ f(p.w_k), dv @ f(p.w_v))
         result = [g.reshape(x.shape).astype(dt) for g, x in zip(out, (query, key, value))] + [d_params]
         return tuple(result) + (() if bias is None else (grads[3].astype(dt),))
 
-    def lsh_attention_vjp(
-        self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None, dedup=False, scale=None
-    ):
+    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                          dedup=False, scale=None):
         fn = f"{self.name}.lsh_attention_vjp"
         info = lambda a: ArrayInfo(tuple(a.shape), a.dtype.name)  # noqa: E731
-        p = validate_lsh(
-            fn,
-            info(x),
-            info(v),
-            info(rotations),
-            chunk_length=chunk_length,
-            causal=causal,
-            kv_lengths=kv_lengths,
-            dedup=dedup,
-            scale=scale,
-        )
+        p = validate_lsh(fn, info(x), info(v), info(rotations), chunk_length=chunk_length, causal=causal,
+                         kv_lengths=kv_lengths, dedup=dedup, scale=scale)
         L = p.L
         xs = np.broadcast_to(x.astype(np.float64), (*p.batch, L, p.d))
         vs = np.broadcast_to(v.astype(np.float64), (*p.batch, L, p.dv))
@@ -309,18 +204,8 @@ class NaiveGradAll(NaiveGrad, NaiveMHA, NaiveLSH):
 
     def _one_vjp(self, x, v, dO, rotations, n, p):
         """One batch element's unpadded positions (n, d), (n, dv), (n, dv) -> dx, dv."""
-        _, buckets = self._one(
-            x,
-            v,
-            rotations.astype(np.float64),
-            n,
-            p,
-            n,
-            p.n_hashes,
-            p.n_buckets,
-            p.chunk_length,
-            p.padded_length,
-        )  # NaiveLSH's buckets of the n positions
+        _, buckets = self._one(x, v, rotations.astype(np.float64), n, p, n, p.n_hashes, p.n_buckets,
+                               p.chunk_length, p.padded_length)  # NaiveLSH's buckets of the n positions
         windows = self._windows(buckets, n, p)
         norm = np.linalg.norm(x, axis=-1)  # (n,)
         k_hat = x / np.maximum(norm, NORM_EPS)[:, None]  # (n, d)
@@ -390,8 +275,5 @@ def control_all():
 
 
 for _bug in MHA_LSH_MUTANTS:
-    globals()[f"mutant_{_bug}"] = (
-        lambda b: (
-            lambda: type(f"GradMutant_{b}", (NaiveGradAll,), {"name": f"grad-mutant-{b}", "vjp_bug": b})()
-        )
-    )(_bug)
+    globals()[f"mutant_{_bug}"] = (lambda b: (lambda: type(f"GradMutant_{b}", (NaiveGradAll,),
+                                                          {"name": f"grad-mutant-{b}", "vjp_bug": b})()))(_bug)

@@ -14,30 +14,13 @@ import pytest
 from attnspec._results import write_json_atomic
 from attnspec.bench import run as bench
 from attnspec.bench import targets as bench_targets
+from attnspec.reports._io import load_results
 from attnspec.bench.grid import GRIDS, Case, estimated_seconds, grid_cases, workspace_bytes
 from attnspec.bench.measure import probe_peak
-from attnspec.reports._io import load_results
 from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS
 
-ROW_KEYS = {
-    "implementation",
-    "pass",
-    "dtype",
-    "B",
-    "H",
-    "n",
-    "m",
-    "d",
-    "causal",
-    "median_s",
-    "min_s",
-    "max_s",
-    "repeats",
-    "tflops",
-    "share_of_matmul",
-    "peak_mem_bytes",
-    "mem_method",
-}
+ROW_KEYS = {"implementation", "pass", "dtype", "B", "H", "n", "m", "d", "causal", "median_s",
+            "min_s", "max_s", "repeats", "tflops", "share_of_matmul", "peak_mem_bytes", "mem_method"}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +42,7 @@ def test_quick_grid_numpy_is_valid_bench_json(quick_numpy, tmp_path):
 
     for row in doc["rows"]:
         where = f"{row['implementation']} {row['dtype']} n={row['n']} causal={row['causal']}"
-        assert set(row) >= ROW_KEYS, f"{where}: missing {ROW_KEYS - set(row)}"
+        assert ROW_KEYS <= set(row), f"{where}: missing {ROW_KEYS - set(row)}"
         assert 0 < row["min_s"] <= row["median_s"] <= row["max_s"], where
         assert row["repeats"] >= 1, where
         flops = 4 * row["B"] * row["H"] * row["n"] * row["m"] * row["d"]
@@ -74,11 +57,8 @@ def test_quick_grid_numpy_is_valid_bench_json(quick_numpy, tmp_path):
     # every planned case is accounted for: a row, or a skip with a reason
     planned = {c.key for c in grid_cases(GRIDS["quick"], "numpy", ("float32", "float64"))}
     measured = {bench_targets.row_key(r) for r in doc["rows"]}
-    skipped = {
-        (s["implementation"], s["dtype"], c["B"], c["H"], c["n"], c["m"], c["d"], c["causal"])
-        for s in doc["skipped"]
-        for c in s["cases"]
-    }
+    skipped = {(s["implementation"], s["dtype"], c["B"], c["H"], c["n"], c["m"], c["d"], c["causal"])
+               for s in doc["skipped"] for c in s["cases"]}
     assert all(s["reason"] for s in doc["skipped"])
     assert measured.isdisjoint(skipped)
     assert measured | skipped == planned
@@ -157,13 +137,8 @@ def _target(name_part: str) -> bench_targets.Target:
 
 
 def _row(case: Case, median_s: float, **extra) -> dict:
-    return {
-        "implementation": case.impl,
-        "dtype": case.dtype,
-        **case.shape_dict(),
-        "median_s": median_s,
-        **extra,
-    }
+    return {"implementation": case.impl, "dtype": case.dtype, **case.shape_dict(), "median_s": median_s,
+            **extra}
 
 
 def test_overhead_target_says_by_how_much():

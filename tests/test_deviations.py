@@ -43,10 +43,8 @@ def test_still_reproduces_on_its_native_backend(dev):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         shows = dev.probe(backend(dev.backend))
-    assert shows, (
-        f"stale deviation {dev.deviation_id}: {dev.backend} no longer does "
-        f"'{dev.native_does}'; remove the entry, or update it"
-    )
+    assert shows, (f"stale deviation {dev.deviation_id}: {dev.backend} no longer does "
+                   f"'{dev.native_does}'; remove the entry, or update it")
 
 
 @pytest.mark.parametrize("dev", DEVIATIONS, ids=ids)
@@ -78,15 +76,14 @@ def test_the_fix_up_names_the_deviation(dev):
     adapter = dev.fixed_by.split(":")[0]
     lines = (BACKENDS_DIR / f"{adapter}.py").read_text().splitlines()
     comments = [line.split("#", 1)[1] for line in lines if "#" in line]
-    assert any(dev.deviation_id in c for c in comments), (
+    assert any(dev.deviation_id in c for c in comments), \
         f"no comment in backends/{adapter}.py names {dev.deviation_id} at its fix-up"
-    )
 
 
 def _assert_mha_matches_golden(be, case):
     from attnspec.backends.deviations import run_mha
-    from attnspec.spec.tolerance import compare as within
     from attnspec.spec.tolerance_mha import mha_golden
+    from attnspec.spec.tolerance import compare as within
 
     query, key, value, options = case
     result = run_mha(be, case)
@@ -96,3 +93,4 @@ def _assert_mha_matches_golden(be, case):
     assert within(out, g.out, g.allowed_out).ok
     if weights is not None:
         assert within(weights, g.weights, g.allowed_w).ok
+

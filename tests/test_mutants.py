@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from mutants import FILL_MUTANTS, FILL_RUN, MUTANTS, VARIANT_MUTANTS, VARIANT_RUN, fill_caught_in
 
 HERE = Path(__file__).parent
@@ -23,50 +24,28 @@ CORNER_OF = {"no_visible_rows": "corner_empty_rows", "masked_nonfinite": "corner
 
 def run_suite(target: str, results: Path, keyword: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--pyargs",
-        "attnspec.conformance",
-        "--attn-backend",
-        target,
-        "--attn-profile",
-        "dev",
-        "--attn-results",
-        str(results),
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-W",
-        "ignore::RuntimeWarning",
-        *(["-k", keyword] if keyword else []),
-    ]
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
+           "--attn-profile", "dev", "--attn-results", str(results), "-q", "-p", "no:cacheprovider",
+           "-W", "ignore::RuntimeWarning", *(["-k", keyword] if keyword else [])]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=results.parent)
 
 
 @pytest.fixture(scope="module")
 def suite_runs(tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("mutants")
-    targets = {
-        "control": ("mutants:control", None),
-        **{m: (f"mutants:mutant_{m}", None) for m in MUTANTS},
-        # a variant's bug only shows in the variant properties: run just those (fast)
-        **{m: (f"mutants:mutant_{m}", VARIANT_RUN) for m in VARIANT_MUTANTS},
-        # a finite fill shows in the forward sdpa properties' corner cases: run just those
-        **{m: (f"mutants:mutant_{m}", FILL_RUN) for m in FILL_MUTANTS},
-    }
+    targets = {"control": ("mutants:control", None),
+               **{m: (f"mutants:mutant_{m}", None) for m in MUTANTS},
+               # a variant's bug only shows in the variant properties: run just those (fast)
+               **{m: (f"mutants:mutant_{m}", VARIANT_RUN) for m in VARIANT_MUTANTS},
+               # a finite fill shows in the forward sdpa properties' corner cases: run just those
+               **{m: (f"mutants:mutant_{m}", FILL_RUN) for m in FILL_MUTANTS}}
     # only the runs the selected tests read (pytest -k no_scale runs one suite, not thirteen)
-    wanted = {
-        (getattr(item, "callspec", None) and item.callspec.params.get("mutant")) or "control"
-        for item in request.session.items
-        if item.module is request.module
-    }
+    wanted = {getattr(item, "callspec", None) and item.callspec.params.get("mutant") or "control"
+              for item in request.session.items if item.module is request.module}
     targets = {name: t for name, t in targets.items() if name in wanted}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {
-            name: pool.submit(run_suite, t, tmp / f"{name}.json", kw) for name, (t, kw) in targets.items()
-        }
+        futures = {name: pool.submit(run_suite, t, tmp / f"{name}.json", kw)
+                   for name, (t, kw) in targets.items()}
         return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
 
 
@@ -89,9 +68,8 @@ def test_mutant_is_caught_and_feature_named(suite_runs, mutant):
     named = {expected, CORNER_OF.get(expected)} & failed_features
     assert named, f"{mutant}: failures {sorted(failed_features)} miss {expected}"
     # the message a user sees names the feature and carries a reproducer
-    assert any(f"feature={f}" in r["message"] for r in results["failures"] for f in named) or any(
-        f"feature={f}" in proc.stdout for f in named
-    )
+    assert any(f"feature={f}" in r["message"] for r in results["failures"] for f in named) or \
+        any(f"feature={f}" in proc.stdout for f in named)
     assert "reproduce with:" in proc.stdout
 
 
@@ -103,10 +81,7 @@ def test_finite_fill_is_caught_in_every_dtype_it_reaches(suite_runs, mutant):
     proc, path = suite_runs[mutant]
     assert proc.returncode == 1, f"mutant {mutant} survived the suite:\n{proc.stdout[-2000:]}"
     rows = json.loads(path.read_text())["rows"]
-    caught = {
-        r["dtype"]
-        for r in rows
-        if r["failed"] and r["property"] == "matches_golden" and r["feature"] == "corner_finite_floor"
-    }
+    caught = {r["dtype"] for r in rows if r["failed"] and r["property"] == "matches_golden"
+              and r["feature"] == "corner_finite_floor"}
     assert caught == fill_caught_in(mutant)
     assert "hidden keys took weight there, as under a finite mask fill" in proc.stdout

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from mutants_blocked import MUTANTS_BLOCKED
 
 HERE = Path(__file__).parent
@@ -23,40 +24,20 @@ HERE = Path(__file__).parent
 
 def run_blocked_suite(target: str, results: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--pyargs",
-        "attnspec.conformance",
-        "--attn-backend",
-        target,
-        "--attn-profile",
-        "dev",
-        "--attn-results",
-        str(results),
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-W",
-        "ignore::RuntimeWarning",
-        "-k",
-        "test_blocked_",
-    ]
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
+           "--attn-profile", "dev", "--attn-results", str(results), "-q", "-p", "no:cacheprovider",
+           "-W", "ignore::RuntimeWarning", "-k", "test_blocked_"]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=results.parent)
 
 
 @pytest.fixture(scope="module")
 def suite_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mutants_blocked")
-    targets = {
-        "control": "mutants_blocked:control_blocked",
-        **{m: f"mutants_blocked:mutant_{m}" for m in MUTANTS_BLOCKED},
-    }
+    targets = {"control": "mutants_blocked:control_blocked",
+               **{m: f"mutants_blocked:mutant_{m}" for m in MUTANTS_BLOCKED}}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {
-            name: pool.submit(run_blocked_suite, t, tmp / f"{name}.json") for name, t in targets.items()
-        }
+        futures = {name: pool.submit(run_blocked_suite, t, tmp / f"{name}.json")
+                   for name, t in targets.items()}
         return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
 
 

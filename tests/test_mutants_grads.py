@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from mutants_grads import GRAD_MUTANTS, MHA_LSH_MUTANTS
 
 HERE = Path(__file__).parent
@@ -26,43 +27,22 @@ MHA_LSH_VJP = "mha_vjp or lsh_attention_vjp"  # test_grads_mha_lsh.py's
 
 def run_suite(target: str, results: Path, select: str = SDPA_VJP) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--pyargs",
-        "attnspec.conformance",
-        "--attn-backend",
-        target,
-        "--attn-profile",
-        "dev",
-        "--attn-results",
-        str(results),
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-W",
-        "ignore::RuntimeWarning",
-        "-k",
-        select,
-    ]
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
+           "--attn-profile", "dev", "--attn-results", str(results), "-q", "-p", "no:cacheprovider",
+           "-W", "ignore::RuntimeWarning", "-k", select]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=results.parent)
 
 
 @pytest.fixture(scope="module")
 def grad_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grad_mutants")
-    targets = {
-        "control": ("mutants_grads:control", SDPA_VJP),
-        **{m: (f"mutants_grads:mutant_{m}", SDPA_VJP) for m in GRAD_MUTANTS},
-        "control_all": ("mutants_grads:control_all", MHA_LSH_VJP),
-        **{m: (f"mutants_grads:mutant_{m}", fn) for m, (fn, _) in MHA_LSH_MUTANTS.items()},
-    }
+    targets = {"control": ("mutants_grads:control", SDPA_VJP),
+               **{m: (f"mutants_grads:mutant_{m}", SDPA_VJP) for m in GRAD_MUTANTS},
+               "control_all": ("mutants_grads:control_all", MHA_LSH_VJP),
+               **{m: (f"mutants_grads:mutant_{m}", fn) for m, (fn, _) in MHA_LSH_MUTANTS.items()}}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {
-            name: pool.submit(run_suite, t, tmp / f"{name}.json", select)
-            for name, (t, select) in targets.items()
-        }
+        futures = {name: pool.submit(run_suite, t, tmp / f"{name}.json", select)
+                   for name, (t, select) in targets.items()}
         return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
 
 
@@ -92,13 +72,10 @@ def test_grad_mutant_is_caught_and_property_named(grad_runs, mutant):
 def test_mha_lsh_control_passes(grad_runs):
     proc, path = grad_runs["control_all"]
     assert proc.returncode == 0, proc.stdout[-3000:]
-    for function, properties in (
-        (
-            "mha_vjp",
-            {"matches_golden", "masked_keys_get_zero", "empty_rows_zero_and_finite", "deterministic"},
-        ),
-        ("lsh_attention_vjp", {"matches_golden", "padded_zero_and_finite", "deterministic"}),
-    ):
+    for function, properties in (("mha_vjp", {"matches_golden", "masked_keys_get_zero",
+                                              "empty_rows_zero_and_finite", "deterministic"}),
+                                 ("lsh_attention_vjp", {"matches_golden", "padded_zero_and_finite",
+                                                        "deterministic"})):
         rows = _vjp_rows(path, function)
         assert {r["property"] for r in rows} == properties
         assert sum(r["passed"] for r in rows) >= 10 * len(properties)  # the properties really ran cases

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from mutants_mha import MHA_MUTANTS
 
 HERE = Path(__file__).parent
@@ -21,26 +22,9 @@ HERE = Path(__file__).parent
 
 def run_mha_suite(target: str, results: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--pyargs",
-        "attnspec.conformance",
-        "--attn-backend",
-        target,
-        "--attn-profile",
-        "dev",
-        "--attn-results",
-        str(results),
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-W",
-        "ignore::RuntimeWarning",
-        "-k",
-        "mha",
-    ]
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
+           "--attn-profile", "dev", "--attn-results", str(results), "-q", "-p", "no:cacheprovider",
+           "-W", "ignore::RuntimeWarning", "-k", "mha"]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=results.parent)
 
 
@@ -57,14 +41,8 @@ def test_control_passes(suite_runs):
     proc, path = suite_runs["control"]
     assert proc.returncode == 0, proc.stdout[-3000:]
     rows = [r for r in json.loads(path.read_text())["rows"] if r["function"] == "mha"]
-    assert {r["property"] for r in rows} >= {
-        "matches_golden",
-        "head_split_merge",
-        "kv_head_mapping",
-        "deterministic",
-        "bad_input",
-        "variants_match_golden",
-    }
+    assert {r["property"] for r in rows} >= {"matches_golden", "head_split_merge", "kv_head_mapping",
+                                             "deterministic", "bad_input", "variants_match_golden"}
     variant_rows = [r for r in rows if r["property"] == "variants_match_golden"]
     assert sum(r["passed"] for r in variant_rows) > 20  # the variants really ran, and passed
     assert sum(r["passed"] for r in rows) > 150  # the suite really ran cases
@@ -81,8 +59,6 @@ def test_mutant_is_caught_and_property_named(suite_runs, mutant):
     assert expected in failed, f"{mutant}: failed properties {sorted(failed)} miss {expected}"
     assert "deterministic" not in failed and "bad_input" not in failed  # each mutant is only wrong
     # the message a user sees names function and property, and carries a reproducer
-    assert (
-        any(f"mha {expected}:" in f["message"] for f in results["failures"])
-        or f"mha {expected}:" in proc.stdout
-    )
+    assert any(f"mha {expected}:" in f["message"] for f in results["failures"]) or \
+        f"mha {expected}:" in proc.stdout
     assert "reproduce with:" in proc.stdout

@@ -1,7 +1,7 @@
 """The atlas' declared deviations (``deviations.toml``), and checking them both ways.
 
-ATLAS_DEVIATIONS              every entry, as `AtlasDeviation`
-check(backend, answers)       each entry: observed | stale | not_exercised; plus the undeclared
+    ATLAS_DEVIATIONS              every entry, as `AtlasDeviation`
+    check(backend, answers)       each entry: observed | stale | not_exercised; plus the undeclared
 """
 
 from __future__ import annotations
@@ -53,25 +53,10 @@ def check(backend: str, answers: list[dict[str, Any]]) -> tuple[list[dict[str, A
         declared_questions.add(d.question)
         got = by_question.get(d.question, {}).get("answer", "n/a")
         status = "not_exercised" if got.startswith("n/a") else "observed" if got == d.answer else "stale"
-        entries.append(
-            {
-                "id": d.id,
-                "question": d.question,
-                "declared": d.answer,
-                "measured": got,
-                "status": status,
-                "summary": d.summary,
-                "upstream": d.upstream,
-            }
-        )
-    differing = [
-        a
-        for a in answers
-        if a["spec"]
-        and a["answer"] != a["spec"]
-        and not a["answer"].startswith("n/a")
-        and a["id"] not in declared_questions
-    ]
+        entries.append({"id": d.id, "question": d.question, "declared": d.answer, "measured": got,
+                        "status": status, "summary": d.summary, "upstream": d.upstream})
+    differing = [a for a in answers if a["spec"] and a["answer"] != a["spec"] and not a["answer"].startswith("n/a")
+                 and a["id"] not in declared_questions]
     undeclared = []
     for a in differing:  # a built-in native's deviations are declared by suite tags instead
         from attnspec.backends.atlas.questions import QUESTION_TAGS
@@ -87,16 +72,8 @@ def check(backend: str, answers: list[dict[str, Any]]) -> tuple[list[dict[str, A
         if suffix and any(d.deviation_id.endswith(suffix) for d in builtin):
             builtin = [d for d in builtin if d.deviation_id.endswith(suffix)]
         for d in builtin:
-            entries.append(
-                {
-                    "id": d.deviation_id,
-                    "question": a["id"],
-                    "declared": d.native_does[:120],
-                    "measured": a["answer"],
-                    "status": "declared in backends/deviations.py (checked both ways "
-                    "by tests/test_deviations.py)",
-                    "summary": d.native_does.rstrip("."),
-                    "upstream": "",
-                }
-            )
+            entries.append({"id": d.deviation_id, "question": a["id"], "declared": d.native_does[:120],
+                            "measured": a["answer"], "status": "declared in backends/deviations.py (checked both ways "
+                            "by tests/test_deviations.py)", "summary": d.native_does.rstrip("."),
+                            "upstream": ""})
     return entries, undeclared

@@ -51,54 +51,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="attnspec",
-        description="Check attention implementations against attnspec's executable specification.",
-    )
+    ap = argparse.ArgumentParser(prog="attnspec", description="Check attention implementations against "
+                                 "attnspec's executable specification.")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
-    check = sub.add_parser(
-        "check",
-        help="probe and run the conformance suite on one implementation",
-        description=__doc__.split("\n\n")[2],
-    )
+    check = sub.add_parser("check", help="probe and run the conformance suite on one implementation",
+                           description=__doc__.split("\n\n")[2])
     check.add_argument("target", help="MODULE:FUNCTION (with --convention), a backend NAME, or MODULE:Class")
-    check.add_argument(
-        "--convention",
-        default=None,
-        help="how to call a plain function: torch_sdpa, flash, jax, tutorial, ...",
-    )
-    check.add_argument(
-        "--arrays",
-        default=None,
-        help="the array library the function takes "
-        "(default: the convention's; numpy, torch, jax, mlx, tinygrad)",
-    )
-    check.add_argument(
-        "--profile",
-        default="dev",
-        choices=PROFILES,
-        help="dev (default: about a minute), ci (100 examples a property), thorough",
-    )
-    check.add_argument(
-        "--dtype",
-        action="append",
-        choices=DTYPES,
-        default=None,
-        help="check only these dtypes (repeatable; default all four)",
-    )
+    check.add_argument("--convention", default=None,
+                       help="how to call a plain function: torch_sdpa, flash, jax, tutorial, ...")
+    check.add_argument("--arrays", default=None, help="the array library the function takes "
+                       "(default: the convention's; numpy, torch, jax, mlx, tinygrad)")
+    check.add_argument("--profile", default="dev", choices=PROFILES,
+                       help="dev (default: about a minute), ci (100 examples a property), thorough")
+    check.add_argument("--dtype", action="append", choices=DTYPES, default=None,
+                       help="check only these dtypes (repeatable; default all four)")
     check.add_argument("--device", default=None, help="device (default: the array library's first)")
-    check.add_argument(
-        "--out", default="attnspec-report", help="output directory (default ./attnspec-report)"
-    )
-    check.add_argument(
-        "--case-timeout",
-        type=float,
-        default=120.0,
-        help="seconds without progress before a case counts as hung (default 120)",
-    )
-    check.add_argument(
-        "-k", dest="keyword", default=None, help="only the properties matching this pytest -k expression"
-    )
+    check.add_argument("--out", default="attnspec-report", help="output directory (default ./attnspec-report)")
+    check.add_argument("--case-timeout", type=float, default=120.0,
+                       help="seconds without progress before a case counts as hung (default 120)")
+    check.add_argument("-k", dest="keyword", default=None, help="only the properties matching this pytest -k expression")
     check.set_defaults(run=_check)
     backends = sub.add_parser("backends", help="list every known backend, installed or not and why")
     backends.set_defaults(run=_backends)
@@ -108,7 +79,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # -- check ----------------------------------------------------------------------------------
-
 
 def _target(args):
     """(the target string the suite's child process loads, whether it is a plain function, and the
@@ -167,34 +137,24 @@ def _check(args) -> int:
     spec, is_function, backend = _target(args)
     out = Path(args.out)
     if _inside_package(out):
-        raise UsageError(
-            f"--out={str(out)!r} is inside the installed attnspec package or the repo's reports/: "
-            "choose another directory"
-        )
+        raise UsageError(f"--out={str(out)!r} is inside the installed attnspec package or the repo's reports/: "
+                         "choose another directory")
     (out / "results").mkdir(parents=True, exist_ok=True)
     env: dict[str, str] = {}
     t0 = time.time()
     if is_function:
         print(f"attnspec check: probing {spec} ...", file=sys.stderr)
         try:
-            caps = probe_isolated(
-                spec, out / "probe.json", tuple(args.dtype) if args.dtype else None, args.device
-            )
+            caps = probe_isolated(spec, out / "probe.json", tuple(args.dtype) if args.dtype else None, args.device)
         except RuntimeError as e:
             raise UsageError(f"cannot probe {spec}: {e}") from None
         (out / "capabilities.json").write_text(json.dumps({spec: caps.as_json()}, indent=1))
         (out / "probe.json").unlink(missing_ok=True)
         env["ATTNSPEC_CAPABILITIES"] = str((out / "capabilities.json").resolve())
-        refused = [
-            f"{r.need}{'/' + r.dtype if r.need == 'dtype' else ''}"
-            + ("" if r.status in ("refused", "convention") else f" ({r.status})")
-            for r in caps.results
-            if r.status != "ok"
-        ]
-        print(
-            f"attnspec check: probe done in {time.time() - t0:.0f} s; unsupported: {', '.join(refused) or 'nothing'}",
-            file=sys.stderr,
-        )
+        refused = [f"{r.need}{'/' + r.dtype if r.need == 'dtype' else ''}" + ("" if r.status in ("refused", "convention")
+                   else f" ({r.status})") for r in caps.results if r.status != "ok"]
+        print(f"attnspec check: probe done in {time.time() - t0:.0f} s; unsupported: {', '.join(refused) or 'nothing'}",
+              file=sys.stderr)
         os.environ.update(env)
     if backend is None:
         backend = load(spec)  # a function: after the probe, so it reads the probe's findings
@@ -205,18 +165,8 @@ def _check(args) -> int:
     if args.keyword:
         pytest_args += ["-k", args.keyword]
     try:
-        results = run_suite(
-            spec,
-            backend,
-            device,
-            args.profile,
-            results_path,
-            args.case_timeout,
-            pytest_args,
-            device_given=args.device is not None,
-            env=env,
-            log_tail=False,
-        )
+        results = run_suite(spec, backend, device, args.profile, results_path, args.case_timeout, pytest_args,
+                            device_given=args.device is not None, env=env, log_tail=False)
     except Interrupted as e:
         return 128 + e.signum
     _render(out)
@@ -231,10 +181,8 @@ def _check(args) -> int:
     s = summary(results)
     nothing = s["totals"]["passed"] + s["totals"]["deviation"] == 0
     if nothing:
-        print(
-            "attnspec check: no case ran to a verdict: every case was unsupported (see the probe above)",
-            file=sys.stderr,
-        )
+        print("attnspec check: no case ran to a verdict: every case was unsupported (see the probe above)",
+              file=sys.stderr)
     verdict = "FAILS" if s["bad"] or nothing else "CONFORMS"
     print(f"\n{verdict}: {s['text']}\nreport: {out / 'index.md'}\nresults: {results_path}", file=sys.stderr)
     return 1 if s["bad"] or nothing else 0
@@ -261,10 +209,8 @@ def _render(out: Path) -> None:
         with contextlib.redirect_stdout(io.StringIO()):
             render(["--results", str(out / "results"), "--out", str(out), "--no-plots"])
     except ImportError as e:  # the report extra is optional: the JSON and the reproducers remain
-        print(
-            f"attnspec check: the Markdown report was not rendered ({e}; pip install 'attnspec[report]')",
-            file=sys.stderr,
-        )
+        print(f"attnspec check: the Markdown report was not rendered ({e}; pip install 'attnspec[report]')",
+              file=sys.stderr)
 
 
 def feature_table(results: dict) -> str:
@@ -273,10 +219,8 @@ def feature_table(results: dict) -> str:
     cells: dict[tuple[str, str], dict] = {}
     for r in results["rows"]:
         feature = r["feature"] if r["function"] == "sdpa" else f"{r['function']}:{r['feature']}"
-        c = cells.setdefault(
-            (feature, r["dtype"]),
-            {"run": 0, "passed": 0, "bad": 0, "unsupported": 0, "deviation": 0, "budget": None},
-        )
+        c = cells.setdefault((feature, r["dtype"]), {"run": 0, "passed": 0, "bad": 0, "unsupported": 0,
+                                                     "deviation": 0, "budget": None})
         c["run"] += r["run"]
         c["passed"] += r["passed"]
         c["bad"] += r["failed"] + r.get("crashed", 0) + r.get("timeout", 0)
@@ -285,10 +229,8 @@ def feature_table(results: dict) -> str:
         if r.get("max_budget_used") is not None:
             c["budget"] = max(c["budget"] or 0.0, r["max_budget_used"])
     # a function with no case run to a verdict is one line, not a row per feature
-    unsupported_fns = sorted(
-        {r["function"] for r in results["rows"]}
-        - {r["function"] for r in results["rows"] if r["run"] > r["unsupported"]}
-    )
+    unsupported_fns = sorted({r["function"] for r in results["rows"]} - {
+        r["function"] for r in results["rows"] if r["run"] > r["unsupported"]})
     features = sorted({f for f, _ in cells if f.split(":")[0] not in unsupported_fns or ":" not in f})
     if "sdpa" in unsupported_fns:
         features = [f for f in features if ":" in f]
@@ -313,10 +255,8 @@ def feature_table(results: dict) -> str:
     rows = [["feature", *cols]] + [[f, *(cell(cells.get((f, d))) for d in cols)] for f in features]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     text = "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
-    legend = (
-        "cells: passed/run (+n declared deviations) and bWORST, the worst budget used "
-        "(error / allowed error, 1 = the edge); FAIL failed+crashed+hung/run"
-    )
+    legend = ("cells: passed/run (+n declared deviations) and bWORST, the worst budget used "
+              "(error / allowed error, 1 = the edge); FAIL failed+crashed+hung/run")
     if unsupported_fns:
         legend += "\nunsupported throughout (no row above): " + ", ".join(unsupported_fns)
     return text + "\n" + legend
@@ -343,9 +283,7 @@ def failure_lines(results: dict, repro_dir: Path) -> list[str]:
         else:
             where = "no reproducer (see the report)"
         feature = key[1] if key[0] == "sdpa" else f"{key[0]}:{key[1]}"
-        lines.append(
-            f"FAIL {feature} ({f.get('dtype')}, {f.get('property')}, {f.get('status')}): {cause}; {where}"
-        )
+        lines.append(f"FAIL {feature} ({f.get('dtype')}, {f.get('property')}, {f.get('status')}): {cause}; {where}")
     return lines
 
 
@@ -369,19 +307,12 @@ def cause_counts(results: dict) -> list[tuple[str, int]]:
 def _cause(head: str) -> str:
     """The cause from a failure message's first line, else its first detail line."""
     lines = [line.strip() for line in head.splitlines() if line.strip()]
-    if (
-        lines
-        and lines[0].startswith("[")
-        and ": " in lines[0]
-        and len(lines) > 1
-        and lines[1].startswith("case: ")
-    ):
+    if lines and lines[0].startswith("[") and ": " in lines[0] and len(lines) > 1 and lines[1].startswith("case: "):
         return lines[0].split(": ", 1)[1]
     return lines[1] if len(lines) > 1 else "see the report"
 
 
 # -- backends, conventions ------------------------------------------------------------------
-
 
 def _backends(args) -> int:
     import attnspec.backends as ab

@@ -23,9 +23,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Callable, Union
+from typing import Union
 
 from attnspec._errors import SpecError
 from attnspec.backends._base import Backend, MHAArrays, Unsupported

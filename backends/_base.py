@@ -29,8 +29,15 @@ import numpy as np
 
 from attnspec.spec._validate import FLOAT_DTYPES
 
-__all__ = ["Backend", "FLOAT_DTYPES", "MHAArrays", "SPEC_FUNCTIONS", "Unsupported", "VARIANT_FEATURES",
-           "variant_features"]
+__all__ = [
+    "FLOAT_DTYPES",
+    "SPEC_FUNCTIONS",
+    "VARIANT_FEATURES",
+    "Backend",
+    "MHAArrays",
+    "Unsupported",
+    "variant_features",
+]
 
 #: the spec functions a backend may implement (methods of the same name and signature)
 SPEC_FUNCTIONS = ("sdpa", "sdpa_vjp", "mha", "mha_vjp", "lsh_attention", "lsh_attention_vjp",

@@ -7,7 +7,8 @@ n queries, m keys, dk / dv head dims.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

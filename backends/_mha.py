@@ -22,7 +22,8 @@ operations: cast, linear, split heads, merge heads). Everything else is here, on
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from attnspec._errors import SpecError
 from attnspec.backends._base import Backend, MHAArrays

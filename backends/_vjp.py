@@ -18,8 +18,9 @@ forward's message.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, Callable
+from typing import Any
 
 from attnspec._errors import SpecError
 from attnspec.backends import _lsh_xp, _mha

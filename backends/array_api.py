@@ -22,19 +22,19 @@ import math
 import ml_dtypes
 import numpy as np
 
+from attnspec._errors import SpecError
 from attnspec.backends import _lsh_xp, _mha, _xp_blocked, _xp_core
 from attnspec.backends._base import VARIANT_FEATURES, Backend, Unsupported, variant_features
-from attnspec._errors import SpecError
 from attnspec.backends._common import (
     alibi_distance,
     compute_dtype_name,
     fold_per_sequence,
     is_empty,
-    variant_keywords,
     lengths_column,
     refuse,
     to_reference,
     validate,
+    variant_keywords,
     visibility,
     with_mask_and_bias,
 )

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np

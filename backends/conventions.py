@@ -47,12 +47,14 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from attnspec._errors import SpecError
+from attnspec.backends._base import VARIANT_FEATURES, variant_features
 from attnspec.backends.arrays import ArrayLibrary
 from attnspec.backends.authoring import (
     additive_mask,
@@ -63,7 +65,6 @@ from attnspec.backends.authoring import (
     to_blhd,
     unflatten_batch,
 )
-from attnspec.backends._base import VARIANT_FEATURES, variant_features
 from attnspec.spec._validate import SDPAPlan
 
 __all__ = ["CONVENTIONS", "Call", "Convention", "call_needs", "get_convention", "register_convention"]

@@ -25,8 +25,9 @@ all -inf bias) gets dq = 0 and adds nothing, and a masked key gets dk = dv = 0, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from attnspec._errors import SpecError
 from attnspec.backends._base import FLOAT_DTYPES, Backend, Unsupported
+from attnspec.backends._common import variant_keywords
 from attnspec.backends.arrays import ArrayLibrary, array_library
 from attnspec.backends.authoring import plan_sdpa
-from attnspec.backends._common import variant_keywords
 from attnspec.backends.conventions import Convention, call_needs, describe, get_convention
 from attnspec.backends.probe import Capabilities, probe
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from attnspec.backends._base import Unsupported
-from attnspec.backends._common import variant_keywords, static_plan
+from attnspec.backends._common import static_plan, variant_keywords
 from attnspec.backends.jax import JaxArrays, from_btnh, lengths_arrays, native_call
 from attnspec.spec._validate import SDPAPlan
 

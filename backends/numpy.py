@@ -15,13 +15,13 @@ from attnspec.backends._base import VARIANT_FEATURES, Backend, MHAArrays
 from attnspec.backends._common import VARIANT_ARRAYS, refuse, to_reference
 from attnspec.backends._common import variant_keywords as _variants
 from attnspec.spec._validate import ArrayInfo, SDPAExtras, validate_sdpa
-from attnspec.spec.mha import MHAParams, mha
-from attnspec.spec.lsh import lsh_attention as spec_lsh_attention
-from attnspec.spec.lsh import validate_lsh
 from attnspec.spec.blocked import blocked_core, check_block
 from attnspec.spec.grads import sdpa_vjp as spec_sdpa_vjp
 from attnspec.spec.grads_lsh import lsh_attention_vjp as spec_lsh_attention_vjp
 from attnspec.spec.grads_mha import mha_vjp as spec_mha_vjp
+from attnspec.spec.lsh import lsh_attention as spec_lsh_attention
+from attnspec.spec.lsh import validate_lsh
+from attnspec.spec.mha import MHAParams, mha
 from attnspec.spec.sdpa import golden
 
 __all__ = ["NumpyBackend"]

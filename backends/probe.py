@@ -20,9 +20,10 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from attnspec._journal import read_journal
 from attnspec.backends._base import FLOAT_DTYPES, Backend, Unsupported
 from attnspec.backends.conventions import NEEDS, Call
 
-__all__ = ["Capabilities", "ProbeResult", "probe", "probe_isolated", "PROBE_CASES"]
+__all__ = ["PROBE_CASES", "Capabilities", "ProbeResult", "probe", "probe_isolated"]
 
 #: dtypes in the order a feature probe prefers them
 PREFERRED = ("float32", "float64", "bfloat16", "float16")
@@ -67,7 +68,7 @@ class Capabilities:
         return [asdict(r) for r in self.results]
 
     @classmethod
-    def from_json(cls, rows: list[dict[str, Any]]) -> "Capabilities":
+    def from_json(cls, rows: list[dict[str, Any]]) -> Capabilities:
         return cls([ProbeResult(**r) for r in rows])
 
 

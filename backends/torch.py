@@ -37,13 +37,13 @@ from attnspec.backends._base import VARIANT_FEATURES, Backend
 from attnspec.backends._common import (
     alibi_distance,
     is_empty,
-    per_sequence_rules,
-    spec_visibility,
-    variant_keywords,
     lengths_column,
+    per_sequence_rules,
     refuse,
+    spec_visibility,
     to_reference,
     validate,
+    variant_keywords,
     visibility,
     with_mask_and_bias,
 )

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -155,7 +156,7 @@ def grid_cases(grid: Grid, backend_name: str, dtypes, impls=IMPLEMENTATIONS) -> 
 # -- backends and frameworks --------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def resolve_backend(spec: str):
     """A registry name (``attnspec.backends.get``), or "module:attribute" naming a backend
     object or class that is not registered (a class is instantiated with no arguments)."""

@@ -92,8 +92,8 @@ def run(Ls, n_hashes: int, *, memory: bool = True, budget_s: float = 1.0, max_re
     """One results document: every implementation at every L, for one hash count."""
     import torch
 
-    from attnspec.bench.run import _device_name, _environment, _load
     from attnspec.bench.measure import probe_peak, time_calls
+    from attnspec.bench.run import _device_name, _environment, _load
 
     started, load_start = time.time(), _load()
     rows = []

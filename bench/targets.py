@@ -10,8 +10,9 @@ missed target was missed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from attnspec.bench.grid import Case, human_bytes, human_seconds
 

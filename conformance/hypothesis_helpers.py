@@ -52,7 +52,7 @@ class SDPACase:
         return (f"feature={self.feature} dtype={self.dtype} q{self.q.shape} k{self.k.shape} "
                 f"v{self.v.shape} {opts}").rstrip()
 
-    def with_options(self, **options: Any) -> "SDPACase":
+    def with_options(self, **options: Any) -> SDPACase:
         return replace(self, options={**self.options, **options})
 
 

@@ -70,7 +70,7 @@ class LSHCase:
         return (f"feature={self.feature} dtype={self.dtype} x{self.x.shape} v{self.v.shape} "
                 f"rotations{self.rotations.shape} {opts}").rstrip()
 
-    def with_options(self, **options: Any) -> "LSHCase":
+    def with_options(self, **options: Any) -> LSHCase:
         return replace(self, options={**self.options, **options})
 
     def repro(self, backend_name: str, device: str | None, **extra: Any) -> str:

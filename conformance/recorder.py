@@ -182,7 +182,7 @@ def declared_deviations(backend_name: str, backend=None) -> list:
 
 
 def dev_id(dev) -> str:
-    return getattr(dev, "id", None) or getattr(dev, "deviation_id")
+    return getattr(dev, "id", None) or dev.deviation_id
 
 
 def device_name(backend, device) -> str:

@@ -15,7 +15,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnspec.conformance.corners import with_corners
-from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility, full_visibility, sdpa_cases
+from attnspec.conformance.hypothesis_helpers import (
+    NP_DTYPES,
+    SDPACase,
+    _tag_visibility,
+    full_visibility,
+    sdpa_cases,
+)
 from attnspec.conformance.pytest_helpers import Verdict, check_metadata, repro, to_backend
 from attnspec.spec._validate import FLOAT_DTYPES
 from attnspec.spec.grads import sdpa_vjp

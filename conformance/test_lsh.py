@@ -8,7 +8,6 @@ statements against dense computations written here, not against the golden's cod
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from hypothesis import given
@@ -17,8 +16,8 @@ from hypothesis import strategies as st
 from attnspec.conformance import lsh_cases as lc
 from attnspec.conformance.lsh_cases import LSH_BAD_INPUTS, LSHCase, lsh_cases
 from attnspec.conformance.pytest_helpers import Verdict, bad_input_verdict, check_metadata
-from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, lsh_rotations
 from attnspec.spec._validate import FLOAT_DTYPES
+from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, lsh_rotations
 from attnspec.spec.tolerance import Comparison, compare
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)

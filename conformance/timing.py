@@ -89,7 +89,7 @@ class Sampler:
                 frame = frame.f_back
             self.counts[classify(stack[::-1], self.tests_started)] += 1
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         self._thread.start()
         return self
 
@@ -104,7 +104,7 @@ class _StartMarker:
     def __init__(self, sampler: Sampler) -> None:
         self.sampler = sampler
 
-    def pytest_runtest_setup(self, item) -> None:  # noqa: ARG002 - pytest's hook signature
+    def pytest_runtest_setup(self, item) -> None:
         self.sampler.tests_started = True
 
 

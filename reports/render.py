@@ -17,8 +17,9 @@ import argparse
 import importlib.util
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from attnspec.reports._io import Results, ResultsError, StagedOutput, load_results
 

@@ -36,7 +36,8 @@ The parameters are `MHAParams` (`attnspec.spec.mha_params`; torch's state dicts 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

@@ -7,8 +7,8 @@ dicts is in `attnspec.spec.mha_torch`; the layer itself is `attnspec.spec.mha`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import numpy as np
 

@@ -7,7 +7,7 @@ kdim == vdim == E) and separate (``q_proj_weight``, ``k_proj_weight``, ``v_proj_
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

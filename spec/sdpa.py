@@ -32,7 +32,7 @@ of `attnspec.spec.blocked`, the same function to a few ulp, in O(tile + n * dv) 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

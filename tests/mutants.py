@@ -131,7 +131,7 @@ class Naive(Backend):
         """i' (*batch, n) of each query row, written out row by row for lower_right_lengths."""
         i = np.arange(p.n)
         lengths_on_padded = self.bug == "lengths_on_padded"
-        if causal == "lower_right" and self.bug != "wrong_alignment" or (
+        if (causal == "lower_right" and self.bug != "wrong_alignment") or (
                 causal == "lower_right_lengths" and lengths_on_padded):
             return np.broadcast_to(i + p.m - p.n, (*p.batch, p.n))
         anchor = np.broadcast_to(i, (*p.batch, p.n)).copy()

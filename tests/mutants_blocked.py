@@ -11,7 +11,6 @@ bug that tiles of a single size (block_k >= m) never show.
 from __future__ import annotations
 
 import numpy as np
-
 from mutants import Naive, _np_dtype
 
 from attnspec.spec._validate import ArrayInfo, validate_sdpa

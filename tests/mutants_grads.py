@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 from mutants import Naive, _np_dtype
 from mutants_lsh import NaiveLSH
 from mutants_mha import NaiveMHA, _info
+
 from attnspec.backends import Unsupported, _mha
 from attnspec.backends._base import MHAArrays, variant_features
 from attnspec.spec._validate import ArrayInfo, validate_sdpa

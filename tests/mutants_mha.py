@@ -12,10 +12,10 @@ can see it.
 from __future__ import annotations
 
 import numpy as np
+from mutants import Naive
 
 from attnspec.backends import _mha
 from attnspec.spec._validate import ArrayInfo
-from mutants import Naive
 
 
 def _info(fn, name, x):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 import re
-import zlib
 import warnings
+import zlib
 
 import ml_dtypes
 import numpy as np

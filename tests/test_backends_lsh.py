@@ -16,8 +16,8 @@ import attnspec.backends as registry
 from attnspec import SpecError
 from attnspec.backends import _lsh_xp
 from attnspec.conformance import lsh_cases as lc
-from attnspec.spec.lsh import lsh_rotations, validate_lsh
 from attnspec.spec._validate import numpy_info
+from attnspec.spec.lsh import lsh_rotations, validate_lsh
 
 BACKENDS = [n for n in ("numpy", "torch", "jax", "array_api-numpy", "array_api-strict", "array_api-torch")
             if registry.available()[n].installed]
@@ -186,8 +186,9 @@ def test_torch_extra_installs_what_torch_lsh_imports():
     """The torch backend's lsh_attention runs on array_api_compat.torch, so `attnspec[torch]` must
     bring array-api-compat (a torch-only environment once failed every LSH case with
     ModuleNotFoundError, which the dev venv with every extra had hidden)."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(req.startswith("array-api-compat") for req in extras["torch"]), extras["torch"]

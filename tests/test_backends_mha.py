@@ -18,8 +18,8 @@ import attnspec.backends as registry
 from attnspec import SpecError
 from attnspec.backends._base import MHAArrays, Unsupported, spec_signature_mismatches
 from attnspec.spec.mha import MHAParams, mha
-from attnspec.spec.tolerance_mha import mha_golden
 from attnspec.spec.tolerance import compare
+from attnspec.spec.tolerance_mha import mha_golden
 
 INSTALLED = [n for n, a in registry.available().items() if a.installed and n in registry._BUILTINS]
 

@@ -82,8 +82,8 @@ def test_the_fix_up_names_the_deviation(dev):
 
 def _assert_mha_matches_golden(be, case):
     from attnspec.backends.deviations import run_mha
-    from attnspec.spec.tolerance_mha import mha_golden
     from attnspec.spec.tolerance import compare as within
+    from attnspec.spec.tolerance_mha import mha_golden
 
     query, key, value, options = case
     result = run_mha(be, case)

@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from mutants import FILL_MUTANTS, FILL_RUN, MUTANTS, VARIANT_MUTANTS, VARIANT_RUN, fill_caught_in
 
 HERE = Path(__file__).parent
@@ -40,7 +39,7 @@ def suite_runs(tmp_path_factory, request):
                # a finite fill shows in the forward sdpa properties' corner cases: run just those
                **{m: (f"mutants:mutant_{m}", FILL_RUN) for m in FILL_MUTANTS}}
     # only the runs the selected tests read (pytest -k no_scale runs one suite, not thirteen)
-    wanted = {getattr(item, "callspec", None) and item.callspec.params.get("mutant") or "control"
+    wanted = {(getattr(item, "callspec", None) and item.callspec.params.get("mutant")) or "control"
               for item in request.session.items if item.module is request.module}
     targets = {name: t for name, t in targets.items() if name in wanted}
     with ThreadPoolExecutor(max_workers=2) as pool:

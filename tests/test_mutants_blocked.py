@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from mutants_blocked import MUTANTS_BLOCKED
 
 HERE = Path(__file__).parent

@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from mutants_grads import GRAD_MUTANTS, MHA_LSH_MUTANTS
 
 HERE = Path(__file__).parent

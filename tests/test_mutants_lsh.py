@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from mutants_lsh import MUTANTS
 
 HERE = Path(__file__).parent

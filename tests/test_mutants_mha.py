@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from mutants_mha import MHA_MUTANTS
 
 HERE = Path(__file__).parent

@@ -54,6 +54,17 @@ class HeadOps:
         """(..., H, L, hd) -> (..., L, H * hd), the inverse of `split_heads`."""
         raise NotImplementedError
 
+    def project(self, x: Any, w: Any, b: Any | None, heads: int, dtype: str) -> Any:
+        """``split_heads(linear(x, w, b), heads)`` with x, w, b cast to ``dtype`` first:
+        (..., L, in) -> (..., heads, L, hd). A framework that compiles may do it as one program."""
+        x, w, b = (None if a is None else self.astype(a, dtype) for a in (x, w, b))
+        return self.split_heads(self.linear(x, w, b), heads)
+
+    def unproject(self, x: Any, w: Any, b: Any | None, dtype: str) -> Any:
+        """``linear(merge_heads(x), w, b)`` with w, b cast to ``dtype``: (..., H, n, hd) -> (..., n, E)."""
+        w, b = (None if a is None else self.astype(a, dtype) for a in (w, b))
+        return self.linear(self.merge_heads(x), w, b)
+
 
 class XPHeadOps(HeadOps):
     """`HeadOps` from an array API namespace ``xp`` (also ``jax.numpy``): standard functions only."""
@@ -137,14 +148,14 @@ def run(backend: Backend, fn: str, ops: HeadOps, info: InfoFn, lengths_to_numpy:
     def c(x):
         return None if x is None else ops.astype(x, ct)
 
-    q = ops.split_heads(ops.linear(c(query), c(prm.w_q), c(prm.b_q)), num_heads)  # (..., H, n, hd)
-    k = ops.split_heads(ops.linear(c(key), c(prm.w_k), c(prm.b_k)), hkv)  # (..., Hkv, m, hd)
-    v = ops.split_heads(ops.linear(c(value), c(prm.w_v), c(prm.b_v)), hkv)  # (..., Hkv, m, hd)
+    q = ops.project(query, prm.w_q, prm.b_q, num_heads, ct)  # (..., H, n, hd)
+    k = ops.project(key, prm.w_k, prm.b_k, hkv, ct)  # (..., Hkv, m, hd)
+    v = ops.project(value, prm.w_v, prm.b_v, hkv, ct)  # (..., Hkv, m, hd)
     options["sinks"] = c(options.get("sinks"))
     result = backend.sdpa(q, k, v, mask=mask, bias=c(bias), return_weights=return_weights,
                           return_lse=return_lse, **options)  # (..., H, n, hd)[, (.., H, n, m)][, (.., H, n)]
     result = list(result) if return_weights or return_lse else [result]
-    out = ops.linear(ops.merge_heads(result[0]), c(prm.w_o), c(prm.b_o))  # (..., n, E)
+    out = ops.unproject(result[0], prm.w_o, prm.b_o, ct)  # (..., n, E)
     results = [ops.astype(out, plan.dtype)]
     if return_weights:
         results.append(ops.astype(result[1], plan.dtype))

@@ -278,6 +278,30 @@ def _vjp_on_route(q, k, v, *rest, mask, q_len, kv_len, p: SDPAPlan, r: Route):
     return jax.vjp(forward, q, k, v, *bias)[1](d_out)
 
 
+@partial(jax.jit, static_argnames=("heads", "dtype"))
+def _project(x, w, b, *, heads: int, dtype: str):
+    return _mha.XPHeadOps(jnp).project(x, w, b, heads, dtype)
+
+
+@partial(jax.jit, static_argnames=("dtype",))
+def _unproject(x, w, b, *, dtype: str):
+    return _mha.XPHeadOps(jnp).unproject(x, w, b, dtype)
+
+
+class JaxHeadOps(_mha.XPHeadOps):
+    """jax.numpy's head ops, with each projection one jitted program: run eagerly, every jnp
+    primitive of it compiles on its own for each new shape."""
+
+    def __init__(self) -> None:
+        super().__init__(jnp)
+
+    def project(self, x, w, b, heads, dtype):
+        return _project(x, w, b, heads=heads, dtype=dtype)
+
+    def unproject(self, x, w, b, dtype):
+        return _unproject(x, w, b, dtype=dtype)
+
+
 class JaxBackend(JaxArrays):
     """jax.nn.dot_product_attention with the spec's semantics; exact jnp path where it cannot."""
 
@@ -372,7 +396,7 @@ class JaxBackend(JaxArrays):
             softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
             dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
         # `attnspec.backends._mha`: jnp projections, then self.sdpa per head
-        result = _mha.run(self, "jax.mha", _mha.XPHeadOps(jnp), self._info, _lengths_to_numpy,
+        result = _mha.run(self, "jax.mha", JaxHeadOps(), self._info, _lengths_to_numpy,
                           lambda: device_name(query), query, key, value, params, num_heads=num_heads,
                           num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal, window=window,
                           scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,

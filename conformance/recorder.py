@@ -122,14 +122,19 @@ class Recorder:
                 if did:
                     observed[did] += 1
         deviations = []
-        for dev in declared_deviations(self.backend_name, self.backend):
+        for dev, source in _declared_with_source(self.backend_name, self.backend):
+            from attnspec.backends.deviations import BUILTIN_SOURCE, declaration
+
             did = dev_id(dev)
             # an atlas entry (it names the question that measures it) goes stale by its question
             # (nox -s atlas), not because the suite's cases with its tags all passed
             stale = self.deviation_exercised[did] and not getattr(dev, "question", None)
             status = "observed" if observed[did] else "stale" if stale else "not_exercised"
-            deviations.append({"id": did, "status": status, "observed": observed[did],
-                               "exercised": self.deviation_exercised[did]})
+            entry = {"id": did, "status": status, "observed": observed[did],
+                     "exercised": self.deviation_exercised[did], "source": source}
+            if source != BUILTIN_SOURCE:  # declared outside the catalogue: the report shows it from here
+                entry["declaration"] = declaration(dev)
+            deviations.append(entry)
         results = {
             "schema": "attnspec.conformance/1",
             "backend": self.backend_name,
@@ -170,15 +175,18 @@ class Recorder:
 
 
 def declared_deviations(backend_name: str, backend=None) -> list:
-    """The deviations declared for ``backend_name``, or for the backend whose deviations
-    ``backend`` says it shares (``backend.deviations_of``, e.g. a wrapper of torch's SDPA)."""
+    """The deviations declared for ``backend_name``: the built-in or atlas entries of the backend
+    whose deviations ``backend`` says it shares (``backend.deviations_of``, e.g. a wrapper of
+    torch's SDPA), and those a plugin declares for its own backend (``backend.deviations``)."""
+    return [dev for dev, _ in _declared_with_source(backend_name, backend)]
+
+
+def _declared_with_source(backend_name: str, backend=None) -> list:
     try:
-        from attnspec.backends.atlas.deviations import ATLAS_DEVIATIONS
-        from attnspec.backends.deviations import DEVIATIONS
+        from attnspec.backends.deviations import declared_for
     except ImportError:
         return []
-    name = getattr(backend, "deviations_of", None) or backend_name
-    return [d for d in (*DEVIATIONS, *ATLAS_DEVIATIONS) if d.backend == name]
+    return declared_for(backend_name, backend)
 
 
 def dev_id(dev) -> str:

@@ -1,16 +1,14 @@
-"""The conformance pages: ``accuracy.md`` (results per backend, device, feature, dtype) and
-``deviations.md`` (declared native-primitive deviations and what each run observed)."""
+"""The conformance page ``accuracy.md``: results per backend, device, feature and dtype.
+``deviations.md`` is rendered by `attnspec.reports.deviations`."""
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 from typing import Any
 
 from attnspec.reports._io import Results, as_float
 from attnspec.reports._md import DASH, anchor, fence, num, run_label, table
 
-__all__ = ["accuracy_page", "declared_deviations", "deviations_page", "totals", "verdict"]
+__all__ = ["accuracy_page", "run_key", "totals", "verdict"]
 
 FUNCTION_ORDER = ("sdpa", "sdpa_blocked", "mha", "lsh_attention",
                   "sdpa_vjp", "sdpa_blocked_vjp", "mha_vjp", "lsh_attention_vjp")
@@ -189,116 +187,3 @@ def accuracy_page(results: Results, plots: list[tuple[str, str]] | None = None) 
         lines += ["", "## Attention weights of the golden specification", ""]
         lines += ["\n\n".join(f"![{title}]({path})" for title, path in plots)]
     return "\n".join(lines) + "\n"
-
-
-# -- deviations ---------------------------------------------------------------------------------
-def _field(obj: Any, *names: str) -> Any:
-    for name in names:
-        value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
-        if value is not None:
-            return value
-    return None
-
-
-def _as_dict(obj: Any) -> dict[str, Any]:
-    if isinstance(obj, dict):
-        return obj
-    if dataclasses.is_dataclass(obj):
-        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-    return dict(getattr(obj, "__dict__", {}))
-
-
-def declared_deviations() -> tuple[list[dict[str, Any]], str | None]:
-    """The deviations of `attnspec.backends.deviations`, normalized; and a note if it failed."""
-    try:
-        module = importlib.import_module("attnspec.backends.deviations")
-    except ModuleNotFoundError as exc:
-        if exc.name in ("attnspec.backends.deviations", "attnspec.backends"):
-            return [], None
-        return [], f"`attnspec.backends.deviations` failed to import: {exc}"
-    except Exception as exc:  # a broken declaration file must not stop the report
-        return [], f"`attnspec.backends.deviations` failed to import: {type(exc).__name__}: {exc}"
-    items = getattr(module, "DEVIATIONS", None) or getattr(module, "deviations", None) or []
-    if isinstance(items, dict):  # {id: deviation}
-        items = [d if _field(d, "id", "deviation_id") else {**_as_dict(d), "id": k} for k, d in items.items()]
-    out = []
-    for d in items:
-        did = _field(d, "id", "deviation_id")
-        if did is None:
-            continue
-        out.append({
-            "id": str(did), "backend": _field(d, "backend"), "feature": _field(d, "feature"),
-            "spec_says": _field(d, "spec_says", "spec"), "native_does": _field(d, "native_does", "native"),
-            "reproducer": _field(d, "reproducer", "repro"), "fixed_by": _field(d, "fixed_by", "fixup"),
-            "upstream": _field(d, "upstream", "issue", "link"), "source": "declared",
-        })
-    return out, None
-
-
-def _all_deviations(results: Results) -> tuple[list[dict[str, Any]], str | None]:
-    declared, note = declared_deviations()
-    known = {d["id"] for d in declared}
-    for doc in results.conformance:
-        for entry in doc.get("deviations") or []:
-            if entry["id"] not in known:
-                known.add(entry["id"])
-                declared.append({"id": entry["id"], "backend": doc["backend"], "source": "results"})
-    return sorted(declared, key=lambda d: (str(d.get("backend")), d["id"])), note
-
-
-def _observations(dev: dict[str, Any], results: Results) -> list[list[Any]]:
-    rows = []
-    for doc in sorted(results.conformance, key=run_key):
-        entry = next((e for e in doc.get("deviations") or [] if e["id"] == dev["id"]), None)
-        if entry is None and doc["backend"] != dev.get("backend"):
-            continue
-        if entry is None:
-            rows.append([run_label(doc), "not recorded", DASH, DASH])
-        else:
-            rows.append([run_label(doc), entry["status"].replace("_", " "), entry.get("observed"),
-                         entry.get("exercised")])
-    return rows
-
-
-def deviations_page(results: Results) -> str:
-    """The Markdown of ``deviations.md``."""
-    devs, note = _all_deviations(results)
-    lines = [
-        "# Declared deviations", "",
-        "Where a framework's native primitive does not do what the spec says, the adapter fixes it",
-        "up, and the native behaviour is declared in `attnspec/backends/deviations.py` with a",
-        "reproducer. The conformance suite checks each declaration in both directions: *observed*",
-        "(cases showed it), *stale* (cases that should show it ran and none did: the framework may",
-        "have changed, so the declaration and its fix-up need review), *not exercised* (no case",
-        "reached it).",
-    ]
-    if note:
-        lines += ["", f"> {note}"]
-    if not devs:
-        return "\n".join([*lines, "", "No deviations are declared.", ""])
-    summary = []
-    for d in devs:
-        seen = "; ".join(f"{r[0]}: {r[1]}" for r in _observations(d, results)) or "no run of this backend"
-        summary.append([f"[{d['id']}](#{anchor(d['id'])})", d.get("backend"), d.get("feature"),
-                        d.get("fixed_by"), seen])
-    lines += ["", "## Summary", "", table(["id", "backend", "feature", "fixed by", "status per run"],
-                                          summary)]
-    for d in devs:
-        lines += ["", f"## {d['id']}", ""]
-        if d["source"] == "results":
-            lines += ["Reported by a results file but not declared in this checkout's",
-                      "`attnspec.backends.deviations` (results from another version?).", ""]
-        facts = [["backend", d.get("backend")], ["feature", d.get("feature")],
-                 ["spec says", d.get("spec_says")], ["framework does", d.get("native_does")],
-                 ["fixed by", d.get("fixed_by")]]
-        if d.get("upstream"):
-            facts.append(["upstream", d["upstream"]])
-        lines += [table(["field", "value"], facts)]
-        if d.get("reproducer"):
-            lines += ["", "Reproducer:", "", fence(str(d["reproducer"]), "python")]
-        obs = _observations(d, results)
-        lines += [""]
-        lines += [table(["run", "status", "observed", "exercised"], obs, "llrr")] if obs else \
-            [f"No conformance run of backend `{d.get('backend')}` in the results."]
-    return "\n".join(lines) + "\n"
-

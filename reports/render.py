@@ -156,8 +156,9 @@ def render(results_dir: str | os.PathLike = "reports/results", out_dir: str | os
 
     Raises `ResultsError` (before touching ``out_dir``) if a results file is malformed.
     """
-    from attnspec.reports.accuracy import accuracy_page, deviations_page
+    from attnspec.reports.accuracy import accuracy_page
     from attnspec.reports.atlas import atlas_page, load_atlas
+    from attnspec.reports.deviations import deviations_page
     from attnspec.reports.performance import performance_page
 
     results = load_results(results_dir)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from attnspec._results import write_json_atomic
-from attnspec.reports import accuracy, plots
+from attnspec.reports import deviations, plots
 from attnspec.reports._io import ResultsError, load_results
 from attnspec.reports.render import main, render
 
@@ -26,7 +26,7 @@ ENV = {"attnspec": "0.1.0", "git_commit": "abc1234", "git_dirty": True, "python"
        "numerics_policy": {"torch.backends.cuda.matmul.allow_tf32": False},
        "hypothesis_profile": "ci", "hypothesis_seed": 0, "date": "2026-11-21T23:10:00Z"}
 DEV_ID = "torch-native/no-visible-row"
-REAL_DECLARED = accuracy.declared_deviations
+REAL_DECLARED = deviations.declared_deviations
 
 
 def _row(function, feature, dtype, run, passed, failed=0, unsupported=0, deviation=0, crashed=0,
@@ -88,7 +88,7 @@ def no_module_deviations(monkeypatch):
     declared = [{"id": DEV_ID, "backend": "torch", "feature": "sdpa causal, no visible key",
                  "spec_says": "output 0", "native_does": "NaN", "reproducer": "torch.sdpa(...)",
                  "fixed_by": "adapter zeroes empty rows", "upstream": None, "source": "declared"}]
-    monkeypatch.setattr(accuracy, "declared_deviations", lambda: (declared, None))
+    monkeypatch.setattr(deviations, "declared_deviations", lambda: (declared, None))
 
 
 def tables(md: str) -> list[list[dict[str, str]]]:
@@ -242,7 +242,7 @@ def rendered(tmp_path_factory) -> Path:
     write_json_atomic(d / "bench-torch-cuda.json", bench("cuda"))
     write_json_atomic(d / "lsh-quality-cpu.json", LSH_QUALITY)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(accuracy, "declared_deviations", lambda: ([], None))
+        mp.setattr(deviations, "declared_deviations", lambda: ([], None))
         render(d, base / "out")
     return base
 
@@ -273,7 +273,7 @@ def test_rerender_is_deterministic_and_complete(rendered, tmp_path):
     base = tmp_path / "copy"
     shutil.copytree(rendered, base)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(accuracy, "declared_deviations", lambda: ([], None))
+        mp.setattr(deviations, "declared_deviations", lambda: ([], None))
         written = render(base / "results", base / "out")
     assert snapshot(base / "out") == first
     assert sorted(first) == written  # nothing else is left in the output directory

@@ -54,7 +54,7 @@ def declared_for(backend_name: str, backend: Any = None) -> list[tuple[Any, str]
     """Every deviation declared for the backend, each with where it is declared: the built-in or
     atlas entries of ``backend.deviations_of`` (a wrapper sharing a framework's, e.g.
     "jax-native"), else of ``backend_name``; then the backend's own ``deviations`` (a plugin's,
-    declared in its own package: the source is the module of its class)."""
+    declared in its own package: the source is the module that writes the entry's case)."""
     from attnspec.backends.atlas.deviations import ATLAS_DEVIATIONS
 
     name = getattr(backend, "deviations_of", None) or backend_name
@@ -64,13 +64,13 @@ def declared_for(backend_name: str, backend: Any = None) -> list[tuple[Any, str]
     if isinstance(own, Deviation) or not all(isinstance(d, Deviation) for d in own):
         raise TypeError(f"{backend_name}: deviations must be a sequence of "
                         f"attnspec.backends.deviations.Deviation, got {own!r:.200}")
-    source = type(backend).__module__
     seen = {d.deviation_id for d, _ in found}
     for d in own:
         if d.deviation_id in seen:
             raise ValueError(f"{backend_name}: deviation {d.deviation_id!r} is declared twice")
         seen.add(d.deviation_id)
-        found.append((d, source))
+        # declared where its case is written (the plugin's module), else where the class is
+        found.append((d, getattr(d.case, "__module__", None) or type(backend).__module__))
     return found
 
 

@@ -1,0 +1,124 @@
+"""A plugin's own declared deviations (issue #19): declared as data in the plugin's package,
+loaded with its backend, checked both ways by the conformance suite (a declared deviation that
+no case shows is stale, a failure no declaration covers fails), and shown in ``deviations.md``
+with where it is declared. The example plugin's ``example-nan-rows`` backend deviates on purpose
+(rows with no visible key give NaN) and declares it in ``attnspec_example_plugin/deviations.py``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import attnspec.backends as registry
+from attnspec.backends.deviations import BUILTIN_SOURCE, DEVIATIONS, Deviation, declared_for
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("attnspec_example_plugin") is None
+    or "example-nan-rows" not in registry.names(),
+    reason="the example plugin is not installed: pip install -e examples/attnspec-example-plugin")
+
+HERE = Path(__file__).parent
+ID = "example-nan-rows.empty-row-nan"
+SOURCE = "attnspec_example_plugin.deviations"
+
+
+def test_the_plugins_declaration_is_loaded_with_its_backend_and_probes_both_ways():
+    be = registry.get("example-nan-rows")
+    ((dev, source),) = declared_for(be.name, be)
+    assert (dev.deviation_id, dev.backend, source) == (ID, "example-nan-rows", SOURCE)
+    assert isinstance(dev, Deviation) and dev.tags == {"no_visible_row"}
+    assert all([dev.feature, dev.spec_says, dev.native_does, dev.reproducer])
+    assert dev.probe(be)  # it deviates as declared
+    assert not dev.probe(registry.get("example"))  # the conformant example backend does not
+    exec(compile(dev.reproducer, f"<reproducer {ID}>", "exec"), {})  # its assert holds
+    assert declared_for("example", registry.get("example")) == []
+
+
+def test_a_backend_shares_a_builtin_frameworks_deviations_or_declares_them_wrong():
+    class KerasOnJax:  # a wrapper of jax.nn.dot_product_attention, as a plugin would write it
+        deviations_of = "jax-native"
+
+    shared = declared_for("keras-on-jax", KerasOnJax())
+    assert [d.deviation_id for d, _ in shared] == [d.deviation_id for d in DEVIATIONS if d.backend == "jax-native"]
+    assert {s for _, s in shared} == {BUILTIN_SOURCE}
+
+    class Twice:
+        deviations = (DEVIATIONS[0], DEVIATIONS[0])
+
+    class NotData:
+        deviations = ({"id": "x"},)
+
+    with pytest.raises(ValueError, match="declared twice"):
+        declared_for("twice", Twice())
+    with pytest.raises(TypeError, match=r"not-data: deviations must be a sequence of .*deviations\.Deviation"):
+        declared_for("not-data", NotData())
+
+
+def check(target: str, out: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "attnspec", "check", target, "-k", "matches_golden",
+                           "--dtype", "float32", "--dtype", "float64", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=HERE)
+
+
+RUNS = {"declared": "example-nan-rows", "undeclared": "plugin_subjects:UndeclaredNanRows",
+        "stale": "plugin_subjects:DeclaresWhatItDoesNotDo"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("plugin-deviations")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(check, target, tmp / name) for name, target in RUNS.items()}
+        return {name: (f.result(), tmp / name) for name, f in futures.items()}
+
+
+def results_of(out: Path) -> dict:
+    (path,) = (out / "results").glob("conformance-*.json")
+    return json.loads(path.read_text())
+
+
+def test_a_declared_deviation_is_observed_and_the_run_conforms(runs):
+    proc, out = runs["declared"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = results_of(out)
+    (entry,) = results["deviations"]
+    assert (entry["id"], entry["status"], entry["source"]) == (ID, "observed", SOURCE)
+    assert entry["observed"] > 0 and entry["declaration"]["native_does"].startswith("output NaN")
+    assert sum(r["deviation"] for r in results["rows"]) == entry["observed"]
+    assert not results["failures"]
+
+
+def test_an_undeclared_failure_fails_naming_its_cause(runs):
+    proc, out = runs["undeclared"]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    results = results_of(out)
+    assert results["deviations"] == [] and results["failures"]
+    firsts = [f["message"].splitlines()[0] for f in results["failures"]]
+    assert all("row with no visible key: expected 0, got NaN" in line for line in firsts), firsts
+
+
+def test_a_declared_deviation_that_no_case_shows_is_stale(runs):
+    proc, out = runs["stale"]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (entry,) = results_of(out)["deviations"]
+    assert (entry["id"], entry["status"], entry["observed"]) == (ID, "stale", 0) and entry["exercised"] > 0
+    assert "STALE deviations" in proc.stderr and ID in proc.stderr
+
+
+def test_the_report_shows_the_plugins_deviation_with_its_source(runs):
+    _, out = runs["declared"]
+    md = (out / "deviations.md").read_text()
+    summary = next(line for line in md.splitlines() if line.startswith(f"| [{ID}]"))
+    assert SOURCE in summary and "observed" in summary
+    section = md.split(f"## {ID}\n", 1)[1].split("\n## ", 1)[0]
+    assert f"| declared in | {SOURCE} |" in section and "| framework does | output NaN" in section
+    assert "from attnspec_example_plugin.nan_rows import NanRowsBackend" in section  # the reproducer
+    assert "Reported by a results file but not declared" not in section

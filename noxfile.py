@@ -63,7 +63,7 @@ def package(extras: list[str]) -> str:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the kit's own tests (spec, backends, mutants, runner, plugin, check, atlas, reformer) with every framework."""
+    """Run the kit's own tests (spec, backends, mutants, runner, plugin, check, atlas, reformer), all frameworks."""
     install(session, ".[all,atlas,reformer]")
     install(session, str(PLUGIN))
     session.run("pytest", *session.posargs)
@@ -166,7 +166,7 @@ SCALING = {"torch": ("adapter,native,lsh", "float32"), "numpy": ("blocked,lsh", 
 @nox.session
 @nox.parametrize("backend", list(BACKENDS))
 def bench(session: nox.Session, backend: str) -> None:
-    """Benchmark each backend in its own env (quick grid, targets, LSH scaling, Reformer libraries, suite throughput; -- --grid full for all), render.
+    """Benchmark each backend in its own env (grid, targets, LSH, Reformer, suite throughput), then render.
 
     ``nox -s bench -- --grid full``: options go to the harness (--grid, --targets-only, --device,
     --no-memory, ...), except pytest's selection options (-k EXPR, -m EXPR, -x, --maxfail N),

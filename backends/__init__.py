@@ -26,7 +26,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Union
+from types import ModuleType
+from typing import Any, cast
 
 from attnspec._errors import SpecError
 from attnspec.backends._base import Backend, MHAArrays, Unsupported
@@ -58,7 +59,7 @@ __all__ = [
 ENTRY_POINT_GROUP = "attnspec.backends"
 
 #: a Backend subclass, a callable returning a Backend, or "module:attr" naming either
-Factory = Union[str, Callable[..., Backend]]
+Factory = str | Callable[..., Backend]
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ def available() -> dict[str, Availability]:
     return result
 
 
-def get(name: str, **options) -> Backend:
+def get(name: str, **options: Any) -> Backend:
     """Build the backend called ``name``; ``options`` go to its factory.
 
     Raises:
@@ -177,7 +178,7 @@ def get(name: str, **options) -> Backend:
     return backend
 
 
-def load_object(target: str):
+def load_object(target: str) -> Any:
     """The object ``"module:attr"`` names; the module may be a ``path/to/file.py``.
 
     Raises:
@@ -203,7 +204,7 @@ def load_object(target: str):
     return obj
 
 
-def load(target: str, **options) -> Backend:
+def load(target: str, **options: Any) -> Backend:
     """The backend a target string names, as ``attnspec check`` and ``--attn-backend`` take it.
 
     - ``NAME``: a registered backend (`get`).
@@ -233,7 +234,7 @@ def load(target: str, **options) -> Backend:
     return backend
 
 
-def _import_path(path: str):
+def _import_path(path: str) -> ModuleType:
     import os
 
     file = os.path.abspath(path)
@@ -243,6 +244,8 @@ def _import_path(path: str):
     if os.path.dirname(file) not in sys.path:
         sys.path.insert(0, os.path.dirname(file))  # so the file's own sibling imports work
     spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:  # not a file Python can import (no .py suffix)
+        raise SpecError(f"load: {path!r} is not a Python module file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
@@ -288,7 +291,7 @@ def _load_failed(ep: metadata.EntryPoint, e: Exception) -> Availability:
     return Availability(False, f"plugin entry point {ep.value!r} failed to load: {type(e).__name__}: {e}")
 
 
-def _load(target: str):
+def _load(target: str) -> Any:
     module, _, attr = target.partition(":")
     obj = importlib.import_module(module)
     for part in attr.split("."):
@@ -306,6 +309,7 @@ def _factory(name: str) -> Callable[..., Backend] | Availability:
         return _load(factory) if isinstance(factory, str) else factory
     ep = _plugins()[name]
     try:
-        return ep.load()
+        factory = ep.load()
     except Exception as e:
         return _load_failed(ep, e)
+    return cast(Callable[..., Backend], factory)

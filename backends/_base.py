@@ -115,8 +115,9 @@ class Backend:
     the suite can tell "unsupported: reason" apart from "failed".
     """
 
-    name: ClassVar[str] = "abstract"
-    dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
+    #: class attributes for the built-ins; a backend made at run time (`from_function`) sets its own
+    name: str = "abstract"
+    dtypes: tuple[str, ...] = FLOAT_DTYPES
     #: the spec functions this backend implements; `supports` refuses the others. Derived from
     #: the methods a subclass overrides (see `__init_subclass__`), unless the class sets it.
     implements: ClassVar[frozenset[str]] = frozenset()
@@ -155,7 +156,7 @@ class Backend:
 
     def dtype_name(self, x: Any) -> str:
         """The canonical dtype name of one of this backend's arrays (``float32``, ``bool``...)."""
-        return np.dtype(x.dtype).name
+        return str(np.dtype(x.dtype).name)
 
     def numerics_policy(self) -> dict[str, Any]:
         """Turn off reduced-precision shortcuts (TF32, bf16 matmul passes) and report the settings.
@@ -207,42 +208,53 @@ class Backend:
             raise Unsupported("; ".join(reasons))
 
     # -- the spec's functions ---------------------------------------------------------------
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
-             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
-             return_weights=False, return_lse=False):
+    def sdpa(self, q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None, causal: str | None = None,
+             window: tuple[int, int] | None = None, scale: float | None = None, q_lengths: Any = None,
+             kv_lengths: Any = None, softcap: float | None = None, alibi_slopes: Any = None, sinks: Any = None,
+             q_segment_ids: Any = None, kv_segment_ids: Any = None, dropout_mask: Any = None,
+             dropout_p: float | None = None, return_weights: bool = False, return_lse: bool = False) -> Any:
         raise Unsupported(f"{self.name} does not implement sdpa")
 
-    def sdpa_blocked(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-                     q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
-                     q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
-                     return_weights=False, return_lse=False, block_q=256, block_k=512):
+    def sdpa_blocked(self, q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None,
+                     causal: str | None = None, window: tuple[int, int] | None = None,
+                     scale: float | None = None, q_lengths: Any = None, kv_lengths: Any = None,
+                     softcap: float | None = None, alibi_slopes: Any = None, sinks: Any = None,
+                     q_segment_ids: Any = None, kv_segment_ids: Any = None, dropout_mask: Any = None,
+                     dropout_p: float | None = None, return_weights: bool = False, return_lse: bool = False,
+                     block_q: int = 256, block_k: int = 512) -> Any:
         raise Unsupported(f"{self.name} does not implement sdpa_blocked")
 
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
-                 scale=None, q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None,
-                 sinks=None, q_segment_ids=None, kv_segment_ids=None, dropout_mask=None,
-                 dropout_p=None):
+    def sdpa_vjp(self, q: Any, k: Any, v: Any, d_out: Any, *, mask: Any = None, bias: Any = None,
+                 causal: str | None = None, window: tuple[int, int] | None = None, scale: float | None = None,
+                 q_lengths: Any = None, kv_lengths: Any = None, softcap: float | None = None,
+                 alibi_slopes: Any = None, sinks: Any = None, q_segment_ids: Any = None,
+                 kv_segment_ids: Any = None, dropout_mask: Any = None, dropout_p: float | None = None) -> Any:
         raise Unsupported(f"{self.name} does not implement sdpa_vjp")
 
-    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
-            bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
-            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
+    def mha(self, query: Any, key: Any, value: Any, params: Any, *, num_heads: int,
+            num_kv_heads: int | None = None, mask: Any = None, bias: Any = None, causal: str | None = None,
+            window: tuple[int, int] | None = None, scale: float | None = None, q_lengths: Any = None,
+            kv_lengths: Any = None, softcap: float | None = None, alibi_slopes: Any = None, sinks: Any = None,
+            q_segment_ids: Any = None, kv_segment_ids: Any = None, dropout_mask: Any = None,
+            dropout_p: float | None = None, return_weights: bool = False, return_lse: bool = False) -> Any:
         raise Unsupported(f"{self.name} does not implement mha")
 
-    def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
-                      dedup=False, scale=None, return_buckets=False):
+    def lsh_attention(self, x: Any, v: Any, *, rotations: Any, chunk_length: int, causal: bool = False,
+                      kv_lengths: Any = None, dedup: bool = False, scale: float | None = None,
+                      return_buckets: bool = False) -> Any:
         raise Unsupported(f"{self.name} does not implement lsh_attention")
 
-    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
-                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
-                dropout_mask=None, dropout_p=None):
+    def mha_vjp(self, query: Any, key: Any, value: Any, params: Any, d_out: Any, *, num_heads: int,
+                num_kv_heads: int | None = None, mask: Any = None, bias: Any = None, causal: str | None = None,
+                window: tuple[int, int] | None = None, scale: float | None = None, q_lengths: Any = None,
+                kv_lengths: Any = None, softcap: float | None = None, alibi_slopes: Any = None,
+                sinks: Any = None, q_segment_ids: Any = None, kv_segment_ids: Any = None,
+                dropout_mask: Any = None, dropout_p: float | None = None) -> Any:
         raise Unsupported(f"{self.name} does not implement mha_vjp")
 
-    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
-                          dedup=False, scale=None):
+    def lsh_attention_vjp(self, x: Any, v: Any, d_out: Any, *, rotations: Any, chunk_length: int,
+                          causal: bool = False, kv_lengths: Any = None, dedup: bool = False,
+                          scale: float | None = None) -> Any:
         raise Unsupported(f"{self.name} does not implement lsh_attention_vjp")
 
     def __repr__(self) -> str:

@@ -153,7 +153,7 @@ def visibility(n: int, m: int, causal: str | None, window: tuple[int, int] | Non
     return vis
 
 
-def with_mask_and_bias(vis, mask, bias, neg_inf):
+def with_mask_and_bias(vis: Any, mask: Any, bias: Any, neg_inf: Any) -> Any:
     """AND the data rules into `vis`: an explicit mask, and bias != -inf (an absent key)."""
     if mask is not None:
         vis = mask if vis is None else vis & mask

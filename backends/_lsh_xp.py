@@ -191,18 +191,18 @@ def lsh_attention(xp, p: LSHPlan, x, v, rotations, kv, *, nonfinite_v: bool, dev
 
 
 def _hash(xp, x, r, nh: int, nb: int):
-    """Buckets (B, nh, l) of the rows x (B, l, d): argmax(concat(p, -p)) with p = x R per round.
+    """Buckets (B, nh, n) of the rows x (B, n, d): argmax(concat(p, -p)) with p = x R per round.
 
-    Without building the (B, nh, l, nb) concat: the first half wins ties (max == -min), and
+    Without building the (B, nh, n, nb) concat: the first half wins ties (max == -min), and
     argmax/argmin each take the first index of a tie within their half; a NaN row takes its
     first NaN, in the first half, as argmax of the concat does.
     """
-    B, l = x.shape[0], x.shape[1]
-    proj = xp.reshape(xp.matmul(x, r), (B, l, nh, nb // 2))  # (B, l, nh, K)
-    proj = xp.permute_dims(proj, (0, 2, 1, 3))  # (B, nh, l, K)
-    top, bottom = xp.max(proj, axis=-1), xp.min(proj, axis=-1)  # (B, nh, l)
+    B, n = x.shape[0], x.shape[1]
+    proj = xp.reshape(xp.matmul(x, r), (B, n, nh, nb // 2))  # (B, n, nh, K)
+    proj = xp.permute_dims(proj, (0, 2, 1, 3))  # (B, nh, n, K)
+    top, bottom = xp.max(proj, axis=-1), xp.min(proj, axis=-1)  # (B, nh, n)
     return xp.where((top >= -bottom) | xp.isnan(top), xp.argmax(proj, axis=-1),
-                    xp.argmin(proj, axis=-1) + nb // 2)  # (B, nh, l)
+                    xp.argmin(proj, axis=-1) + nb // 2)  # (B, nh, n)
 
 
 def _window_counts(xp, p: LSHPlan, slot_of, slot_pos, win_pos, rows, on):

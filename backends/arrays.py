@@ -46,7 +46,7 @@ class ArrayLibrary:
         return np.asarray(x)
 
     def dtype_name(self, x: Any) -> str:
-        return np.dtype(x.dtype).name
+        return str(np.dtype(x.dtype).name)
 
     def device_of(self, x: Any) -> str:
         return "cpu"
@@ -85,16 +85,16 @@ class ArrayLibrary:
 class _TensorMethods:
     """Layout through tensor methods (torch and tinygrad spell them alike)."""
 
-    def permute(self, x, axes):
+    def permute(self, x: Any, axes: tuple[int, ...]) -> Any:
         return x.permute(*axes)
 
-    def reshape(self, x, shape):
+    def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
         return x.reshape(shape)
 
-    def broadcast_to(self, x, shape):
+    def broadcast_to(self, x: Any, shape: tuple[int, ...]) -> Any:
         return x.expand(*shape)
 
-    def repeat(self, x, repeats, axis):
+    def repeat(self, x: Any, repeats: int, axis: int) -> Any:
         return x.repeat_interleave(repeats, dim=axis)
 
 
@@ -102,26 +102,29 @@ class _BackendHooks:
     """Arrays in and out through a built-in backend's own hooks (``self._hooks``), so torch's
     and JAX's conversions (bfloat16, devices, the numerics policy) exist once."""
 
-    def asarray(self, x, dtype=None, device=None):
+    #: the built-in backend whose hooks these are (set by the subclass's __init__)
+    _hooks: Any
+
+    def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> Any:
         return self._hooks.asarray(x, dtype, device)
 
-    def to_numpy(self, x):
-        return self._hooks.to_numpy(x)
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return np.asarray(self._hooks.to_numpy(x))
 
-    def dtype_name(self, x):
-        return self._hooks.dtype_name(x)
+    def dtype_name(self, x: Any) -> str:
+        return str(self._hooks.dtype_name(x))
 
-    def devices(self):
-        return self._hooks.devices()
+    def devices(self) -> list[str]:
+        return list(self._hooks.devices())
 
-    def device_of(self, x):
-        return self._hooks.device_of(x)
+    def device_of(self, x: Any) -> str:
+        return str(self._hooks.device_of(x))
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         self._hooks.synchronize()
 
-    def numerics_policy(self):
-        return self._hooks.numerics_policy()
+    def numerics_policy(self) -> dict[str, Any]:
+        return dict(self._hooks.numerics_policy())
 
 
 class TorchLibrary(_TensorMethods, _BackendHooks, ArrayLibrary):
@@ -168,22 +171,22 @@ class MlxLibrary(ArrayLibrary):
     def is_array(self, x: object) -> bool:
         return isinstance(x, self._mx.array)
 
-    def asarray(self, x, dtype=None, device=None):
+    def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> Any:
         x = to_reference(x, dtype)
         if x.dtype == ml_dtypes.bfloat16:  # float32 holds every bfloat16 exactly
             return self._mx.array(x.astype(np.float32)).astype(self._mx.bfloat16)
         # explicitly typed: mx.array of float64 data would otherwise make float32
         return self._mx.array(np.array(x), dtype=getattr(self._mx, "bool_" if x.dtype == bool else x.dtype.name))
 
-    def to_numpy(self, x):
+    def to_numpy(self, x: Any) -> np.ndarray:
         if x.dtype == self._mx.bfloat16:
             return np.array(x.astype(self._mx.float32)).astype(ml_dtypes.bfloat16)
         return np.array(x)
 
-    def dtype_name(self, x):
+    def dtype_name(self, x: Any) -> str:
         return str(x.dtype).rsplit(".", 1)[-1]
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         self._mx.synchronize()
 
 
@@ -200,19 +203,19 @@ class TinygradLibrary(_TensorMethods, ArrayLibrary):
     def is_array(self, x: object) -> bool:
         return isinstance(x, self._tg.Tensor)
 
-    def asarray(self, x, dtype=None, device=None):
+    def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> Any:
         x = to_reference(x, dtype)
         if x.dtype == ml_dtypes.bfloat16:
             return self._tg.Tensor(x.astype(np.float32)).cast(self._tg.dtypes.bfloat16).realize()
         return self._tg.Tensor(np.array(x)).realize()
 
-    def to_numpy(self, x):
+    def to_numpy(self, x: Any) -> np.ndarray:
         if x.dtype == self._tg.dtypes.bfloat16:
-            return x.cast(self._tg.dtypes.float32).numpy().astype(ml_dtypes.bfloat16)
-        return x.numpy()
+            return np.asarray(x.cast(self._tg.dtypes.float32).numpy()).astype(ml_dtypes.bfloat16)
+        return np.asarray(x.numpy())
 
-    def dtype_name(self, x):
-        name = x.dtype.name
+    def dtype_name(self, x: Any) -> str:
+        name = str(x.dtype.name)
         return {"half": "float16", "float": "float32", "double": "float64", "__bf16": "bfloat16",
                 "bfloat16": "bfloat16", "char": "int8", "int": "int32", "long": "int64"}.get(name, name)
 

@@ -18,6 +18,7 @@ Hq / Hkv heads, G = Hq // Hkv, n queries, m keys, dk / dv head dims.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -56,23 +57,26 @@ __all__ = [
 ]
 
 
-def plan_sdpa(fn: str, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-              q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
-              q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
-              return_lse=False, library: ArrayLibrary | str | None = None) -> SDPAPlan:
+def plan_sdpa(fn: str, q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None,
+              causal: str | None = None, window: tuple[int, int] | None = None, scale: float | None = None,
+              q_lengths: Any = None, kv_lengths: Any = None, softcap: float | None = None,
+              alibi_slopes: Any = None, sinks: Any = None, q_segment_ids: Any = None,
+              kv_segment_ids: Any = None, dropout_mask: Any = None, dropout_p: float | None = None,
+              return_lse: bool = False, library: ArrayLibrary | str | None = None) -> SDPAPlan:
     """Validate one sdpa call on a framework's arrays by the spec's rules; return its plan.
 
     ``fn`` names the caller in messages (``"mine.sdpa"``). q, k, v, mask, bias and the variants'
     arrays (alibi_slopes, sinks, segment ids, dropout_mask) must be arrays of one library
-    (``library``, default: q's); softcap, dropout_p and return_lse land in the plan; lengths may be that library's integer arrays,
-    NumPy arrays or ints. Nothing is converted silently: an array of another library is refused.
+    (``library``, default: q's); softcap, dropout_p and return_lse land in the plan; lengths may
+    be that library's integer arrays, NumPy arrays or ints. Nothing is converted silently: an array
+    of another library is refused.
 
     Raises:
         SpecError: the first problem, worded as the spec words it.
     """
     lib = array_library(library) if library is not None else _library(fn, "q", q)
 
-    def info(name: str, x: object) -> ArrayInfo:
+    def info(name: str, x: Any) -> ArrayInfo:
         if not lib.is_array(x):
             raise SpecError(f"{fn}: {name} must be a {lib.name} array, got {type(x).__module__}."
                             f"{type(x).__name__}")
@@ -101,12 +105,13 @@ def _library(fn: str, name: str, x: object) -> ArrayLibrary:
         raise SpecError(f"{fn}: {name} must be an array, got {type(x).__module__}.{type(x).__name__}") from None
 
 
-def _numpy(x):
+def _numpy(x: Any) -> np.ndarray | None:
     return None if x is None else (x if isinstance(x, np.ndarray) else library_of(x).to_numpy(x))
 
 
-def attend_mask(plan: SDPAPlan, mask=None, bias=None, *, structure: bool = True, lengths: bool = True,
-                full: bool = False, q_segment_ids=None, kv_segment_ids=None):
+def attend_mask(plan: SDPAPlan, mask: Any = None, bias: Any = None, *, structure: bool = True,
+                lengths: bool = True, full: bool = False, q_segment_ids: Any = None,
+                kv_segment_ids: Any = None) -> np.ndarray | None:
     """The one boolean "may attend" mask of a call (NumPy, True = attend), or None if all visible.
 
     Folds in, with AND: causal and window on the plan's alignment (``structure``), q/kv lengths
@@ -133,8 +138,9 @@ def attend_mask(plan: SDPAPlan, mask=None, bias=None, *, structure: bool = True,
     return vis
 
 
-def additive_mask(plan: SDPAPlan, mask=None, bias=None, *, structure: bool = True, lengths: bool = True,
-                  dtype: str | None = None, q_segment_ids=None, kv_segment_ids=None):
+def additive_mask(plan: SDPAPlan, mask: Any = None, bias: Any = None, *, structure: bool = True,
+                  lengths: bool = True, dtype: str | None = None, q_segment_ids: Any = None,
+                  kv_segment_ids: Any = None) -> np.ndarray | None:
     """The call as one additive float mask (NumPy): ``bias`` (or 0) where visible, -inf elsewhere.
 
     None when nothing is masked and there is no bias. ``dtype`` defaults to the plan's (q's)
@@ -154,19 +160,19 @@ def additive_mask(plan: SDPAPlan, mask=None, bias=None, *, structure: bool = Tru
     return out.astype(numpy_dtype(dtype or plan.dtype))
 
 
-def to_blhd(x):
+def to_blhd(x: Any) -> Any:
     """(..., H, L, d) -> (..., L, H, d): swaps the head and length axes (FlashAttention's, JAX's layout)."""
     lib = library_of(x)
     axes = tuple(range(x.ndim - 3)) + (x.ndim - 2, x.ndim - 3, x.ndim - 1)
     return lib.permute(x, axes)
 
 
-def to_bhld(x):
+def to_bhld(x: Any) -> Any:
     """(..., L, H, d) -> (..., H, L, d), the inverse of `to_blhd` (the spec's layout)."""
     return to_blhd(x)  # the swap is its own inverse
 
 
-def expand_kv_heads(x, group: int):
+def expand_kv_heads(x: Any, group: int) -> Any:
     """(..., Hkv, L, d) -> (..., Hkv * group, L, d), kv head j repeated for query heads
     j * G ... j * G + G - 1, so query head h reads kv head h // G (the spec's GQA mapping)."""
     if group == 1:
@@ -174,7 +180,7 @@ def expand_kv_heads(x, group: int):
     return library_of(x).repeat(x, group, axis=x.ndim - 3)
 
 
-def flatten_batch(plan: SDPAPlan, x, heads: int, length: int):
+def flatten_batch(plan: SDPAPlan, x: Any, heads: int, length: int) -> Any:
     """q, k or v -> (B, H, L, d): a rank-2 input gets its head axis, batch dims are broadcast to the
     plan's and flattened into one axis B = prod(batch) (1 when there are none)."""
     lib = library_of(x)
@@ -184,7 +190,7 @@ def flatten_batch(plan: SDPAPlan, x, heads: int, length: int):
     return lib.reshape(x, (math.prod(plan.batch), heads, length, x.shape[-1]))  # (B, H, L, d)
 
 
-def flatten_mask(plan: SDPAPlan, x, *, keep_heads: bool = True):
+def flatten_mask(plan: SDPAPlan, x: Any, *, keep_heads: bool = True) -> Any:
     """A mask or bias broadcasting to (*batch, Hq, n, m) -> (B, Hq or 1, n, m).
 
     With ``keep_heads=False`` a per-head mask is refused (SpecError) rather than flattened,
@@ -198,7 +204,7 @@ def flatten_mask(plan: SDPAPlan, x, *, keep_heads: bool = True):
     return lib.reshape(x, (math.prod(plan.batch), heads, plan.n, plan.m))  # (B, Hq or 1, n, m)
 
 
-def unflatten_batch(plan: SDPAPlan, out, *, layout: str = "bhld"):
+def unflatten_batch(plan: SDPAPlan, out: Any, *, layout: str = "bhld") -> Any:
     """An output (B, Hq, n, dv) -- or (B, n, Hq, dv) with ``layout="blhd"`` -- back to the spec's
     ``plan.out_shape``: (*batch, Hq, n, dv), or (n, dv) for rank-2 inputs."""
     lib = library_of(out)

@@ -49,7 +49,7 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -88,9 +88,10 @@ class Call:
     m: int
 
 
-def call_needs(q_shape, k_shape, v_shape, options: dict[str, Any]) -> Call:
+def call_needs(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tuple[int, ...],
+               options: dict[str, Any]) -> Call:
     """The needs of a call with these shapes and spec keywords (``mask``, ``causal``...)."""
-    def heads(s):
+    def heads(s: tuple[int, ...]) -> int:
         return s[-3] if len(s) >= 3 else 1
 
     needs = set()
@@ -127,8 +128,9 @@ class Convention:
     signature: str = ""
     #: the array library its arguments come from by default (`attnspec.backends.arrays`)
     arrays: str = "numpy"
-    #: needs it cannot carry -> why (a static refusal, before any call)
-    cannot: dict[str, str] = {}
+    #: needs it cannot carry -> why (a static refusal, before any call); a subclass maps a need its
+    #: parent refuses to None when it carries it after all
+    cannot: ClassVar[dict[str, str | None]] = {}
     #: the alignment of the function's own causal flag (None: it has none; causal goes into a mask)
     causal_flag: str | None = None
     #: whether the function has a window argument of its own
@@ -143,7 +145,8 @@ class Convention:
                       for v in VARIANT_FEATURES if v in call.needs and v not in self.variants
                       and v not in self.cannot]
 
-    def call(self, fn: Callable, lib: ArrayLibrary, p: SDPAPlan, q, k, v, options: dict[str, Any]):
+    def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,
+             options: dict[str, Any]) -> tuple[Any, Any]:
         """Call ``fn`` for the validated call ``p``; return (out in ``p.out_shape``, weights or None)."""
         raise NotImplementedError
 
@@ -151,21 +154,21 @@ class Convention:
         return f"<attnspec convention {self.name!r}: {self.signature}>"
 
 
-def _device(lib: ArrayLibrary, x) -> str | None:
+def _device(lib: ArrayLibrary, x: Any) -> str | None:
     try:
         return lib.device_of(x)
     except Exception:  # a library that cannot say: its default device
         return None
 
 
-def flat_qkv(p: SDPAPlan, q, k, v, layout: str = "bhld"):
+def flat_qkv(p: SDPAPlan, q: Any, k: Any, v: Any, layout: str = "bhld") -> tuple[Any, ...]:
     """q, k, v -> (B, H, L, d) each, batch dims broadcast and flattened (rank 2 gets its head
     axis); with ``layout="blhd"``, (B, L, H, d)."""
     out = (flatten_batch(p, q, p.hq, p.n), flatten_batch(p, k, p.hkv, p.m), flatten_batch(p, v, p.hkv, p.m))
     return tuple(to_blhd(x) for x in out) if layout == "blhd" else out
 
 
-def _first(result):
+def _first(result: Any) -> Any:
     """The output of a function that may return (output, extras...)."""
     return result[0] if isinstance(result, (tuple, list)) else result
 
@@ -175,10 +178,11 @@ class TorchSDPA(Convention):
     signature = ("fn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, "
                  "enable_gqa=False) on (..., H, L, D) arrays")
     arrays = "torch"
-    cannot = {"return_weights": "returns no attention weights"}
+    cannot: ClassVar[dict[str, str | None]] = {"return_weights": "returns no attention weights"}
     causal_flag = "upper_left"
 
-    def call(self, fn, lib, p, q, k, v, options):
+    def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,
+             options: dict[str, Any]) -> tuple[Any, Any]:
         kw: dict[str, Any] = {}
         if options.get("scale") is not None:
             kw["scale"] = p.scale
@@ -188,8 +192,9 @@ class TorchSDPA(Convention):
         if p.causal == "upper_left" and not any(rules):
             kw["is_causal"] = True  # is_causal is upper-left
         elif options.get("bias") is not None:
-            kw["attn_mask"] = lib.asarray(additive_mask(p, options.get("mask"), options["bias"]),
-                                          device=_device(lib, q))
+            add = additive_mask(p, options.get("mask"), options["bias"])
+            assert add is not None  # never None with a bias
+            kw["attn_mask"] = lib.asarray(add, device=_device(lib, q))
         else:
             vis = attend_mask(p, options.get("mask"))
             if vis is not None:
@@ -202,7 +207,7 @@ class Flash(Convention):
     signature = ("fn(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1)) on (B, L, H, D) "
                  "arrays, causal and window lower-right aligned")
     arrays = "torch"
-    cannot = {
+    cannot: ClassVar[dict[str, str | None]] = {
         "mask": "has no mask argument",
         "bias": "has no bias argument",
         "q_lengths": "has no sequence lengths (varlen is another function)",
@@ -229,7 +234,8 @@ class Flash(Convention):
                        "when n != m")
         return why
 
-    def call(self, fn, lib, p, q, k, v, options):
+    def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,
+             options: dict[str, Any]) -> tuple[Any, Any]:
         qf, kf, vf = flat_qkv(p, q, k, v, "blhd")  # (B, n, Hq, dk), (B, m, Hkv, dk), (B, m, Hkv, dv)
         kw: dict[str, Any] = {}
         if p.causal is not None:
@@ -262,7 +268,7 @@ class Jax(Convention):
                  "query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None) on "
                  "(B, T, N, H) arrays, is_causal and local_window_size upper-left")
     arrays = "jax"
-    cannot = {"return_weights": "returns no attention weights"}
+    cannot: ClassVar[dict[str, str | None]] = {"return_weights": "returns no attention weights"}
     causal_flag = "upper_left"
 
     #: whether the function takes query_seq_lengths / key_value_seq_lengths and local_window_size
@@ -270,7 +276,8 @@ class Jax(Convention):
     lengths_arguments = True
     window_argument = True
 
-    def call(self, fn, lib, p, q, k, v, options):
+    def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,
+             options: dict[str, Any]) -> tuple[Any, Any]:
         qf, kf, vf = flat_qkv(p, q, k, v, "blhd")  # (B, n, Hq, dk), (B, m, Hkv, dk), (B, m, Hkv, dv)
         dev = _device(lib, q)
         upper = p.causal != "lower_right"
@@ -301,12 +308,13 @@ class Tutorial(Convention):
     signature = ("fn(Q, K, V, mask=None) -> (output, weights) on (..., H, L, D) arrays, mask 1/True = "
                  "keep, scale fixed at 1/sqrt(dk)")
     arrays = "torch"
-    cannot = {
+    cannot: ClassVar[dict[str, str | None]] = {
         "bias": "has no bias argument",
         "scale": "fixes the scale at 1/sqrt(dk)",
     }
 
-    def call(self, fn, lib, p, q, k, v, options):
+    def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,
+             options: dict[str, Any]) -> tuple[Any, Any]:
         if p.group > 1:  # query head h reads kv head h // G
             k, v = expand_kv_heads(k, p.group), expand_kv_heads(v, p.group)
         vis = attend_mask(p, options.get("mask"))
@@ -338,7 +346,7 @@ def get_convention(name: str | Convention) -> Convention:
     return CONVENTIONS[name]
 
 
-def describe(fn: Callable) -> str:
+def describe(fn: Callable[..., Any]) -> str:
     """``module.qualname(signature)`` of a function, for reports."""
     try:
         sig = str(inspect.signature(fn))

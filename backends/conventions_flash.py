@@ -29,7 +29,7 @@ through NumPy on the host: it is the convention's layout work, not the function'
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -90,7 +90,7 @@ class FlashKVCache(Convention):
                  "window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False) on "
                  "(B, L, H, D) arrays, causal, window and ALiBi aligned on cache_seqlens")
     arrays = "torch"
-    cannot = {
+    cannot: ClassVar[dict[str, str | None]] = {
         **_COMMON_CANNOT,
         "q_lengths": "has no query lengths (cache_seqlens are the keys')",
         "segments": "has no segment ids (packed sequences are flash_varlen's)",
@@ -146,7 +146,7 @@ class FlashVarlen(Convention):
                  "return_attn_probs=False) on packed (total, H, D) arrays, causal, window and ALiBi "
                  "aligned on each sequence")
     arrays = "torch"
-    cannot = dict(_COMMON_CANNOT)
+    cannot: ClassVar[dict[str, str | None]] = dict(_COMMON_CANNOT)
     causal_flag = "lower_right"
     window_argument = True
     variants = frozenset({"softcap", "alibi", "lse", "segments", "causal_lower_right_lengths"})

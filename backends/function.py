@@ -19,6 +19,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from attnspec._errors import SpecError
 from attnspec.backends._base import FLOAT_DTYPES, Backend, Unsupported
 from attnspec.backends._common import variant_keywords
@@ -38,7 +40,7 @@ class FunctionBackend(Backend):
 
     implements = frozenset({"sdpa"})
 
-    def __init__(self, fn: Callable, convention: str | Convention, *, name: str | None = None,
+    def __init__(self, fn: Callable[..., Any], convention: str | Convention, *, name: str | None = None,
                  dtypes: tuple[str, ...] | None = None, device: str | None = None,
                  arrays: str | ArrayLibrary | None = None, capabilities: Capabilities | None = None,
                  deviations: str | None = None) -> None:
@@ -60,7 +62,7 @@ class FunctionBackend(Backend):
         self.deviations_of = deviations
         #: record the arguments of each call of fn in ``last_call`` (the atlas' reproducers)
         self.record_calls = False
-        self.last_call: tuple[tuple, dict] | None = None
+        self.last_call: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self.last_result: Any = None
         #: Python lines a standalone reproducer runs first (environment a framework needs)
         self.preamble: list[str] = []
@@ -69,16 +71,16 @@ class FunctionBackend(Backend):
     def devices(self) -> list[str]:
         return [self.device] if self.device else self.arrays.devices()
 
-    def asarray(self, x, dtype=None, device=None):
+    def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> Any:
         return self.arrays.asarray(x, dtype, device or self.device)
 
-    def to_numpy(self, x):
+    def to_numpy(self, x: Any) -> np.ndarray:
         return self.arrays.to_numpy(x)
 
-    def dtype_name(self, x) -> str:
+    def dtype_name(self, x: Any) -> str:
         return self.arrays.dtype_name(x)
 
-    def device_of(self, x) -> str:
+    def device_of(self, x: Any) -> str:
         return self.arrays.device_of(x)
 
     def synchronize(self) -> None:
@@ -93,7 +95,10 @@ class FunctionBackend(Backend):
         """The probe's findings: from ``ATTNSPEC_CAPABILITIES`` if it has this backend, else probed now."""
         if self._capabilities is None:
             path = os.environ.get(CAPABILITIES_ENV)
-            found = json.loads(open(path).read()).get(self.name) if path and os.path.exists(path) else None
+            found = None
+            if path and os.path.exists(path):
+                with open(path) as f:
+                    found = json.load(f).get(self.name)
             self._capabilities = Capabilities.from_json(found) if found is not None else probe(self)
         return self._capabilities
 
@@ -110,15 +115,16 @@ class FunctionBackend(Backend):
                 "signature": self.convention.signature, "arrays": self.arrays.name}
 
     # -- the spec's function -------------------------------------------------------------------
-    def variant_refusals(self, feature: str, options) -> list[str]:
+    def variant_refusals(self, feature: str, options: dict[str, Any]) -> list[str]:
         if feature == "sdpa":
             return []  # the convention decides (`supports` asks it), with reasons naming it
         return super().variant_refusals(feature, options)
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
-             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
-             return_weights=False, return_lse=False):
+    def sdpa(self, q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None, causal: str | None = None,
+             window: tuple[int, int] | None = None, scale: float | None = None, q_lengths: Any = None,
+             kv_lengths: Any = None, softcap: float | None = None, alibi_slopes: Any = None, sinks: Any = None,
+             q_segment_ids: Any = None, kv_segment_ids: Any = None, dropout_mask: Any = None,
+             dropout_p: float | None = None, return_weights: bool = False, return_lse: bool = False) -> Any:
         fn = f"{self.name}.sdpa"
         variants = variant_keywords(locals())
         p = plan_sdpa(fn, q, k, v, mask=mask, bias=bias, causal=causal, window=window, scale=scale,
@@ -129,13 +135,13 @@ class FunctionBackend(Backend):
         refused = self.convention.refusals(call_needs(q.shape, k.shape, v.shape, options))
         if refused:
             raise Unsupported(f"{fn}: " + "; ".join(refused))
-        fn = self.fn
+        call = self.fn
         if self.record_calls:  # keep the exact arguments, for reproducers that call fn directly
-            def fn(*args, **kwargs):
+            def call(*args: Any, **kwargs: Any) -> Any:
                 self.last_call = (args, kwargs)
                 self.last_result = self.fn(*args, **kwargs)
                 return self.last_result
-        out, weights = self.convention.call(fn, self.arrays, p, q, k, v, options)
+        out, weights = self.convention.call(call, self.arrays, p, q, k, v, options)
         lse = None
         if p.return_lse:  # a convention that carries lse returns (out, lse) as its output
             out, lse = out
@@ -145,7 +151,7 @@ class FunctionBackend(Backend):
         return found[0] if len(found) == 1 else tuple(found)
 
 
-def from_function(fn: Callable, convention: str | Convention, *, name: str | None = None,
+def from_function(fn: Callable[..., Any], convention: str | Convention, *, name: str | None = None,
                   dtypes: tuple[str, ...] | None = None, device: str | None = None,
                   arrays: str | ArrayLibrary | None = None, deviations: str | None = None) -> FunctionBackend:
     """A Backend that checks ``fn`` called by ``convention``.

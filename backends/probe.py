@@ -15,6 +15,7 @@ and the rest still run (`probe_isolated`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -212,8 +213,8 @@ def probe_isolated(target: str, out: Path, dtypes: tuple[str, ...] | None = None
     journal.unlink(missing_ok=True)
     skip: dict[str, str] = {}
     for _ in range(len(plan(tuple(dtypes or FLOAT_DTYPES))) + 1):
-        cmd = [sys.executable, "-W", "ignore::RuntimeWarning", "-m", "attnspec.backends.probe", target, "--journal", str(journal),
-               "--skip", json.dumps(skip)]
+        cmd = [sys.executable, "-W", "ignore::RuntimeWarning", "-m", "attnspec.backends.probe", target,
+               "--journal", str(journal), "--skip", json.dumps(skip)]
         if dtypes:
             cmd += ["--dtypes", ",".join(dtypes)]
         if device:
@@ -278,15 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     import attnspec.backends
 
     backend = attnspec.backends.load(args.target)
-    journal = open(args.journal, "a", buffering=1) if args.journal else None
+    with open(args.journal, "a", buffering=1) if args.journal else contextlib.nullcontext() as journal:
 
-    def log(event: dict) -> None:
-        if journal:
-            journal.write(json.dumps(event) + "\n")
-            journal.flush()
-            os.fsync(journal.fileno())
+        def log(event: dict) -> None:
+            if journal:
+                journal.write(json.dumps(event) + "\n")
+                journal.flush()
+                os.fsync(journal.fileno())
 
-    probe(backend, dtypes, args.device, skip=json.loads(args.skip), on_event=log)
+        probe(backend, dtypes, args.device, skip=json.loads(args.skip), on_event=log)
     return 0
 
 

@@ -56,7 +56,9 @@ class TorchNativeBackend(TorchArrays):
         variants = variant_keywords(locals())
         p = self._plan("torch-native.sdpa", q, k, v, mask, bias, causal, window, scale,
                        q_lengths, kv_lengths, **variants)
-        # torch's F.scaled_dot_product_attention has no softcap, ALiBi, sinks, logsumexp, segment ids or lengths-aligned causal argument, and draws its own dropout mask: a native backend measures, so it refuses rather than emulates them
+        # torch's F.scaled_dot_product_attention has no softcap, ALiBi, sinks, logsumexp, segment
+        # ids or lengths-aligned causal argument, and draws its own dropout mask: a native backend
+        # measures, so it refuses rather than emulates them
         self.refuse_variants("sdpa", {**variants, "causal": causal})
         if return_weights:
             raise Unsupported("torch-native.sdpa: torch SDPA returns no attention weights")

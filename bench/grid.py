@@ -101,7 +101,7 @@ class Grid:
         """Side of the square matmul with (about) the reference attention's FLOP count."""
         B, H, n, d = self.reference
         side = (4 * B * H * n * n * d / 2) ** (1 / 3)
-        return max(256, int(round(side / 256)) * 256)
+        return max(256, round(side / 256) * 256)
 
 
 GRIDS = {
@@ -211,7 +211,8 @@ def static_skip(backend, framework: str, device: str, case: Case) -> str | None:
     impl, name = case.impl, backend.name
     if impl in ("adapter", "vjp"):
         reasons = backend.supports(
-            "sdpa" if impl == "adapter" else "sdpa_vjp", dtype=case.dtype, device=device, causal="upper_left" if case.causal else None,
+            "sdpa" if impl == "adapter" else "sdpa_vjp", dtype=case.dtype, device=device,
+            causal="upper_left" if case.causal else None,
             q_shape=(case.B, case.H, case.n, case.d), k_shape=(case.B, case.H, case.m, case.d),
             v_shape=(case.B, case.H, case.m, case.d),
         )

@@ -247,8 +247,8 @@ def _run_job(be, backend_spec, fw, device, cases, rates, settings, memory, skipp
                                    {"backend": backend_spec, "device": device,
                                     "case": {"impl": case.impl, "dtype": case.dtype, **case.shape_dict()}})
                         if memory else (None, "none"))
-        row = {"implementation": case.impl, "pass": "forward+backward" if case.impl == "vjp" else "forward", "dtype": case.dtype,
-               **case.shape_dict(), "median_s": t.median_s, "min_s": t.min_s, "max_s": t.max_s,
+        row = {"implementation": case.impl, "pass": "forward+backward" if case.impl == "vjp" else "forward",
+               "dtype": case.dtype, **case.shape_dict(), "median_s": t.median_s, "min_s": t.min_s, "max_s": t.max_s,
                "repeats": t.repeats, "timing": "interleaved" if len(timings) > 1 else "sequential",
                "flops": case.flops, "tflops": tflops,
                "share_of_matmul": share_of_matmul,

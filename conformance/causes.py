@@ -107,8 +107,9 @@ def _row_max_logit(plan, vis: np.ndarray, q, k, bias) -> np.ndarray:
 
 def _hidden_nonfinite(plan, vis: np.ndarray, k, v) -> bool:
     """Whether some key hidden from some row holds NaN or inf in k or v."""
-    kv = np.concatenate([np.asarray(k, np.float64), np.asarray(v, np.float64)], axis=-1) if k.shape[:-1] == v.shape[:-1] \
-        else np.asarray(k, np.float64)
+    kv = np.asarray(k, np.float64)
+    if k.shape[:-1] == v.shape[:-1]:
+        kv = np.concatenate([kv, np.asarray(v, np.float64)], axis=-1)
     bad_key = ~np.isfinite(kv).all(axis=-1)  # (..., Hkv, m)
     return bool(bad_key.any() and (~vis).any())
 

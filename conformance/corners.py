@@ -9,8 +9,9 @@ three fixed cases (`with_corners`) besides its drawn ones:
 - ``corner_hidden_nonfinite``: the first, plus keys beyond ``kv_lengths`` holding NaN and inf.
 
 They are apart so that a backend's declared deviation for one rule (say, empty rows give
-mean(V)) does not excuse a failure of another in the same case. Each carries rows whose visible keys sit at the bottom of the dtype's finite range: the query row is
-zero, so each logit is its bias alone, and the biases of the row's visible keys are one of
+mean(V)) does not excuse a failure of another in the same case. Each carries rows whose
+visible keys sit at the bottom of the dtype's finite range: the query row is zero, so each logit is
+its bias alone, and the biases of the row's visible keys are one of
 `floor_levels` (-1e4, -1e9, -0.7 * finfo.max, finfo.min, those the dtype can hold), next to keys
 hidden by the mask and by -inf biases. A backend that masks with a finite fill F instead of
 excluding keys gives a hidden key of such a row the weight exp(F - level) relative to a visible

@@ -12,9 +12,10 @@ conformance"):
   so each projection p = x[t] . R[:, r, k] is a d-term dot product with error at most
   E = gamma_d * (|x[t]| . |R[:, r, k]|), gamma_d = d u / (1 - d u), u = eps(ct) / 2, in any
   summation order. Its argmax can differ from the golden's only where the golden's top-2 margin
-  is <= 2 * max_k E (and that bound is > 0; x[t] = 0 gives exact ties everywhere). Such positions are *low-margin*: their buckets are not compared, and a batch
-  element holding one is excluded from output comparisons (one moved bucket shifts the chunk
-  boundaries of its whole round). Both counts go into the verdict's ``reason``.
+  is <= 2 * max_k E (and that bound is > 0; x[t] = 0 gives exact ties everywhere). Such
+  positions are *low-margin*: their buckets are not compared, and a batch element holding one is
+  excluded from output comparisons (one moved bucket shifts the chunk boundaries of its whole
+  round). Both counts go into the verdict's ``reason``.
 * Output tolerance, the rule of `attnspec.spec.tolerance` with LSH's sizes: allowed = K * err_ref
   + eps(D) * V * (1 + sqrt(m) + 2 * sqrt(d) * Lg), where err_ref is the error of `dense_lsh` run
   with every intermediate rounded to D (float32 arithmetic for 16-bit D), m = 2C * nh (a row is a
@@ -109,7 +110,6 @@ class LSHCase:
 def lsh_cases(draw, dtype: str, features: tuple[str, ...] = LSH_FEATURES) -> LSHCase:
     """One lsh_attention call exercising a drawn feature, in ``dtype``."""
     feature = draw(st.sampled_from(features))
-    combined = feature == "combined"
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     tags = {feature, dtype}

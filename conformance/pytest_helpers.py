@@ -19,8 +19,8 @@ from attnspec.backends._compare import Golden, sdpa_golden
 from attnspec.conformance.hypothesis_helpers import SDPACase
 from attnspec.spec.tolerance import Comparison
 
-__all__ = ["Golden", "Verdict", "bad_input_verdict", "call_sdpa", "check_metadata", "failure_message", "golden_for", "repro",
-           "resolve_backend", "to_backend"]
+__all__ = ["Golden", "Verdict", "bad_input_verdict", "call_sdpa", "check_metadata", "failure_message", "golden_for",
+           "repro", "resolve_backend", "to_backend"]
 
 
 @dataclass

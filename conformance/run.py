@@ -47,11 +47,14 @@ class Interrupted(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m attnspec.conformance.run", description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", required=True, help="registered backend name, module:Class or module:function@convention")
+    ap.add_argument("--backend", required=True,
+                    help="registered backend name, module:Class or module:function@convention")
     ap.add_argument("--device", default=None, help="device (default: the backend's first)")
     ap.add_argument("--profile", default=os.environ.get("ATTNSPEC_PROFILE", DEFAULT_PROFILE), choices=PROFILES)
-    ap.add_argument("--out", default=None, help="results JSON (default reports/results/conformance-<backend>-<device>.json)")
-    ap.add_argument("--case-timeout", type=float, default=300.0, help="seconds without progress before a case counts as hung")
+    ap.add_argument("--out", default=None,
+                    help="results JSON (default reports/results/conformance-<backend>-<device>.json)")
+    ap.add_argument("--case-timeout", type=float, default=300.0,
+                    help="seconds without progress before a case counts as hung")
     ap.add_argument("--timings", default=None,
                     help="directory for the run's suite_timing file (default: <results dir>/suite-timings)")
     ap.add_argument("--jobs", type=int, default=None,

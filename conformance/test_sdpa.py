@@ -58,7 +58,8 @@ def _judge_output(backend, device, prop, case, result, golden_case=None, **extra
         causes = problems[:1]
         if not problems:
             got_w = None if weights is None else backend.to_numpy(weights).astype(np.float64)
-            causes = sdpa_causes(_plan(case), full_visibility(_plan(golden_case or case), (golden_case or case).options),
+            judged = golden_case or case
+            causes = sdpa_causes(_plan(case), full_visibility(_plan(judged), judged.options),
                                  case.q, case.k, case.v, backend.to_numpy(out).astype(np.float64), g.out,
                                  g.allowed_out, got_w, bias=case.options.get("bias"))
         return Verdict("failed", comparisons,

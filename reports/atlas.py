@@ -40,7 +40,7 @@ def _cell(answer: dict[str, Any], declared: dict[str, dict[str, Any]]) -> str:
     if got.startswith("n/a"):
         return f"{DASH} ({got[5:]})" if len(got) < 60 else DASH
     if not spec or got == spec:
-        return got if spec else got
+        return got
     entry = declared.get(answer["id"])
     if entry is not None:
         return f"**{got}** [{entry['id']}](#{_anchor(entry['id'])})"

@@ -39,7 +39,7 @@ def _lsh_attention_loops(
         n = L if p.kv_lengths is None else int(p.kv_lengths[b])
         xb = [[float(c) for c in xs[b][t]] for t in range(L)]
 
-        def k_hat(j: int) -> list[float]:
+        def k_hat(j: int, xb: list[list[float]] = xb) -> list[float]:  # this b's rows
             norm = math.sqrt(sum(c * c for c in xb[j]))
             return [c / max(norm, NORM_EPS) for c in xb[j]]
 

@@ -73,10 +73,11 @@ def mha_vjp(
         dsinks. ALiBi slopes, segment ids and the dropout mask are constants. d_query, d_key,
         d_value have their input's shape and dtype (summed over broadcast batch dims); d_params
         is an `MHAParams` whose fields have their parameter's shape and dtype, None where the
-        parameter is None; d_bias and d_sinks have their argument's shape and dtype. ``d_params.b_k`` is exactly zero (see the module
-        docstring). A query row with no visible key gets d_query = 0 and adds nothing to the key
-        and value gradients; a key no row sees gets d_key = d_value = 0; all as in `sdpa_vjp`.
-        Computed in float64, each result rounded once to its dtype.
+        parameter is None; d_bias and d_sinks have their argument's shape and dtype.
+        ``d_params.b_k`` is exactly zero (see the module docstring). A query row with no visible key
+        gets d_query = 0 and adds nothing to the key and value gradients; a key no row sees gets
+        d_key = d_value = 0; all as in `sdpa_vjp`. Computed in float64, each result rounded once to
+        its dtype.
 
     Raises:
         SpecError: for any input `mha` refuses, and for a d_out of the wrong type, shape or dtype.

@@ -54,7 +54,8 @@ def test_native_output_is_the_frameworks_own(name, call):
 
         here = str(Path(__file__).parent)
         env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
-        proc = subprocess.run([sys.executable, "-c", f"import test_atlas as t; t.same_as_framework({name!r}, {call!r})"],
+        code = f"import test_atlas as t; t.same_as_framework({name!r}, {call!r})"
+        proc = subprocess.run([sys.executable, "-c", code],
                               capture_output=True, text=True, cwd=here, env={**env, "PYTHONPATH": here}, timeout=600)
         if "Skipped" in proc.stderr:
             pytest.skip(proc.stderr.strip().splitlines()[-1])

@@ -190,7 +190,8 @@ def test_torch_extra_installs_what_torch_lsh_imports():
 
     import tomllib
 
-    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    extras = pyproject["project"]["optional-dependencies"]
     assert any(req.startswith("array-api-compat") for req in extras["torch"]), extras["torch"]
 
 
@@ -200,7 +201,8 @@ def test_torch_lsh_without_array_api_compat_is_unsupported_with_a_reason(monkeyp
 
     be = registry.get("torch")
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "array_api_compat" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "array_api_compat" else real(name, *a))
     for feature in ("lsh_attention", "lsh_attention_vjp"):
         reasons = be.supports(feature)
         assert any("array-api-compat" in r and "attnspec[torch]" in r for r in reasons), reasons

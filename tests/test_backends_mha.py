@@ -140,8 +140,9 @@ def test_torch_native_refuses_what_the_module_cannot_express(option, value):
 def test_signature_and_bad_input_name_the_backend_function(name):
     be = backend(name)
     assert spec_signature_mismatches(be) == []
-    query, key, value, params, opts = _case("plain", "none")
-    with pytest.raises(SpecError, match=rf"^{re.escape(name)}\.mha: embed_dim=8 must be a positive multiple of num_heads=3"):
+    query, key, value, params, _ = _case("plain", "none")
+    want = rf"^{re.escape(name)}\.mha: embed_dim=8 must be a positive multiple of num_heads=3"
+    with pytest.raises(SpecError, match=want):
         _call(be, query, key, value, params, {"num_heads": 3})
     bad = MHAArrays(**{**vars(be.asparams(params)), "w_o": be.asarray(np.ones((8, 4)))})
     with pytest.raises(SpecError, match=rf"^{re.escape(name)}\.mha: params\.w_o\.shape=\(8, 4\) must be \(8, 8\)"):

@@ -179,7 +179,10 @@ def test_torch_kernels_give_the_spec_gradients_for_a_row_with_no_visible_key(ker
 
     t = {name: torch.tensor(a, dtype=getattr(torch, dtype), requires_grad=True)
          for name, a in (("q", q), ("k", k), ("v", v))}
-    attn_mask = torch.tensor(visible) if kind == "bool_mask" else torch.tensor(spec_opts["bias"], dtype=getattr(torch, dtype))
+    if kind == "bool_mask":
+        attn_mask = torch.tensor(visible)
+    else:
+        attn_mask = torch.tensor(spec_opts["bias"], dtype=getattr(torch, dtype))
     with sdpa_kernel([getattr(SDPBackend, kernel)]):
         out = torch.nn.functional.scaled_dot_product_attention(t["q"], t["k"], t["v"], attn_mask=attn_mask)
         out.backward(torch.tensor(d_out, dtype=getattr(torch, dtype)))

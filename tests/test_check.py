@@ -105,7 +105,7 @@ def test_each_seed_fails_naming_the_empty_row_rule(runs, run, got):
 
 
 def test_a_reproducer_written_by_check_reproduces(runs):
-    proc, out = runs["seed_neg_inf"]
+    _, out = runs["seed_neg_inf"]
     repro = sorted((out / "repro").glob("*.py"))[0]
     ran = subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, timeout=300, cwd=HERE,
                          env={**os.environ, "PYTHONPATH": str(HERE)})
@@ -298,7 +298,7 @@ def test_a_function_backend_validates_before_calling():
     calls = []
     b = from_function(lambda *a, **k: calls.append(1), "tutorial", arrays="numpy")
     q = np.ones((1, 2, 3, 4))
-    with pytest.raises(SpecError, match="k.shape\\[-1\\]=5 must equal q.shape\\[-1\\]=4"):
+    with pytest.raises(SpecError, match=r"k\.shape\[-1\]=5 must equal q\.shape\[-1\]=4"):
         b.sdpa(q, np.ones((1, 2, 3, 5)), np.ones((1, 2, 3, 5)))
     with pytest.raises(SpecError, match="must be a numpy array"):
         b.sdpa(q, q.tolist(), q)

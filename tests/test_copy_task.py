@@ -82,7 +82,7 @@ def test_load_names_the_file_and_the_problem(tmp_path):
     with pytest.raises(ResultsError, match=r"copy_task\.json: runs\[0\]\.after: field 'weights' must be"):
         copy_task_report.load(path)
     path.write_text(json.dumps({**_doc(), "schema": "attnspec.bench/1"}))
-    with pytest.raises(ResultsError, match="expected 'attnspec.copy_task/1'"):
+    with pytest.raises(ResultsError, match=r"expected 'attnspec\.copy_task/1'"):
         copy_task_report.load(path)
     path.write_text(json.dumps(_doc()))
     assert copy_task_report.load(path)["runs"][0]["framework"] == "torch"

@@ -88,8 +88,8 @@ def test_shards_run_the_same_cases_as_one_child(tmp_path):
 
     assert counts(one) == counts(two)
     assert sum(r["run"] for r in two["rows"]) > 50
-    timing = json.loads((tmp_path / "suite-timings" / "numpy-cpu-dev--k_sdpa_and__matches_golden_or_key_permutation_.json")
-                        .read_text())
+    name = "numpy-cpu-dev--k_sdpa_and__matches_golden_or_key_permutation_.json"
+    timing = json.loads((tmp_path / "suite-timings" / name).read_text())
     assert timing["jobs"] == 2 and timing["cases"] == sum(r["run"] for r in two["rows"])
     assert 0 < timing["first_result_s"] <= timing["seconds"]
 

@@ -225,7 +225,7 @@ def test_absent_keys_get_exactly_zero_and_change_nothing(poison, feature):
     k2, v2 = k.copy(), v.copy()
     k2[..., 4:, :] = v2[..., 4:, :] = poison  # keys 4 and 5 are hidden from every row
     grads = sdpa_vjp(q, k2, v2, d_out, **ABSENT[feature])
-    dq, dk, dv = grads[:3]
+    _, dk, dv = grads[:3]
     assert np.all(dk[..., 4:, :] == 0) and np.all(dv[..., 4:, :] == 0)
     for got, want in zip(grads, clean):  # the poison changes no bit of any gradient
         np.testing.assert_array_equal(got, want)
@@ -249,7 +249,7 @@ def test_nan_in_visible_value_poisons_only_rows_that_see_it():
     q, k, v = qkv(n=4, m=4)
     v[..., 2, 0] = np.nan
     d_out = rng.standard_normal((2, 2, 4, 2))
-    dq, dk, dv = sdpa_vjp(q, k, v, d_out, causal="upper_left")
+    dq, _, dv = sdpa_vjp(q, k, v, d_out, causal="upper_left")
     assert np.isfinite(dq[..., :2, :]).all() and np.isnan(dq[..., 2:, :]).all()
     assert np.isfinite(dv).all()  # dv = P^T dO never reads v
 
@@ -664,7 +664,8 @@ def test_lsh_vjp_d_out_is_checked():
 
     x = rng.standard_normal((6, 4))
     kw = dict(rotations=lsh_rotations(0, 4, 2, 4), chunk_length=2)
-    with pytest.raises(SpecError, match=re.escape("lsh_attention_vjp: d_out.shape=(6, 3) must equal the output shape (6, 4)")):
+    want = "lsh_attention_vjp: d_out.shape=(6, 3) must equal the output shape (6, 4)"
+    with pytest.raises(SpecError, match=re.escape(want)):
         lsh_attention_vjp(x, x, np.zeros((6, 3)), **kw)
     with pytest.raises(SpecError, match=re.escape("lsh_attention_vjp: d_out.dtype=float32 must equal x.dtype=float64")):
         lsh_attention_vjp(x, x, np.zeros((6, 4), np.float32), **kw)

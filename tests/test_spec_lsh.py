@@ -145,7 +145,8 @@ def test_two_chunks_equal_full_attention(data):
     scale = draw(st.sampled_from([None, 0.5, 3.0]))
     x, v = inputs(draw(st.integers(0, 2**32 - 1)), (), L, d, dv, draw(st.sampled_from([1e-3, 1.0, 30.0])))
     # any rotations: a wild scale included, since the buckets must not matter here
-    rotations = lsh_rotations(draw(st.integers(0, 2**16)), d, nh, nb) * np.float32(draw(st.sampled_from([1e-3, 1, 1e3])))
+    scale = np.float32(draw(st.sampled_from([1e-3, 1, 1e3])))
+    rotations = lsh_rotations(draw(st.integers(0, 2**16)), d, nh, nb) * scale
     out = lsh_attention(x, v, rotations=rotations, chunk_length=C, causal=causal, kv_lengths=kv,
                         dedup=dedup, scale=scale)
     ref = masked_attention(x, v, base_visibility(L, causal, kv), 1.0 if scale is None else scale)
@@ -389,7 +390,8 @@ BAD = [
     ("scale_zero", lambda: call(scale=0.0), r"scale=0\.0 must be finite and > 0"),
     ("scale_nan", lambda: call(scale=float("nan")), r"scale=nan must be finite and > 0"),
     ("scale_str", lambda: call(scale="1"), r"scale must be a real number or None, got str"),
-    ("rotations_odd_buckets", lambda: lsh_rotations(0, 4, 2, 5), r"^lsh_rotations: n_buckets=5 must be an even int >= 2"),
+    ("rotations_odd_buckets", lambda: lsh_rotations(0, 4, 2, 5),
+     r"^lsh_rotations: n_buckets=5 must be an even int >= 2"),
     ("rotations_zero_buckets", lambda: lsh_rotations(0, 4, 2, 0), r"n_buckets=0 must be an even int >= 2"),
     ("rotations_negative_buckets", lambda: lsh_rotations(0, 4, 2, -2), r"n_buckets=-2 must be an even int >= 2"),
     ("rotations_zero_hashes", lambda: lsh_rotations(0, 4, 0, 4), r"n_hashes=0 must be an int >= 1"),

@@ -331,7 +331,8 @@ def test_alibi_matches_the_flash_causal_form():
                                rtol=0, atol=1e-14)
     # without causality the FlashAttention form |i + m - n - j| is lower-right anchored, which
     # the spec expresses through an explicit bias (alibi with causal=None anchors at i' = i)
-    assert not np.allclose(sdpa(q, k, v, alibi_slopes=slopes), sdpa(q, k, v, bias=np.broadcast_to(flash_bias, (4, 3, 6))))
+    flash = sdpa(q, k, v, bias=np.broadcast_to(flash_bias, (4, 3, 6)))
+    assert not np.allclose(sdpa(q, k, v, alibi_slopes=slopes), flash)
 
 
 def test_sinks_by_hand():
@@ -486,7 +487,7 @@ def test_vjp_dropped_keys_still_get_dk_but_no_dv():
     q, k, v = _small()
     keep = np.ones((2, 2, 3, 4), bool)
     keep[..., 2] = False
-    dq, dk, dv = sdpa_vjp(q, k, v, rng.standard_normal((2, 2, 3, 2)), dropout_mask=keep, dropout_p=0.5)
+    _, dk, dv = sdpa_vjp(q, k, v, rng.standard_normal((2, 2, 3, 2)), dropout_mask=keep, dropout_p=0.5)
     assert np.all(dv[..., 2, :] == 0) and np.all(dk[..., 2, :] != 0)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import types
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -35,7 +35,7 @@ class MLX(Convention):
     signature = ("fn(q, k, v, *, scale, mask=None, sinks=None) on (B, H, L, D) arrays; mask 'causal' "
                  "(lower-right), bool (True = attend) or additive; sinks (Hq,)")
     arrays = "mlx"
-    cannot = {"return_weights": "returns no attention weights"}
+    cannot: ClassVar[dict[str, str | None]] = {"return_weights": "returns no attention weights"}
     causal_flag = "lower_right"
     variants = frozenset({"sinks"})  # sinks=(Hq,): a logit in every row's denominator, no value
 
@@ -61,7 +61,7 @@ class Tinygrad(TorchSDPA):
     signature = ("Tensor.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, "
                  "is_causal=False, enable_gqa=False) on (..., H, L, D); no scale argument")
     arrays = "tinygrad"
-    cannot = {**TorchSDPA.cannot, "scale": "has no scale argument (always 1/sqrt(dk))"}
+    cannot: ClassVar[dict[str, str | None]] = {**TorchSDPA.cannot, "scale": "has no scale argument (always 1/sqrt(dk))"}
 
 
 class Keras(Jax):
@@ -78,7 +78,7 @@ class Flax(Jax):
                  "is_causal=False) on (..., L, H, D); no scale argument")
     lengths_arguments = False
     window_argument = False
-    cannot = {**Jax.cannot, "scale": "has no scale argument (always 1/sqrt(dk))"}
+    cannot: ClassVar[dict[str, str | None]] = {**Jax.cannot, "scale": "has no scale argument (always 1/sqrt(dk))"}
 
 
 class _HF(Convention):
@@ -89,8 +89,9 @@ class _HF(Convention):
     """
 
     arrays = "torch"
-    cannot = {"bias": "takes a mask, not a bias (transformers' attention functions add only the mask)",
-              "scale": None}
+    cannot: ClassVar[dict[str, str | None]] = {
+        "bias": "takes a mask, not a bias (transformers' attention functions add only the mask)",
+        "scale": None}
 
     def refusals(self, call: Call) -> list[str]:
         # the base class' refusals, less the needs whose reason is None (carried after all)
@@ -141,7 +142,7 @@ class HFSdpa(_HF):
     name = "hf_sdpa"
     signature = ("sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, "
                  "is_causal=None) -> (out (B, L, H, D), None) on (B, H, L, D); bool mask")
-    cannot = {**_HF.cannot, "return_weights": "returns no attention weights"}
+    cannot: ClassVar[dict[str, str | None]] = {**_HF.cannot, "return_weights": "returns no attention weights"}
     causal_flag = "upper_left"  # module.is_causal with no mask: torch's is_causal
 
     def call(self, fn, lib, p, q, k, v, options):
@@ -161,9 +162,10 @@ class Flex(Convention):
                  "enable_gqa=False, *, return_aux=None) on (B, H, L, D); visibility as mask_mod, bias, "
                  "softcap and ALiBi as score_mod, lse through return_aux=AuxRequest(lse=True)")
     arrays = "torch"
-    cannot = {"return_weights": "returns no attention weights",
-              "sinks": "has no sink argument (a sink is emulated with an extra key or through the lse)",
-              "dropout": "has no dropout"}
+    cannot: ClassVar[dict[str, str | None]] = {
+        "return_weights": "returns no attention weights",
+        "sinks": "has no sink argument (a sink is emulated with an extra key or through the lse)",
+        "dropout": "has no dropout"}
     variants = frozenset({"softcap", "alibi", "lse", "segments", "causal_lower_right_lengths"})
 
     def call(self, fn, lib, p, q, k, v, options):
@@ -237,7 +239,7 @@ class Pallas(Convention):
     signature = ("mha(q, k, v, segment_ids, sm_scale=1.0, causal=False, interpret=True) on (B, L, H, D) "
                  "(jax.experimental.pallas.ops.gpu.attention)")
     arrays = "jax"
-    cannot = {
+    cannot: ClassVar[dict[str, str | None]] = {
         "mask": "has no mask argument",
         "bias": "has no bias argument",
         "q_lengths": "has no sequence lengths",

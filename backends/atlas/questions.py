@@ -137,7 +137,7 @@ def _leak(out, case: Case) -> str:
 
 def _alignment(out, case: Case) -> str:
     """Which alignment the rows that have keys follow; and what rows with no key get."""
-    q, k, v, _ = case
+    q, k, _, _ = case
     n, m = q.shape[-2], k.shape[-2]
     for align in ("upper_left", "lower_right"):
         shift = m - n if align == "lower_right" else 0
@@ -265,8 +265,9 @@ def ask(backend: Backend, question: Question, dtype: str = "float32") -> dict[st
         answer = f"raises {type(e).__name__}"
     else:
         if question.id == "float64":
+            repro = reproducer(backend) if getattr(backend, "last_call", None) else ""
             return {"id": question.id, "title": question.title, "answer": _float64(backend, result, case),
-                    "spec": question.spec, "reproducer": reproducer(backend) if getattr(backend, "last_call", None) else ""}
+                    "spec": question.spec, "reproducer": repro}
         if isinstance(result, tuple):
             result = tuple(backend.to_numpy(r).astype(np.float64) for r in result)
             out = result[0]
@@ -298,7 +299,9 @@ def _literal(backend, x) -> str:
     if lib == "jax":
         return f"jnp.asarray({np_expr})"
     if lib == "mlx":
-        return f"mx.array({np_expr})" if dtype != "bfloat16" else f"mx.array({np_expr}.astype(np.float32)).astype(mx.bfloat16)"
+        if dtype == "bfloat16":
+            return f"mx.array({np_expr}.astype(np.float32)).astype(mx.bfloat16)"
+        return f"mx.array({np_expr})"
     if lib == "tinygrad":
         return f"Tensor({np_expr})"
     return np_expr
@@ -348,7 +351,8 @@ def run(name: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attnspec.backends.atlas.questions", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m attnspec.backends.atlas.questions",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("backend")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)

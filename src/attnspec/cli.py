@@ -21,6 +21,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from attnspec.conformance.profiles import PROFILES
 
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args.run(args)
+        return int(args.run(args))
     except UsageError as e:
         print(f"attnspec {args.command}: {e}", file=sys.stderr)
         return 2
@@ -69,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--out", default="attnspec-report", help="output directory (default ./attnspec-report)")
     check.add_argument("--case-timeout", type=float, default=120.0,
                        help="seconds without progress before a case counts as hung (default 120)")
-    check.add_argument("-k", dest="keyword", default=None, help="only the properties matching this pytest -k expression")
+    check.add_argument("-k", dest="keyword", default=None,
+                       help="only the properties matching this pytest -k expression")
     check.set_defaults(run=_check)
     backends = sub.add_parser("backends", help="list every known backend, installed or not and why")
     backends.set_defaults(run=_backends)
@@ -80,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
 
 # -- check ----------------------------------------------------------------------------------
 
-def _target(args):
+def _target(args: argparse.Namespace) -> tuple[str, bool, Any]:
     """(the target string the suite's child process loads, whether it is a plain function, and the
     backend already built for a named one: a function's is built after the probe)."""
     import attnspec.backends as ab
@@ -127,7 +129,7 @@ def _absolute(target: str) -> str:
     return target
 
 
-def _check(args) -> int:
+def _check(args: argparse.Namespace) -> int:
     from attnspec.backends import load
     from attnspec.backends.probe import probe_isolated
     from attnspec.conformance.run import Interrupted, run_suite, slug, summary
@@ -151,8 +153,9 @@ def _check(args) -> int:
         (out / "capabilities.json").write_text(json.dumps({spec: caps.as_json()}, indent=1))
         (out / "probe.json").unlink(missing_ok=True)
         env["ATTNSPEC_CAPABILITIES"] = str((out / "capabilities.json").resolve())
-        refused = [f"{r.need}{'/' + r.dtype if r.need == 'dtype' else ''}" + ("" if r.status in ("refused", "convention")
-                   else f" ({r.status})") for r in caps.results if r.status != "ok"]
+        refused = [f"{r.need}{'/' + r.dtype if r.need == 'dtype' else ''}"
+                   + ("" if r.status in ("refused", "convention") else f" ({r.status})")
+                   for r in caps.results if r.status != "ok"]
         print(f"attnspec check: probe done in {time.time() - t0:.0f} s; unsupported: {', '.join(refused) or 'nothing'}",
               file=sys.stderr)
         os.environ.update(env)
@@ -213,10 +216,10 @@ def _render(out: Path) -> None:
               file=sys.stderr)
 
 
-def feature_table(results: dict) -> str:
+def feature_table(results: dict[str, Any]) -> str:
     """The feature x dtype summary: each cell passed/run, FAIL n/run, unsupported or deviation,
     with the worst budget used."""
-    cells: dict[tuple[str, str], dict] = {}
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
     for r in results["rows"]:
         feature = r["feature"] if r["function"] == "sdpa" else f"{r['function']}:{r['feature']}"
         c = cells.setdefault((feature, r["dtype"]), {"run": 0, "passed": 0, "bad": 0, "unsupported": 0,
@@ -237,7 +240,7 @@ def feature_table(results: dict) -> str:
     dtypes = [d for d in DTYPES if any((f, d) in cells for f in features)]
     extra = sorted({d for _, d in cells} - set(DTYPES))
 
-    def cell(c: dict | None) -> str:
+    def cell(c: dict[str, Any] | None) -> str:
         if c is None:
             return "-"
         if c["bad"]:
@@ -262,11 +265,11 @@ def feature_table(results: dict) -> str:
     return text + "\n" + legend
 
 
-def failure_lines(results: dict, repro_dir: Path) -> list[str]:
+def failure_lines(results: dict[str, Any], repro_dir: Path) -> list[str]:
     """One line per failing (function, feature): the first failure's cause and its repro file."""
     seen: set[tuple[str, str]] = set()
     lines = []
-    for i, f in enumerate(results.get("failures", [])):
+    for f in results.get("failures", []):
         key = (f.get("function") or "", f.get("feature") or "")
         if key in seen:
             continue
@@ -287,7 +290,7 @@ def failure_lines(results: dict, repro_dir: Path) -> list[str]:
     return lines
 
 
-def cause_counts(results: dict) -> list[tuple[str, int]]:
+def cause_counts(results: dict[str, Any]) -> list[tuple[str, int]]:
     """The distinct causes among the recorded failures, most frequent first (row lists dropped)."""
     import re
     from collections import Counter
@@ -314,7 +317,7 @@ def _cause(head: str) -> str:
 
 # -- backends, conventions ------------------------------------------------------------------
 
-def _backends(args) -> int:
+def _backends(args: argparse.Namespace) -> int:
     import attnspec.backends as ab
 
     rows = [["backend", "installed", "why not"]]
@@ -324,7 +327,7 @@ def _backends(args) -> int:
     return 0
 
 
-def _conventions(args) -> int:
+def _conventions(args: argparse.Namespace) -> int:
     from attnspec.backends.conventions import CONVENTIONS
 
     for c in CONVENTIONS.values():

@@ -45,7 +45,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "Timing",
@@ -60,6 +60,7 @@ __all__ = [
     "time_calls",
 ]
 
+K = TypeVar("K")  # what the timed callables are keyed by (a name, a bench case)
 #: calls slower than this get a single timed repeat (after the warm-up)
 LONG_CALL_S = 10.0
 PROBE_PREFIX = "ATTNSPEC-PROBE "
@@ -92,14 +93,14 @@ def _timed(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
 
 
 def time_calls(
-    fns: dict[str, Callable[[], Any]],
+    fns: dict[K, Callable[[], Any]],
     sync: Callable[[], None],
     *,
     budget_s: float = 0.75,
     min_repeats: int = 3,
     max_repeats: int = 50,
     warmup: int = 2,
-) -> dict[str, Timing]:
+) -> dict[K, Timing]:
     """Time each zero-argument callable: warm-up calls, then timed repeats, interleaved.
 
     With several callables the repeats alternate between them (rounds AB, BA, AB...), so a
@@ -119,7 +120,7 @@ def time_calls(
     if slowest > LONG_CALL_S:
         min_repeats = 1
     names = list(fns)
-    times: dict[str, list[float]] = {name: [] for name in names}
+    times: dict[K, list[float]] = {name: [] for name in names}
     start = time.perf_counter()
     rounds = 0
     while rounds < max_repeats and (

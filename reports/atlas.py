@@ -105,8 +105,8 @@ def atlas_page(atlas: list[dict[str, Any]], conformance: list[dict[str, Any]], s
     for doc in atlas:
         impl = doc.get("implementation") or {}
         env = (doc.get("environment") or {}).get("frameworks", {})
-        shown = ", ".join(f"{k} {v}" for k, v in sorted(env.items()) if k not in ("hypothesis", "ml_dtypes"))
-        vrows.append([f"`{doc['backend']}`", impl.get("function", DASH), impl.get("convention", DASH), shown])
+        versions = ", ".join(f"{k} {v}" for k, v in sorted(env.items()) if k not in ("hypothesis", "ml_dtypes"))
+        vrows.append([f"`{doc['backend']}`", impl.get("function", DASH), impl.get("convention", DASH), versions])
     lines += [table(["backend", "function", "convention", "versions"], vrows)]
     lines += ["", "## Declared deviations", "",
               "From `backends/atlas/deviations.toml`, checked both ways on this run: *observed* (the question",

@@ -49,7 +49,7 @@ def _lsh_attention_loops(
             for t in range(Lp):
                 bucket[t] = _hash_one(xb[t], R, r) if t < n else nb
                 if t < L:
-                    all_buckets[(*b, r, t)] = bucket[t]
+                    all_buckets[b + (r, t)] = bucket[t]
             slots += sorted(range(Lp), key=lambda t: (bucket[t], t))
         chunks = [slots[c:c + C] for c in range(0, len(slots), C)]  # step 5
 
@@ -80,7 +80,7 @@ def _lsh_attention_loops(
                 outs.append(sum(e / total * val for e, val in zip(exps, values)))
             top = max(lses)
             round_w = [math.exp(s - top) for s in lses]
-            out[(*b, i)] = sum(rw / sum(round_w) * o for rw, o in zip(round_w, outs))
+            out[b + (i,)] = sum(rw / sum(round_w) * o for rw, o in zip(round_w, outs))
     out = out.astype(x.dtype)
     return (out, all_buckets) if return_buckets else out
 

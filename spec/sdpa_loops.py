@@ -89,9 +89,9 @@ def sdpa_loops(
             return False
         if q_ids is not None and (q_ids[b][i] < 0 or q_ids[b][i] != kv_ids[b][j]):
             return False
-        if mask_f is not None and not mask_f[(*b, h, i, j)]:
+        if mask_f is not None and not mask_f[b + (h, i, j)]:
             return False
-        return bias_f is None or bias_f[(*b, h, i, j)] != -np.inf
+        return bias_f is None or bias_f[b + (h, i, j)] != -np.inf
 
     for b in np.ndindex(*p.batch):
         for h in range(p.hq):
@@ -101,13 +101,13 @@ def sdpa_loops(
                 keys, logits = [], []
                 for j in range(p.m):
                     if visible(b, h, i, j, i_anchor):
-                        logit = p.scale * float(np.dot(q64[(*b, h, i)], k64[(*b, g, j)]))
+                        logit = p.scale * float(np.dot(q64[b + (h, i)], k64[b + (g, j)]))
                         if p.softcap is not None:
                             logit = p.softcap * math.tanh(logit / p.softcap)
                         if bias_f is not None:
-                            logit += bias_f[(*b, h, i, j)]
+                            logit += bias_f[b + (h, i, j)]
                         if slopes is not None:
-                            logit += -slopes[(*b, h)] * abs(i_anchor - j)
+                            logit += -slopes[b + (h,)] * abs(i_anchor - j)
                         keys.append(j)
                         logits.append(logit)
                 candidates = logits + ([] if sinks is None else [float(sinks[h])])
@@ -117,11 +117,11 @@ def sdpa_loops(
                 exps = [np.exp(s - top) for s in logits]
                 total = sum(exps) + (0.0 if sinks is None else np.exp(float(sinks[h]) - top))
                 with np.errstate(divide="ignore"):
-                    lse[(*b, h, i)] = top + np.log(total)
+                    lse[b + (h, i)] = top + np.log(total)
                 for j, e in zip(keys, exps):
                     w = e / total
                     if keep_f is not None:
-                        w = w * keep_f[(*b, h, i, j)] / (1.0 - p.dropout_p)
-                    weights[(*b, h, i, j)] = w
-                    out[(*b, h, i)] += w * v64[(*b, g, j)]
+                        w = w * keep_f[b + (h, i, j)] / (1.0 - p.dropout_p)
+                    weights[b + (h, i, j)] = w
+                    out[b + (h, i)] += w * v64[b + (g, j)]
     return finish(p, out, weights, q.dtype, return_weights, lse)

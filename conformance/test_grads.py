@@ -1,8 +1,14 @@
 """Conformance properties of sdpa_vjp: the backward pass, tensor by tensor, against the golden.
 
 Cases are `sdpa_cases` plus an upstream gradient d_out drawn from the case's seed, tagged
-``vjp`` (so gradient deviations apply only here). Each gradient (dq, dk, dv, and dbias when a
-bias is given) has its own tolerance from `attnspec.spec.tolerance_grads`.
+``vjp`` (so gradient deviations apply only here). Each gradient (dq, dk, dv, dbias when a bias is
+given, dsinks when sinks are) has its own tolerance from `attnspec.spec.tolerance_grads`.
+
+The attention variants of issue #15 (softcap, ALiBi, sinks, segment ids, "lower_right_lengths",
+dropout with a given mask) are drawn by `variant_cases`: every case of ``variants_match_golden``,
+and about half the drawn cases of masked_keys_get_zero, empty_rows_zero_and_finite and deterministic
+(``matches_golden`` keeps the plain features). A backend that lacks a variant's backward
+declares it in `supports` (recorded as unsupported), as for the forward (test_variants.py).
 """
 
 from __future__ import annotations
@@ -17,47 +23,71 @@ from hypothesis import strategies as st
 from attnspec.conformance.corners import with_corners
 from attnspec.conformance.hypothesis_helpers import (
     NP_DTYPES,
+    VARIANT_FEATURES,
     SDPACase,
     _tag_visibility,
+    case_plan,
     full_visibility,
     sdpa_cases,
+    variant_cases,
 )
 from attnspec.conformance.pytest_helpers import Verdict, check_metadata, repro, to_backend
 from attnspec.spec._validate import FLOAT_DTYPES
 from attnspec.spec.grads import sdpa_vjp
-from attnspec.spec.sdpa import _validate, sdpa
+from attnspec.spec.sdpa import sdpa
 from attnspec.spec.tolerance import Comparison, compare
-from attnspec.spec.tolerance_grads import GRAD_NAMES, reference_sdpa_vjp, sdpa_vjp_allowed
+from attnspec.spec.tolerance_grads import grad_names, reference_sdpa_vjp, sdpa_vjp_allowed
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+#: the variants with a backward: return_lse ("lse") is a forward output, sdpa_vjp has none
+VJP_VARIANTS = tuple(f for f in VARIANT_FEATURES if f != "lse")
+#: the sdpa features the empty-row property draws (its variant cases are drawn on top of them)
+EMPTY_ROW_FEATURES = ("no_visible_rows", "q_lengths", "bias_neg_inf")
 
 
 def _plan(case: SDPACase):
-    o = case.options
-    return _validate("sdpa", case.q, case.k, case.v, o.get("mask"), o.get("bias"), o.get("causal"),
-                     o.get("window"), o.get("scale"), o.get("q_lengths"), o.get("kv_lengths"))
+    return case_plan(case.q, case.k, case.v, case.options)[0]
+
+
+def _draw_case(data, dtype: str, features=None):
+    """A drawn sdpa case, or (about half the time) one with a variant on top of it."""
+    if data.draw(st.booleans(), label="variants"):
+        strategy = variant_cases(dtype, VJP_VARIANTS) if features is None else variant_cases(
+            dtype, VJP_VARIANTS, features)
+        return data.draw(strategy, label="case")
+    return data.draw(sdpa_cases(dtype) if features is None else sdpa_cases(dtype, features), label="case")
 
 
 def _vjp_case(case: SDPACase) -> tuple[SDPACase, np.ndarray]:
-    """The case tagged ``vjp`` and its d_out: standard normal from the case's seed, in its dtype."""
+    """The case tagged ``vjp`` (without the forward's return_weights and return_lse) and its d_out:
+    standard normal from the case's seed, in its dtype."""
+    options = {k: v for k, v in case.options.items() if k not in ("return_weights", "return_lse")}
+    case = replace(case, options=options, tags=(case.tags - {"lse"}) | {"vjp"})
     shape = _plan(case).out_shape
     d_out = np.random.default_rng(case.seed ^ 0x5EED).standard_normal(shape).astype(NP_DTYPES[case.dtype])
-    return replace(case, tags=case.tags | {"vjp"}), d_out
+    return case, d_out
+
+
+def _f64(options: dict) -> dict:
+    return {k: v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype.name in FLOAT_DTYPES else v
+            for k, v in options.items()}
 
 
 def golden_vjp(case: SDPACase, d_out: np.ndarray):
-    """(golden gradients float64, allowed per gradient) for one case."""
-    o = {k: v for k, v in case.options.items() if k != "return_weights"}
-    f64 = {k: v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype.name in FLOAT_DTYPES else v
-           for k, v in o.items()}
+    """(golden gradients float64, allowed per gradient name) for one case."""
+    o = case.options
+    f64 = _f64(o)
     q64, k64, v64, d64 = (x.astype(np.float64) for x in (case.q, case.k, case.v, d_out))
     golden = sdpa_vjp(q64, k64, v64, d64, **f64)
-    plan = _plan(case)
-    ref = reference_sdpa_vjp(plan, case.q, case.k, case.v, d_out, o.get("mask"), o.get("bias"))
-    err_ref = {name: compare(r, g, np.inf).max_abs_err for name, r, g in zip(GRAD_NAMES, ref, golden)}
-    _, weights = sdpa(q64, k64, v64, **f64, return_weights=True)
+    plan, extras = case_plan(case.q, case.k, case.v, o)
+    ref = reference_sdpa_vjp(plan, case.q, case.k, case.v, d_out, o.get("mask"), o.get("bias"), extras)
+    names = grad_names(o.get("bias"), o.get("sinks"))
+    err_ref = {name: compare(r, g, np.inf).max_abs_err for name, r, g in zip(names, ref, golden)}
+    undropped = {k: v for k, v in f64.items() if k not in ("dropout_mask", "dropout_p")}
+    _, weights = sdpa(q64, k64, v64, **undropped, return_weights=True)  # P before dropout
     vis = full_visibility(plan, o)
-    allowed = sdpa_vjp_allowed(plan, case.q, case.k, case.v, d_out, o.get("bias"), vis, weights, err_ref)
+    allowed = sdpa_vjp_allowed(plan, case.q, case.k, case.v, d_out, o.get("bias"), vis, weights, err_ref,
+                               extras)
     return golden, allowed
 
 
@@ -83,7 +113,7 @@ def _message(backend_name: str, prop: str, case: SDPACase, device, comparisons, 
 
 def judge_grads(backend, device, prop, case, d_out, grads, golden_case=None, extra_problems=()) -> Verdict:
     golden, allowed = golden_vjp(golden_case or case, d_out)
-    names = GRAD_NAMES[:len(golden)]
+    names = grad_names(case.options.get("bias"), case.options.get("sinks"))
     problems = list(extra_problems)
     if not isinstance(grads, tuple) or len(grads) != len(golden):
         problems.append(f"returned {type(grads).__name__} of {len(grads) if isinstance(grads, tuple) else '?'} "
@@ -113,6 +143,21 @@ def test_vjp_matches_golden(attn_backend, attn_device, judge, dtype, data):
     judge("sdpa_vjp", "matches_golden", case, body)
 
 
+@DTYPES
+@with_corners
+@given(data=st.data())
+def test_vjp_variants_match_golden(attn_backend, attn_device, judge, dtype, data):
+    """With a variant (softcap, ALiBi, sinks, segments, "lower_right_lengths", dropout) or all of
+    them: dq, dk, dv, dbias and dsinks each equal the golden within the gradient tolerance rule."""
+    case, d_out = _vjp_case(data.draw(variant_cases(dtype, VJP_VARIANTS), label="case"))
+
+    def body():
+        return judge_grads(attn_backend, attn_device, "variants_match_golden", case, d_out,
+                           call_vjp(attn_backend, case, d_out, attn_device))
+
+    judge("sdpa_vjp", "variants_match_golden", case, body)
+
+
 def _explicit(case: SDPACase) -> SDPACase:
     vis = full_visibility(_plan(case), case.options)
     if case.q.ndim == 2:
@@ -126,11 +171,14 @@ def _explicit(case: SDPACase) -> SDPACase:
 @given(data=st.data())
 def test_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, data):
     """Keys no row may see, even holding NaN or inf, get dk = dv = 0 exactly and change no gradient."""
-    base = _explicit(data.draw(sdpa_cases(dtype), label="case"))
+    base = _draw_case(data, dtype)
+    base = _explicit(base) if "variants" not in base.tags else base
     m = base.k.shape[-2]
     hidden = np.asarray(data.draw(st.lists(st.booleans(), min_size=m, max_size=m), label="hidden"), bool)
     poison = data.draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e4]), label="poison")
-    options = {**base.options, "mask": base.options["mask"] & ~hidden}
+    mask = base.options.get("mask")
+    n = base.q.shape[-2]
+    options = {**base.options, "mask": (np.ones((n, m), bool) if mask is None else mask) & ~hidden}
     k, v = base.k.copy(), base.v.copy()
     k[..., hidden, :] = poison
     v[..., hidden, :] = poison
@@ -160,8 +208,7 @@ def test_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, data)
 @given(data=st.data())
 def test_vjp_empty_rows_zero_and_finite(attn_backend, attn_device, judge, dtype, data):
     """A query row with no visible key gets dq = 0 (and dbias = 0); every gradient is finite."""
-    case, d_out = _vjp_case(data.draw(sdpa_cases(dtype, ("no_visible_rows", "q_lengths", "bias_neg_inf")),
-                                      label="case"))
+    case, d_out = _vjp_case(_draw_case(data, dtype, EMPTY_ROW_FEATURES))
     plan = _plan(case)
     empty = ~full_visibility(plan, case.options).any(axis=-1)  # (*batch, Hq, n)
 
@@ -170,7 +217,7 @@ def test_vjp_empty_rows_zero_and_finite(attn_backend, attn_device, judge, dtype,
         problems = []
         if isinstance(grads, tuple) and len(grads) >= 3:
             arrays = [attn_backend.to_numpy(g).astype(np.float64) for g in grads]
-            for name, g in zip(GRAD_NAMES, arrays):
+            for name, g in zip(grad_names(case.options.get("bias"), case.options.get("sinks")), arrays):
                 if not np.isfinite(g).all():
                     problems.append(f"{name} has {int((~np.isfinite(g)).sum())} NaN/inf entries; the inputs "
                                     "are finite, so every gradient must be")
@@ -194,13 +241,13 @@ def _with_head_shape(shape):
 @given(data=st.data())
 def test_vjp_deterministic(attn_backend, attn_device, judge, dtype, data):
     """Two identical sdpa_vjp calls give bit-identical gradients (NaN where NaN)."""
-    case, d_out = _vjp_case(data.draw(sdpa_cases(dtype), label="case"))
+    case, d_out = _vjp_case(_draw_case(data, dtype))
 
     def body():
         a = call_vjp(attn_backend, case, d_out, attn_device)
         b = call_vjp(attn_backend, case, d_out, attn_device)
         diffs = []
-        for name, x, y in zip(GRAD_NAMES, a, b):
+        for name, x, y in zip(grad_names(case.options.get("bias"), case.options.get("sinks")), a, b):
             x, y = (attn_backend.to_numpy(t).astype(np.float64) for t in (x, y))
             if not (x.shape == y.shape and np.array_equal(x, y, equal_nan=True)):
                 diffs.append(f"{name}: max |a - b| = {np.nanmax(np.abs(x - y), initial=0):.3e}")

@@ -27,99 +27,160 @@ equal terms of size A leave an absolute error of order eps * A whatever their di
 PyTorch's own tests allow backward errors several times the forward's, tuned per dtype; this
 rule derives them per case instead.
 
+The variants (issue #15) follow `attnspec.spec.grads`, and the reference runs them as the golden
+does, in the inputs' precision (`attention_core` with each variant; the softcap derivative
+1 - y^2 from the rounded y = tanh; keep / (1 - p) rounded once; p_sink = exp(sink - lse) from the
+reference lse). What each changes in the floor:
+
+    ALiBi     a constant added to the logits: enters L like a bias (`tolerance.logit_scale`),
+              no gradient, S and c unchanged. Segment ids and "lower_right_lengths" change only
+              the visible pairs that L, Pcol and P are taken over.
+    softcap   dS reaches q and k times 1 - tanh^2(t / softcap), which is at most 1, so the S of
+              dq and dk hold. The derivative itself moves by at most |2 tanh sech^2| / softcap
+              < 1 / softcap per unit of error in t = scale q.k, whose error is eps sqrt(dk) Lt
+              (Lt: L of scale q.k alone), so dq and dk add eps * S * sqrt(dk) * Lt / softcap.
+              L stays the uncapped bound (the tanh has slope <= 1), as in the forward rule.
+    sinks     the weights sum to 1 - p_sink <= 1 and |O| <= max|v|, so |dP|, |D| <= A and
+              |dS| <= 2 A P still. dsinks = -sum over rows of p_sink * D (every batch element
+              and query row of its head): S = A * max over heads of sum_rows p_sink, with
+              p_sink = 1 - sum_j P from the golden, and c = rows + m + dv (the row sum, D's
+              dv-term dot product, O's m-term sum). L >= |sink| (`logit_scale`).
+    dropout   the weights that multiply V are P r, r = keep / (1 - p) <= 1 / (1 - p): dP = r dO.v,
+              |O| <= max|v| / (1 - p), so |dP|, |D| <= A / (1 - p) and every S above grows by
+              1 / (1 - p). Pcol is taken over P before dropout (dS = P (r dP' - D) is not zero
+              where keep is False).
+
 mha_vjp (`reference_mha_vjp`, `mha_vjp_allowed`) and lsh_attention_vjp (`reference_lsh_vjp`,
 `lsh_vjp_allowed`) follow the same rule per gradient tensor, allowed_T = K * err_ref_T + floor_T,
 with the reference run through the whole chain (projections, sdpa's backward, the projections'
-backward; or LSH's forward and backward) with every stored intermediate rounded to D. Their
+backward; or LSH's forward and backward, in `attnspec.spec.tolerance_grads_lsh`) with every
+stored intermediate rounded to D. Their
 floors are each function's own first-order error bound, written out in those functions'
 docstrings and on the spec page ("Gradient tolerance").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
-from attnspec.spec._validate import SDPAPlan
+from attnspec.spec._validate import NO_EXTRAS, SDPAExtras, SDPAPlan
 from attnspec.spec.grads import _attention_vjp, _sdpa_visibility, _sum_to
-from attnspec.spec.grads_lsh import _lsh_grads
 from attnspec.spec.grads_mha import _outer_sum, _row_sum
-from attnspec.spec.lsh import NORM_EPS, LSHPlan, _rotated
 from attnspec.spec.mha import MHAParams, _project, merge_heads, split_heads
 from attnspec.spec.mha import _validate as _mha_validate
-from attnspec.spec.sdpa import _with_head, sdpa
-from attnspec.spec.tolerance import _NP, K, _logit_scale, eps, reference_sdpa
+from attnspec.spec.sdpa import _with_head, attention_core, sdpa
+from attnspec.spec.tolerance import _NP, K, _logit_scale, eps, logit_scale, reference_sdpa
+from attnspec.spec.tolerance_grads_lsh import LSH_GRAD_NAMES, lsh_vjp_allowed, reference_lsh_vjp
 from attnspec.spec.tolerance_mha import _abs_projection
 
-__all__ = ["GRAD_NAMES", "LSH_GRAD_NAMES", "MHA_GRAD_NAMES", "lsh_vjp_allowed", "mha_grads_by_name",
+__all__ = ["GRAD_NAMES", "LSH_GRAD_NAMES", "MHA_GRAD_NAMES", "grad_names", "lsh_vjp_allowed", "mha_grads_by_name",
            "mha_vjp_allowed", "reference_lsh_vjp", "reference_mha_vjp", "reference_sdpa_vjp",
            "sdpa_vjp_allowed"]
 
-GRAD_NAMES = ("dq", "dk", "dv", "dbias")
+#: sdpa_vjp's gradients by name, each present when its input is (`grad_names`)
+GRAD_NAMES = ("dq", "dk", "dv", "dbias", "dsinks")
 #: mha_vjp's gradients by name: the inputs', each parameter's (its MHAParams field), the bias's
 MHA_GRAD_NAMES = ("d_query", "d_key", "d_value", "w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o",
                   "d_bias")
 PARAM_FIELDS = MHA_GRAD_NAMES[3:11]
-#: lsh_attention_vjp's gradients; dx is judged in two parts, see `lsh_vjp_allowed`
-LSH_GRAD_NAMES = ("dx", "dx_zero_x", "dv")
 _OPTIONS = ("causal", "window", "scale", "q_lengths", "kv_lengths")
 
 
-def reference_sdpa_vjp(plan: SDPAPlan, q, k, v, d_out, mask, bias) -> list[np.ndarray]:
-    """The golden backward in the inputs' precision (the rule's ``ref_T``), as float64 arrays."""
-    p = plan
+def grad_names(bias, sinks) -> tuple[str, ...]:
+    """The names of sdpa_vjp's results, in its order: dq, dk, dv, then dbias, then dsinks."""
+    return GRAD_NAMES[:3] + (("dbias",) if bias is not None else ()) + (("dsinks",) if sinks is not None else ())
+
+
+def reference_sdpa_vjp(plan: SDPAPlan, q, k, v, d_out, mask, bias,
+                       extras: SDPAExtras = NO_EXTRAS) -> list[np.ndarray]:
+    """The golden backward in the inputs' precision (the rule's ``ref_T``), as float64 arrays, in
+    `grad_names` order. With the variants (``extras``, and the plan's softcap and dropout_p) it
+    follows `attnspec.spec.grads`: the softcap's derivative 1 - y^2 from the rounded y = tanh, the
+    dropout factor keep / (1 - p) rounded once, p_sink = exp(sink - lse) from the reference lse."""
+    p, ex = plan, extras
     dt = _NP[p.dtype]
     ct = np.float64 if p.dtype == "float64" else np.float32
-    out, w = reference_sdpa(p, q, k, v, mask, bias, return_weights=True)  # rounded to D
-    shapes = [_with_head(x).shape for x in (q, k, v)] + ([] if bias is None else [bias.shape])
+    leaves = (q, k, v) + tuple(x for x in (bias, ex.sinks) if x is not None)
     if p.n == 0 or p.m == 0 or p.hq == 0:
-        return [np.zeros(x.shape) for x in (q, k, v) + (() if bias is None else (bias,))]
-    vis = _sdpa_visibility(p, mask, bias)  # (..., Hq, n, m)
+        return [np.zeros(x.shape) for x in leaves]
+
+    def rnd(x):
+        return x.astype(dt).astype(ct)
 
     def fold(x):  # (..., Hq, n, c) -> (..., Hkv, G*n, c), batch dims broadcast out
         x = np.broadcast_to(x, (*p.batch, p.hq, p.n, x.shape[-1]))
         return x.reshape(*p.batch, p.hkv, p.group * p.n, x.shape[-1]).astype(ct)
 
-    kk = np.broadcast_to(_with_head(k), (*p.batch, p.hkv, p.m, p.dk)).astype(ct)
-    vv = np.broadcast_to(_with_head(v), (*p.batch, p.hkv, p.m, p.dv)).astype(ct)
     full_out = (*p.batch, p.hq, p.n, p.dv)
-    with np.errstate(invalid="ignore", over="ignore"):
-        dq, dk, dv, ds = _attention_vjp(
-            fold(_with_head(q)), kk, vv, fold(w.reshape(p.full_weights_shape)), fold(vis),
-            fold(out.reshape(full_out)), fold(d_out.reshape(full_out)), ct(p.scale))
-    grads = [dq.reshape(*p.batch, p.hq, p.n, p.dk), dk, dv]
-    if bias is not None:
-        grads.append(ds.reshape(p.full_weights_shape))
-    originals = [x.shape for x in (q, k, v)] + ([] if bias is None else [bias.shape])
-    return [_sum_to(g, s).astype(dt).astype(np.float64).reshape(o)  # one rounding, after the sums
-            for g, s, o in zip(grads, shapes, originals)]
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        # the reference forward: weights P before dropout, lse, and the output (after dropout)
+        undropped = dataclasses.replace(ex, dropout_mask=None)
+        out, w, lse = attention_core(p, q, k, v, mask, bias, ct, rnd, undropped, with_lse=True)
+        keep = None
+        if ex.dropout_mask is not None:
+            out, _ = attention_core(p, q, k, v, mask, bias, ct, rnd, ex)
+            keep = fold(rnd(np.broadcast_to(ex.dropout_mask, p.full_weights_shape).astype(ct)
+                            / ct(1.0 - p.dropout_p)))
+        out, w = rnd(out), rnd(w)  # stored in D, as the forward returns them
+        vis = _sdpa_visibility(p, mask, bias, ex)  # (..., Hq, n, m)
+        kk = np.broadcast_to(_with_head(k), (*p.batch, p.hkv, p.m, p.dk)).astype(ct)
+        vv = np.broadcast_to(_with_head(v), (*p.batch, p.hkv, p.m, p.dv)).astype(ct)
+        qq = fold(_with_head(q))  # (..., Hkv, G*n, dk)
+        cap_grad = None
+        if p.softcap is not None:
+            t = rnd(rnd(qq @ np.swapaxes(kk, -1, -2)) * ct(p.scale))  # (..., Hkv, G*n, m)
+            y = rnd(np.tanh(rnd(t / ct(p.softcap))))
+            cap_grad = rnd(1 - y * y)
+        dO = d_out.astype(ct).reshape(full_out)  # (..., Hq, n, dv)
+        dq, dk, dv, ds = _attention_vjp(qq, kk, vv, fold(w), fold(vis), fold(out), fold(dO), ct(p.scale),
+                                        keep=keep, cap_grad=cap_grad)
+        grads = [dq.reshape(*p.batch, p.hq, p.n, p.dk), dk, dv]
+        if bias is not None:
+            grads.append(ds.reshape(p.full_weights_shape))
+        shapes = [_with_head(x).shape for x in (q, k, v)] + ([] if bias is None else [bias.shape])
+        grads = [_sum_to(g, s) for g, s in zip(grads, shapes)]
+        if ex.sinks is not None:  # dsinks = -sum over rows of p_sink * D
+            row = np.where(vis.any(axis=-1), np.sum(dO * np.broadcast_to(out, full_out), axis=-1), 0)
+            p_sink = rnd(np.exp(rnd(ex.sinks.astype(ct))[:, None] - lse))  # (..., Hq, n)
+            grads.append(-(p_sink * row).reshape(-1, p.hq, p.n).sum(axis=(0, 2)))  # (Hq,)
+    return [g.astype(dt).astype(np.float64).reshape(x.shape)  # one rounding, after the sums
+            for g, x in zip(grads, leaves)]
 
 
 def sdpa_vjp_allowed(plan: SDPAPlan, q, k, v, d_out, bias, vis: np.ndarray, weights: np.ndarray,
-                     err_ref: dict[str, float]) -> dict[str, float]:
-    """``allowed_T`` for each gradient of one sdpa_vjp case (``weights``: the golden P, float64)."""
-    p = plan
-
-    def finite_max(x) -> float:
-        x = np.abs(np.asarray(x, dtype=np.float64))
-        return float(x[np.isfinite(x)].max(initial=0.0))
-
-    A = finite_max(d_out) * finite_max(v)
-    L = _logit_scale(p, q, k, bias, vis)
+                     err_ref: dict[str, float], extras: SDPAExtras = NO_EXTRAS) -> dict[str, float]:
+    """``allowed_T`` for each gradient of one sdpa_vjp case (``weights``: the golden P, float64,
+    before dropout; ``vis``: the case's visibility, (..., Hq, n, m)). With sinks, dsinks too."""
+    p, ex = plan, extras
+    A = _finite_max(d_out) * _finite_max(v)
+    L = logit_scale(p, q, k, bias, vis, ex)  # ALiBi terms and sinks join L
+    r = 1.0 / (1.0 - p.dropout_p) if ex.dropout_mask is not None else 1.0  # kept weights are P * r
     w = np.where(np.isfinite(weights), weights, 0).reshape(p.full_weights_shape)
-    w = w.reshape(*p.batch, p.hkv, p.group * p.n, p.m)  # (..., Hkv, G*n, m)
-    pcol = float(w.sum(axis=-2).max(initial=0.0))
+    pcol = float(w.reshape(*p.batch, p.hkv, p.group * p.n, p.m).sum(axis=-2).max(initial=0.0))
     R = p.group * p.n
-    sizes = {
-        "dq": (2 * A * p.scale * finite_max(k), p.m + p.dv),
-        "dk": (2 * A * p.scale * finite_max(q) * pcol, R + p.dv),
-        "dv": (finite_max(d_out) * pcol, R),
-        "dbias": (2 * A, p.m + p.dv),
-    }
     e = eps(p.dtype)
-    return {name: K * err_ref.get(name, 0.0) + e * S * (1 + math.sqrt(c) + 2 * math.sqrt(p.dk) * L)
-            for name, (S, c) in sizes.items()}
+
+    def floor(S, c, cap=0.0):
+        return e * S * (1 + math.sqrt(c) + 2 * math.sqrt(p.dk) * L + cap)
+
+    # the softcap's derivative moves by at most 1/softcap per unit of error in its input t
+    cap = 0.0 if p.softcap is None else math.sqrt(p.dk) * _logit_scale(p, q, k, None, vis) / p.softcap
+    floors = {
+        "dq": floor(2 * A * r * p.scale * _finite_max(k), p.m + p.dv, cap),
+        "dk": floor(2 * A * r * p.scale * _finite_max(q) * pcol, R + p.dv, cap),
+        "dv": floor(_finite_max(d_out) * r * pcol, R),
+    }
+    if bias is not None:
+        floors["dbias"] = floor(2 * A * r, p.m + p.dv)
+    if ex.sinks is not None:
+        p_sink = 1.0 - w.sum(axis=-1)  # (..., Hq, n): exp(sink - lse), 1 for a row that sees nothing
+        rows = math.prod(p.batch) * p.n
+        s_sink = float(p_sink.reshape(-1, p.hq, p.n).sum(axis=(0, 2)).max(initial=0.0))
+        floors["dsinks"] = floor(A * r * s_sink, rows + p.m + p.dv)
+    return {name: K * err_ref.get(name, 0.0) + f for name, f in floors.items()}
 
 
 def _finite_max(x) -> float:
@@ -293,90 +354,4 @@ def mha_vjp_allowed(query, key, value, params: MHAParams, d_out, err_ref: dict, 
     if bias is not None:
         n_copies = math.prod(plan.full_weights_shape) // max(math.prod(bias.shape), 1)
         floor["d_bias"] = n_copies * 2 * A * (base(m + hd) + r_do + r_v + 3 * d_L)
-    return {name: K * err_ref.get(name, 0.0) + f for name, f in floor.items()}
-
-
-# -- lsh_attention_vjp --------------------------------------------------------------------------
-
-def reference_lsh_vjp(plan: LSHPlan, x, v, d_out, rotations) -> dict:
-    """LSH's forward and backward (`grads_lsh._lsh_grads`) with every stored intermediate rounded
-    to D, in float32 for 16-bit and float32 inputs (float64 for float64), on the golden's
-    buckets (the float64 hash). Returns ``{"dx": ..., "dv": ...}``, float64, each in its input's
-    shape, rounded once more to D."""
-    p = plan
-    dt = _NP[p.dtype]
-    ct = np.float64 if p.dtype == "float64" else np.float32
-    B, L = math.prod(p.batch), p.L
-    if B == 0 or L == 0:
-        return {"dx": np.zeros(x.shape), "dv": np.zeros(v.shape)}
-
-    def rnd(a):
-        return a.astype(dt).astype(ct)
-
-    xc = np.broadcast_to(x.astype(ct), (*p.batch, L, p.d)).reshape(B, L, p.d)  # (B, L, d)
-    vc = np.broadcast_to(v.astype(ct), (*p.batch, L, p.dv)).reshape(B, L, p.dv)  # (B, L, dv)
-    dO = d_out.astype(ct).reshape(B, L, p.dv)  # (B, L, dv)
-    kv = np.full(B, L) if p.kv_lengths is None else p.kv_lengths.reshape(B)  # (B,)
-    with np.errstate(invalid="ignore"):
-        buckets = np.argmax(_rotated(xc.astype(np.float64), rotations.astype(np.float64)), axis=-1)
-    with np.errstate(all="ignore"):
-        dx, dv = _lsh_grads(p, xc, vc, dO, kv, buckets, rnd)
-        dx = _sum_to(dx.reshape(*p.batch, L, p.d), x.shape)
-        dv = _sum_to(dv.reshape(*p.batch, L, p.dv), v.shape)
-    return {"dx": rnd(dx).astype(np.float64), "dv": rnd(dv).astype(np.float64)}
-
-
-def lsh_vjp_allowed(plan: LSHPlan, x, v, d_out, err_ref: dict) -> dict:
-    """``allowed_T`` for dx, dx_zero_x and dv of one lsh_attention_vjp case.
-
-    dx is judged in two parts because the normalization's derivative scales with 1 / ||x[t]||:
-    ``dx`` at positions with ||x[t]|| > NORM_EPS, ``dx_zero_x`` at the others (x[t] = 0, where
-    k_hat = x / NORM_EPS and the key path's gradient is dk_hat / NORM_EPS, ~1e12 times larger).
-    With u = eps(D), T = 2C * nh window entries a query reads over all rounds, Pc = min(L, T)
-    (the most total weight one key gets), A = max|dO| max|v|, Lg = scale * max ||x[t]|| and
-    n_min the smallest ||x[t]|| above NORM_EPS, each over unpadded positions:
-
-        |ds| <= 4 A c_r w  (dP - D and dlse each bounded by 2 A c_r)
-        dx query path  S_q = 4 A scale,                 c_q = T + dv
-        dk_hat         S_k = 4 A scale max|x| Pc,       c_k = Pc + dv + d
-        dx     floor = u (S_q b(c_q) + S_k (1 + sqrt(d)) / n_min * b(c_k))
-        dx_zero_x    = u (S_q b(c_q) + S_k / NORM_EPS * b(c_k))
-        dv     floor = u max|dO| Pc b(T)
-        b(c) = 1 + sqrt(c) + 2 sqrt(d) Lg
-
-    (1 + sqrt(d)) / ||x||: the normalization's Jacobian (I - k_hat k_hat^T) / ||x|| applied to
-    dk_hat, whose d-term dot product k_hat . dk_hat adds the sqrt(d). Each floor is multiplied by
-    the broadcast copies summed into its input's gradient.
-    """
-    p = plan
-    u = eps(p.dtype)
-    L, d = p.L, p.d
-    batch = p.batch
-    kv = np.broadcast_to(np.asarray(L if p.kv_lengths is None else p.kv_lengths), batch)
-    unpadded = np.arange(L) < kv[..., None]  # (*batch, L)
-    xb = np.broadcast_to(np.asarray(x, dtype=np.float64), (*batch, L, d))
-    vb = np.broadcast_to(np.asarray(v, dtype=np.float64), (*batch, L, p.dv))
-    xu, vu = xb[unpadded], vb[unpadded]  # (positions, d), (positions, dv)
-    dOu = np.asarray(d_out, dtype=np.float64)[unpadded]
-    norms = np.sqrt((np.where(np.isfinite(xu), xu, 0) ** 2).sum(axis=-1))
-    big = norms[norms > NORM_EPS]
-    n_min = float(big.min()) if big.size else math.inf
-    T = 2 * p.chunk_length * p.n_hashes
-    pc = min(L, T)
-    A = _finite_max(dOu) * _finite_max(vu)
-    Lg = p.scale * float(norms.max(initial=0.0))
-
-    def b(c):
-        return 1 + math.sqrt(c) + 2 * math.sqrt(d) * Lg
-
-    s_q = 4 * A * p.scale
-    s_k = 4 * A * p.scale * _finite_max(xu) * pc
-    total = math.prod(batch)
-    copies_x = total // max(math.prod(x.shape[:-2]), 1)
-    copies_v = total // max(math.prod(v.shape[:-2]), 1)
-    floor = {
-        "dx": copies_x * u * (s_q * b(T + p.dv) + s_k * (1 + math.sqrt(d)) / n_min * b(pc + p.dv + d)),
-        "dx_zero_x": copies_x * u * (s_q * b(T + p.dv) + s_k / NORM_EPS * b(pc + p.dv + d)),
-        "dv": copies_v * u * _finite_max(dOu) * pc * b(T),
-    }
     return {name: K * err_ref.get(name, 0.0) + f for name, f in floor.items()}

@@ -671,3 +671,73 @@ def test_lsh_vjp_d_out_is_checked():
         lsh_attention_vjp(x, x, np.zeros((6, 4), np.float32), **kw)
     with pytest.raises(SpecError, match=re.escape("lsh_attention_vjp: chunk_length=0 must be an int >= 1")):
         lsh_attention_vjp(x, x, np.zeros((6, 4)), rotations=kw["rotations"], chunk_length=0)
+
+
+# -- the gradient tolerance rule with the variants (spec/tolerance_grads.py) -----------------------
+
+def _variant_grad_case(name: str, dtype):
+    """q, k, v, d_out (B=2, Hq=4, Hkv=2, n=5, m=7, d=4) and the options of one variant case."""
+    r = np.random.default_rng(15)
+    q = r.standard_normal((2, 4, 5, 4)).astype(dtype)
+    k, v = (r.standard_normal((2, 2, 7, 4)).astype(dtype) for _ in range(2))
+    d_out = r.standard_normal((2, 4, 5, 4)).astype(dtype)
+    every = {
+        "softcap": dict(softcap=0.7, bias=r.standard_normal((5, 7)).astype(dtype)),
+        "alibi": dict(alibi_slopes=np.array([0.5, 0.25, 0.125, 1.0], np.float32), causal="lower_right"),
+        "sinks": dict(sinks=np.array([0.5, -1.0, 2.0, 0.0], dtype), kv_lengths=np.array([7, 0])),
+        "segments": dict(q_segment_ids=np.array([0, 0, 1, 1, -1]), kv_segment_ids=np.array([0, 1, 1, 1, 1, 2, -1])),
+        "lower_right_lengths": dict(causal="lower_right_lengths", kv_lengths=np.array([6, 3]),
+                                    q_lengths=np.array([5, 2])),
+        "dropout": dict(dropout_mask=r.random((2, 4, 5, 7)) >= 0.4, dropout_p=0.4),
+    }
+    options = {k_: v_ for opts in every.values() for k_, v_ in opts.items()} if name == "all" else every[name]
+    return q, k, v, d_out, options
+
+
+def _ref_and_allowed(q, k, v, d_out, options, err_ref=None):
+    from attnspec.conformance.hypothesis_helpers import case_plan, full_visibility
+    from attnspec.spec.tolerance_grads import grad_names, reference_sdpa_vjp, sdpa_vjp_allowed
+
+    f64 = {k_: v_.astype(np.float64) if isinstance(v_, np.ndarray) and v_.dtype.name in FLOATS else v_
+           for k_, v_ in options.items()}
+    golden = sdpa_vjp(*(x.astype(np.float64) for x in (q, k, v, d_out)), **f64)
+    plan, extras = case_plan(q, k, v, options)
+    ref = reference_sdpa_vjp(plan, q, k, v, d_out, None, options.get("bias"), extras)
+    names = grad_names(options.get("bias"), options.get("sinks"))
+    undropped = {k_: v_ for k_, v_ in f64.items() if k_ not in ("dropout_mask", "dropout_p")}
+    _, w = sdpa(*(x.astype(np.float64) for x in (q, k, v)), **undropped, return_weights=True)
+    errs = {n: float(np.abs(r_ - g).max()) for n, r_, g in zip(names, ref, golden)}
+    allowed = sdpa_vjp_allowed(plan, q, k, v, d_out, options.get("bias"), full_visibility(plan, options), w,
+                               errs if err_ref is None else err_ref, extras)
+    return dict(zip(names, golden)), dict(zip(names, ref)), errs, allowed
+
+
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+VARIANT_GRAD_CASES = ["softcap", "alibi", "sinks", "segments", "lower_right_lengths", "dropout", "all"]
+
+
+@pytest.mark.parametrize("name", VARIANT_GRAD_CASES)
+def test_reference_vjp_with_variants_is_the_golden_in_float64(name):
+    """The rule's reference backward follows the golden through every variant: in float64 (no
+    rounding) it is the golden, gradient by gradient, dsinks included."""
+    q, k, v, d_out, options = _variant_grad_case(name, np.float64)
+    golden, ref, _, allowed = _ref_and_allowed(q, k, v, d_out, options)
+    assert ref.keys() == golden.keys() == allowed.keys()
+    assert ("dsinks" in ref) == ("sinks" in options)
+    for n, g in golden.items():
+        assert ref[n].shape == g.shape
+        np.testing.assert_allclose(ref[n], g, rtol=1e-12, atol=1e-14, err_msg=n)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
+@pytest.mark.parametrize("name", VARIANT_GRAD_CASES)
+def test_gradient_floor_with_variants_covers_the_reference_and_judges(name, dtype):
+    """The derived floor alone (err_ref = 0) admits the same-precision reference, a correct
+    implementation rounding as often as D allows; and in float32 it is far below each gradient's
+    size, so it judges (a dropped softcap derivative or a missing dsinks is O(1) off)."""
+    q, k, v, d_out, options = _variant_grad_case(name, dtype)
+    golden, _, errs, floor = _ref_and_allowed(q, k, v, d_out, options, err_ref={})
+    for n, g in golden.items():
+        assert errs[n] <= floor[n], f"{n}: reference error {errs[n]:.3e} > floor {floor[n]:.3e}"
+        if dtype is np.float32:
+            assert floor[n] < 1e-2 * np.abs(g).max(), f"{n}: floor {floor[n]:.3e} vs max |{n}| {np.abs(g).max():.3e}"

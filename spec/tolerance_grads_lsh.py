@@ -28,8 +28,6 @@ def _finite_max(x) -> float:
     return float(x[np.isfinite(x)].max(initial=0.0))
 
 
-# -- lsh_attention_vjp --------------------------------------------------------------------------
-
 def reference_lsh_vjp(plan: LSHPlan, x, v, d_out, rotations) -> dict:
     """LSH's forward and backward (`grads_lsh._lsh_grads`) with every stored intermediate rounded
     to D, in float32 for 16-bit and float32 inputs (float64 for float64), on the golden's

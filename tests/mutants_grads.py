@@ -2,8 +2,9 @@
 
 `NaiveGrad` adds to the plain forward of `mutants.Naive` an independent, plain NumPy backward
 (float64, every kv head repeated to its query heads, explicit visibility, broadcast gradients
-summed back by hand). With no bug switched on it is the control and must pass. Each mutant
-switches on one bug that hand-written attention backwards have shipped.
+summed back by hand), with two of the variants' backward: softcap's and the sinks'. With no bug
+switched on it is the control and must pass. Each mutant switches on one bug that hand-written
+attention backwards have shipped.
 
 `NaiveGradAll` adds mha_vjp (the chain rule through `mutants_mha.NaiveMHA`'s projections by
 hand, around NaiveGrad's sdpa_vjp) and lsh_attention_vjp (`mutants_lsh.NaiveLSH`'s loops run
@@ -32,16 +33,16 @@ class NaiveGrad(Naive):
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None, scale=None,
                  q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
                  q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None):
-        variants = variant_features(dict(softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, causal=causal,
-                                         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                                         dropout_mask=dropout_mask, dropout_p=dropout_p))
-        if variants:  # this backward is the plain one of the gradient chapter: the variants' is not here
+        variants = variant_features(dict(alibi_slopes=alibi_slopes, causal=causal, q_segment_ids=q_segment_ids,
+                                         kv_segment_ids=kv_segment_ids, dropout_mask=dropout_mask,
+                                         dropout_p=dropout_p))
+        if variants:  # of the variants, this backward has softcap's and the sinks' only
             raise Unsupported(f"{self.name}.sdpa_vjp: no backward for {', '.join(variants)}")
         info = lambda x: None if x is None else ArrayInfo(tuple(x.shape), x.dtype.name)  # noqa: E731
         p = validate_sdpa(f"{self.name}.sdpa_vjp", info(q), info(k), info(v), mask=info(mask),
                           bias=info(bias), causal=causal, window=window, scale=scale,
-                          q_lengths=q_lengths, kv_lengths=kv_lengths)
-        shapes = [x.shape for x in (q, k, v)] + ([] if bias is None else [bias.shape])
+                          q_lengths=q_lengths, kv_lengths=kv_lengths, softcap=softcap, sinks=info(sinks))
+        shapes = [x.shape for x in (q, k, v)] + [x.shape for x in (bias, sinks) if x is not None]
         dt = _np_dtype(p.dtype)
         if p.n == 0 or p.m == 0 or p.hq == 0:
             return tuple(np.zeros(s, dt) for s in shapes)
@@ -74,6 +75,13 @@ class NaiveGrad(Naive):
         k64, v64 = np.where(seen, k64, 0), np.where(seen, v64, 0)
 
         s = np.einsum("...id,...jd->...ij", q64, k64) * p.scale  # (..., Hq, n, m)
+        cap_grad = 1.0  # d capped logit / d logit
+        if softcap is not None:
+            th = np.tanh(s / softcap)
+            s = softcap * th
+            if self.grad_bug != "softcap_grad_dropped":
+                cap_grad = 1 - th**2
+        sink = None if sinks is None else sinks.astype(np.float64)[:, None, None]  # (Hq, 1, 1)
         if bias is not None:
             s = s + np.where(bias == -np.inf, 0, bias.astype(np.float64))
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -83,22 +91,30 @@ class NaiveGrad(Naive):
             else:
                 s = np.where(vis, s, -np.inf)
                 top = s.max(axis=-1, keepdims=True)
+                if sink is not None:
+                    top = np.maximum(top, sink)  # the sink is one more logit of the row
                 if self.grad_bug != "nan_empty_rows":
                     top = np.where(np.isfinite(top), top, 0)  # rows with no visible key
                 e = np.exp(s - top)
-                denom = e.sum(axis=-1, keepdims=True)
+                e_sink = 0.0 if sink is None else np.exp(sink - top)  # (..., Hq, n, 1)
+                denom = e.sum(axis=-1, keepdims=True) + e_sink
                 if self.grad_bug != "nan_empty_rows":
                     denom = np.where(denom == 0, 1, denom)
                 w = e / denom  # (..., Hq, n, m)
             out = w @ v64  # (..., Hq, n, dv)
             dp = dO @ np.swapaxes(v64, -1, -2)  # (..., Hq, n, m)
-            ds = w * (dp - (dO * out).sum(axis=-1, keepdims=True))
-            dq = scale * ds @ k64  # (..., Hq, n, dk)
-            dk = scale * np.swapaxes(ds, -1, -2) @ q64  # (..., Hq, m, dk)
+            row = (dO * out).sum(axis=-1, keepdims=True)  # (..., Hq, n, 1): D
+            ds = w * (dp - row)
+            ds_qk = ds * cap_grad  # the gradient of the logits before the cap
+            dq = scale * ds_qk @ k64  # (..., Hq, n, dk)
+            dk = scale * np.swapaxes(ds_qk, -1, -2) @ q64  # (..., Hq, m, dk)
             dv = np.swapaxes(w, -1, -2) @ dO  # (..., Hq, m, dv)
         dk = dk.reshape(*p.batch, p.hkv, p.group, p.m, p.dk).sum(axis=-3)  # back to kv heads
         dv = dv.reshape(*p.batch, p.hkv, p.group, p.m, p.dv).sum(axis=-3)
         grads = [dq, dk, dv] + ([] if bias is None else [ds])
+        if sink is not None:  # the sink's probability times the row's D, summed over rows and batch
+            d_sinks = -(e_sink / denom * row)[..., 0].reshape(-1, p.hq, p.n).sum(axis=(0, 2))  # (Hq,)
+            grads.append(np.zeros_like(d_sinks) if self.grad_bug == "sinks_no_grad" else d_sinks)
         return tuple(_unbroadcast(g, s).astype(dt) for g, s in zip(grads, shapes))
 
 
@@ -115,6 +131,13 @@ GRAD_MUTANTS = {
     "masked_key_leak": "masked_keys_get_zero",
     "nan_empty_rows": "empty_rows_zero_and_finite",
 }
+#: the variants' backward (issue #15): softcap's derivative 1 - tanh^2 left out (the capped
+#: logits differentiated as if uncapped), and sinks treated as constants (dsinks = 0), as a
+#: sink held in a buffer rather than a parameter gets. Each must fail variants_match_golden.
+VARIANT_GRAD_MUTANTS = {
+    "softcap_grad_dropped": "variants_match_golden",
+    "sinks_no_grad": "variants_match_golden",
+}
 
 
 def make(bug):
@@ -125,7 +148,7 @@ def control():
     return NaiveGrad()
 
 
-for _bug in GRAD_MUTANTS:
+for _bug in (*GRAD_MUTANTS, *VARIANT_GRAD_MUTANTS):
     globals()[f"mutant_{_bug}"] = (lambda b: (lambda: make(b)()))(_bug)
 
 

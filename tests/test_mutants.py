@@ -7,26 +7,13 @@ subprocess with the quick ``dev`` profile, exactly as a backend author would run
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from mutants import FILL_MUTANTS, FILL_RUN, MUTANTS, VARIANT_MUTANTS, VARIANT_RUN, fill_caught_in
+from suite_runs import run_all
 
-HERE = Path(__file__).parent
 #: a drawn feature -> the corner case that exercises the same rule
 CORNER_OF = {"no_visible_rows": "corner_empty_rows", "masked_nonfinite": "corner_hidden_nonfinite"}
-
-
-def run_suite(target: str, results: Path, keyword: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
-           "--attn-profile", "dev", "--attn-results", str(results), "-q", "-p", "no:cacheprovider",
-           "-W", "ignore::RuntimeWarning", *(["-k", keyword] if keyword else [])]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=results.parent)
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +28,7 @@ def suite_runs(tmp_path_factory, request):
     # only the runs the selected tests read (pytest -k no_scale runs one suite, not thirteen)
     wanted = {(getattr(item, "callspec", None) and item.callspec.params.get("mutant")) or "control"
               for item in request.session.items if item.module is request.module}
-    targets = {name: t for name, t in targets.items() if name in wanted}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(run_suite, t, tmp / f"{name}.json", kw)
-                   for name, (t, kw) in targets.items()}
-        return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
+    return run_all(tmp, {name: t for name, t in targets.items() if name in wanted})
 
 
 def test_control_passes(suite_runs):

@@ -9,24 +9,10 @@ test_mutants already covers).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from mutants_blocked import MUTANTS_BLOCKED
-
-HERE = Path(__file__).parent
-
-
-def run_blocked_suite(target: str, results: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
-           "--attn-profile", "dev", "--attn-results", str(results), "-q", "-p", "no:cacheprovider",
-           "-W", "ignore::RuntimeWarning", "-k", "test_blocked_"]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=results.parent)
+from suite_runs import run_all
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +20,7 @@ def suite_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mutants_blocked")
     targets = {"control": "mutants_blocked:control_blocked",
                **{m: f"mutants_blocked:mutant_{m}" for m in MUTANTS_BLOCKED}}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(run_blocked_suite, t, tmp / f"{name}.json")
-                   for name, t in targets.items()}
-        return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
+    return run_all(tmp, {name: (t, "test_blocked_") for name, t in targets.items()})
 
 
 def test_control_passes(suite_runs):

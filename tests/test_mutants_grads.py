@@ -8,28 +8,13 @@ Each backend runs the real suite (``pytest --pyargs attnspec.conformance -k ...`
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from mutants_grads import GRAD_MUTANTS, MHA_LSH_MUTANTS
-
-HERE = Path(__file__).parent
-
+from suite_runs import run_all
 
 SDPA_VJP = "grads and not mha_vjp and not lsh_attention_vjp"  # test_grads.py's properties
 MHA_LSH_VJP = "mha_vjp or lsh_attention_vjp"  # test_grads_mha_lsh.py's
-
-
-def run_suite(target: str, results: Path, select: str = SDPA_VJP) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
-           "--attn-profile", "dev", "--attn-results", str(results), "-q", "-p", "no:cacheprovider",
-           "-W", "ignore::RuntimeWarning", "-k", select]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=results.parent)
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +24,7 @@ def grad_runs(tmp_path_factory):
                **{m: (f"mutants_grads:mutant_{m}", SDPA_VJP) for m in GRAD_MUTANTS},
                "control_all": ("mutants_grads:control_all", MHA_LSH_VJP),
                **{m: (f"mutants_grads:mutant_{m}", fn) for m, (fn, _) in MHA_LSH_MUTANTS.items()}}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(run_suite, t, tmp / f"{name}.json", select)
-                   for name, (t, select) in targets.items()}
-        return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
+    return run_all(tmp, targets)
 
 
 def _vjp_rows(path, function: str = "sdpa_vjp"):

@@ -8,33 +8,18 @@ subprocess with the quick ``dev`` profile, as a backend author would run it.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from mutants_lsh import MUTANTS
-
-HERE = Path(__file__).parent
-
-
-def run_suite(target: str, results: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
-           "--attn-profile", "dev", "--attn-results", str(results), "-q", "-p", "no:cacheprovider",
-           "-W", "ignore::RuntimeWarning", "-k", "test_lsh"]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=results.parent)
+from suite_runs import run_all
 
 
 @pytest.fixture(scope="module")
 def suite_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mutants_lsh")
     targets = {"control": "mutants_lsh:control", **{m: f"mutants_lsh:mutant_{m}" for m in MUTANTS}}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(run_suite, t, tmp / f"{name}.json") for name, t in targets.items()}
-        return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
+    return run_all(tmp, {name: (t, "test_lsh") for name, t in targets.items()}, timeout=900)
 
 
 def _lsh_rows(path: Path) -> list[dict]:

@@ -7,33 +7,17 @@ Each backend of `mutants_mha` runs through the real suite (``pytest --pyargs att
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from mutants_mha import MHA_MUTANTS
-
-HERE = Path(__file__).parent
-
-
-def run_mha_suite(target: str, results: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
-           "--attn-profile", "dev", "--attn-results", str(results), "-q", "-p", "no:cacheprovider",
-           "-W", "ignore::RuntimeWarning", "-k", "mha"]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=results.parent)
+from suite_runs import run_all
 
 
 @pytest.fixture(scope="module")
 def suite_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mutants_mha")
     targets = {"control": "mutants_mha:control", **{m: f"mutants_mha:mutant_{m}" for m in MHA_MUTANTS}}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(run_mha_suite, t, tmp / f"{name}.json") for name, t in targets.items()}
-        return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
+    return run_all(tmp, {name: (t, "mha") for name, t in targets.items()})
 
 
 def test_control_passes(suite_runs):

@@ -1,0 +1,38 @@
+"""The conformance suite run on a mutant (or a control) in a subprocess, as a backend author
+would run it: the quick ``dev`` profile, results JSON written, this folder importable so the
+``mutants*`` modules load by ``module:attr``. Shared by tests/test_mutants*.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).parent
+OPTIONS = ["--attn-profile", "dev", "-q", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning"]
+
+#: name -> (the backend target, the pytest -k selection or None for the whole suite)
+Targets = dict[str, tuple[str, "str | None"]]
+
+
+def run_suite(
+    target: str, results: Path, keyword: str | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", *OPTIONS]
+    cmd += ["--attn-backend", target, "--attn-results", str(results)] + (["-k", keyword] if keyword else [])
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=results.parent)
+
+
+def run_all(
+    tmp: Path, targets: Targets, timeout: float = 600
+) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """Each target's run (two at a time) and the path of its results JSON, by name."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {
+            name: pool.submit(run_suite, target, tmp / f"{name}.json", keyword, timeout)
+            for name, (target, keyword) in targets.items()
+        }
+        return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}

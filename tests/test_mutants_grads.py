@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from mutants_grads import GRAD_MUTANTS, MHA_LSH_MUTANTS
+from mutants_grads import GRAD_MUTANTS, MHA_LSH_MUTANTS, VARIANT_GRAD_MUTANTS
 from suite_runs import run_all
 
 SDPA_VJP = "grads and not mha_vjp and not lsh_attention_vjp"  # test_grads.py's properties
@@ -72,4 +72,38 @@ def test_mha_lsh_mutant_is_caught_and_property_named(grad_runs, mutant):
     assert expected in failed, f"{mutant}: failing properties {sorted(failed)} miss {expected}"
     assert "deterministic" not in failed  # the mutant is wrong, not flaky
     assert f"{function} {expected}" in proc.stdout  # the message names function and property
+    assert "reproduce with" in proc.stdout
+
+
+# -- the variants' backward (issue #15) ------------------------------------------------------------
+
+VARIANT_VJP = "vjp_variants_match_golden"  # test_grads.py's variant property
+VARIANT_OF = {"softcap_grad_dropped": "softcap", "sinks_no_grad": "sinks"}  # the feature each breaks
+
+
+@pytest.fixture(scope="module")
+def variant_grad_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("variant_grad_mutants")
+    targets = {"control": ("mutants_grads:control", VARIANT_VJP),
+               **{m: (f"mutants_grads:mutant_{m}", VARIANT_VJP) for m in VARIANT_GRAD_MUTANTS}}
+    return run_all(tmp, targets)
+
+
+def test_variant_grad_control_passes(variant_grad_runs):
+    proc, path = variant_grad_runs["control"]
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rows = [r for r in _vjp_rows(path) if r["property"] == "variants_match_golden"]
+    assert not any(r["failed"] for r in rows)
+    for feature in VARIANT_OF.values():  # the control's softcap and sinks backward really ran
+        assert sum(r["passed"] for r in rows if r["feature"] == feature) >= 4, feature
+
+
+@pytest.mark.parametrize("mutant", sorted(VARIANT_GRAD_MUTANTS))
+def test_variant_grad_mutant_is_caught_and_feature_named(variant_grad_runs, mutant):
+    proc, path = variant_grad_runs[mutant]
+    expected, feature = VARIANT_GRAD_MUTANTS[mutant], VARIANT_OF[mutant]
+    assert proc.returncode == 1, f"grad mutant {mutant} survived the suite:\n{proc.stdout[-2000:]}"
+    failed = {(r["property"], r["feature"], r["dtype"]) for r in _vjp_rows(path) if r["failed"]}
+    assert {(expected, feature, d) for d in ("float32", "float64")} <= failed, sorted(failed)
+    assert f"sdpa_vjp {expected}: feature={feature}" in proc.stdout  # function, property, feature
     assert "reproduce with" in proc.stdout

@@ -34,9 +34,9 @@ MHA_FEATURES = (
 )
 #: the variant features of `MHA_FEATURES` (the names `attnspec.backends.VARIANT_FEATURES` uses)
 MHA_VARIANT_FEATURES = MHA_FEATURES[MHA_FEATURES.index("softcap"):]
-#: the others; the gradient properties draw only these, since the gradient tolerance
-#: (`attnspec.spec.tolerance_grads`) has no reference backward with the variants yet, for sdpa_vjp
-#: as for mha_vjp
+#: the others; mha_vjp's gradient properties draw only these, since its gradient tolerance
+#: (`attnspec.spec.tolerance_grads.mha_vjp_allowed`) has no reference backward with the variants
+#: yet (sdpa_vjp's has)
 MHA_BASE_FEATURES = MHA_FEATURES[:MHA_FEATURES.index("softcap")]
 #: sdpa's keywords besides mask and bias, which mha passes through
 SDPA_OPTIONS = ("causal", "window", "scale", "q_lengths", "kv_lengths", "softcap", "alibi_slopes", "sinks",

@@ -100,7 +100,7 @@ def jax_grads(backend, forward: Callable, leaves: list, d_out) -> list:
     if whole is not None:
         grads = list(whole(*leaves, d_out))
     else:
-        out, pullback = jax.vjp(forward, *leaves)
+        _, pullback = jax.vjp(forward, *leaves)
         grads = list(pullback(d_out))
     backend._last = grads[-1]
     return grads

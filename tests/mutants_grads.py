@@ -86,8 +86,12 @@ class NaiveGrad(Naive):
             s = s + np.where(bias == -np.inf, 0, bias.astype(np.float64))
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             if self.grad_bug == "masked_key_leak":
-                e = np.exp(s - s.max(axis=-1, keepdims=True))  # recomputed without the mask
-                w = e / e.sum(axis=-1, keepdims=True)
+                top = s.max(axis=-1, keepdims=True)  # recomputed without the mask
+                top = top if sink is None else np.maximum(top, sink)
+                e = np.exp(s - top)
+                e_sink = 0.0 if sink is None else np.exp(sink - top)
+                denom = e.sum(axis=-1, keepdims=True) + e_sink
+                w = e / denom
             else:
                 s = np.where(vis, s, -np.inf)
                 top = s.max(axis=-1, keepdims=True)

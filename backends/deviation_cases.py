@@ -11,10 +11,10 @@ from attnspec.backends.deviation_probe import Case
 
 # -- cases ----------------------------------------------------------------------------------
 
+
 def qkv(n=3, m=5, dk=4, dv=4, heads=1, dtype=np.float32, seed=0):
     r = np.random.default_rng(seed)
-    return tuple(r.standard_normal(s).astype(dtype)
-                 for s in ((heads, n, dk), (heads, m, dk), (heads, m, dv)))
+    return tuple(r.standard_normal(s).astype(dtype) for s in ((heads, n, dk), (heads, m, dk), (heads, m, dv)))
 
 
 def hidden_nan_key() -> Case:
@@ -102,6 +102,7 @@ def bfloat16_lse() -> Case:
 
 # -- what "shows" means for each --------------------------------------------------------------
 
+
 def any_nan(result, case) -> bool:
     return isinstance(result, np.ndarray) and bool(np.isnan(result).any())
 
@@ -126,8 +127,9 @@ def row1_is_masked_value(result, case) -> bool:
 
 def lse_row1_finite(result, case) -> bool:
     # JAX fills masked logits with -0.7 * float32 max = -2.38e38, and the lse of a row of them is that
-    return isinstance(result, tuple) and bool(np.isfinite(result[-1][..., 1]).all()
-                                              and (result[-1][..., 1] < -1e38).all())
+    return isinstance(result, tuple) and bool(
+        np.isfinite(result[-1][..., 1]).all() and (result[-1][..., 1] < -1e38).all()
+    )
 
 
 def lse_in_input_dtype(result, case) -> bool:
@@ -147,6 +149,7 @@ def float32_level_error(result, case) -> bool:
 
 # -- gradient cases (function="sdpa_vjp": the result is (dq, dk, dv[, dbias]) for d_out = 1) -----
 
+
 def empty_row_and_hidden_key() -> Case:
     q, k, v = qkv()
     mask = np.ones((3, 5), bool)
@@ -164,6 +167,7 @@ def dk_dv_nan(result, case) -> bool:
 
 
 # -- mha cases (function="mha": (query, key, value, options), params in options) -------------
+
 
 def mha_inputs(**options) -> Case:
     from attnspec.spec.mha import MHAParams

@@ -52,10 +52,18 @@ class Deviation:
 
     def as_json(self) -> dict[str, Any]:
         """The declaration's fields that a report shows (everything but the case and its test)."""
-        return {"id": self.deviation_id, "backend": self.backend, "feature": self.feature,
-                "spec_says": self.spec_says, "native_does": self.native_does,
-                "reproducer": self.reproducer, "fixed_by": self.fixed_by, "tags": sorted(self.tags),
-                "function": self.function, "upstream": self.upstream}
+        return {
+            "id": self.deviation_id,
+            "backend": self.backend,
+            "feature": self.feature,
+            "spec_says": self.spec_says,
+            "native_does": self.native_does,
+            "reproducer": self.reproducer,
+            "fixed_by": self.fixed_by,
+            "tags": sorted(self.tags),
+            "function": self.function,
+            "upstream": self.upstream,
+        }
 
 
 def run(backend: Backend, case: Case):

@@ -33,7 +33,8 @@ def case_key(nodeid: str, describe: str, seed: int) -> str:
 class Recorder:
     def __init__(self, profile: str, journal: str | None = None, skip_file: str | None = None):
         self.profile = profile
-        self.journal = open(journal, "a", buffering=1) if journal else None
+        # open for the whole run (closed when the process ends): the runner reads each line as it lands
+        self.journal = open(journal, "a", buffering=1) if journal else None  # noqa: SIM115
         self.skips: dict[str, str] = json.loads(Path(skip_file).read_text()) if skip_file else {}
         self.pending: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.records: list[dict[str, Any]] = []

@@ -42,10 +42,16 @@ def _normalized(d: Any, source: str, declared_in: str) -> dict[str, Any] | None:
     if did is None:
         return None
     return {
-        "id": str(did), "backend": _field(d, "backend"), "feature": _field(d, "feature"),
-        "spec_says": _field(d, "spec_says", "spec"), "native_does": _field(d, "native_does", "native"),
-        "reproducer": _field(d, "reproducer", "repro"), "fixed_by": _field(d, "fixed_by", "fixup"),
-        "upstream": _field(d, "upstream", "issue", "link"), "source": source, "declared_in": declared_in,
+        "id": str(did),
+        "backend": _field(d, "backend"),
+        "feature": _field(d, "feature"),
+        "spec_says": _field(d, "spec_says", "spec"),
+        "native_does": _field(d, "native_does", "native"),
+        "reproducer": _field(d, "reproducer", "repro"),
+        "fixed_by": _field(d, "fixed_by", "fixup"),
+        "upstream": _field(d, "upstream", "issue", "link"),
+        "source": source,
+        "declared_in": declared_in,
     }
 
 
@@ -76,13 +82,22 @@ def _all_deviations(results: Results) -> tuple[list[dict[str, Any]], str | None]
             known.add(entry["id"])
             declaration = entry.get("declaration")
             if isinstance(declaration, dict):  # declared outside the catalogue (a plugin, the atlas)
-                dev = _normalized({**declaration, "id": entry["id"]}, "declaration",
-                                  str(entry.get("source") or "a results file"))
+                dev = _normalized(
+                    {**declaration, "id": entry["id"]},
+                    "declaration",
+                    str(entry.get("source") or "a results file"),
+                )
                 if dev is not None:
                     declared.append(dev)
                     continue
-            declared.append({"id": entry["id"], "backend": doc["backend"], "source": "results",
-                             "declared_in": entry.get("source")})
+            declared.append(
+                {
+                    "id": entry["id"],
+                    "backend": doc["backend"],
+                    "source": "results",
+                    "declared_in": entry.get("source"),
+                }
+            )
     return sorted(declared, key=lambda d: (str(d.get("backend")), d["id"])), note
 
 
@@ -95,8 +110,14 @@ def _observations(dev: dict[str, Any], results: Results) -> list[list[Any]]:
         if entry is None:
             rows.append([run_label(doc), "not recorded", DASH, DASH])
         else:
-            rows.append([run_label(doc), entry["status"].replace("_", " "), entry.get("observed"),
-                         entry.get("exercised")])
+            rows.append(
+                [
+                    run_label(doc),
+                    entry["status"].replace("_", " "),
+                    entry.get("observed"),
+                    entry.get("exercised"),
+                ]
+            )
     return rows
 
 
@@ -104,7 +125,8 @@ def deviations_page(results: Results) -> str:
     """The Markdown of ``deviations.md``."""
     devs, note = _all_deviations(results)
     lines = [
-        "# Declared deviations", "",
+        "# Declared deviations",
+        "",
         "Where a framework's native primitive does not do what the spec says, the adapter fixes it",
         "up, and the native behaviour is declared in `attnspec/backends/deviations.py` with a",
         "reproducer. A plugin declares its own backend's deviations in its own package, and the",
@@ -121,19 +143,39 @@ def deviations_page(results: Results) -> str:
     summary = []
     for d in devs:
         seen = "; ".join(f"{r[0]}: {r[1]}" for r in _observations(d, results)) or "no run of this backend"
-        summary.append([f"[{d['id']}](#{anchor(d['id'])})", d.get("backend"), d.get("feature"),
-                        d.get("fixed_by") or DASH, d.get("declared_in") or DASH, seen])
-    lines += ["", "## Summary", "", table(["id", "backend", "feature", "fixed by", "declared in",
-                                           "status per run"], summary)]
+        summary.append(
+            [
+                f"[{d['id']}](#{anchor(d['id'])})",
+                d.get("backend"),
+                d.get("feature"),
+                d.get("fixed_by") or DASH,
+                d.get("declared_in") or DASH,
+                seen,
+            ]
+        )
+    lines += [
+        "",
+        "## Summary",
+        "",
+        table(["id", "backend", "feature", "fixed by", "declared in", "status per run"], summary),
+    ]
     for d in devs:
         lines += ["", f"## {d['id']}", ""]
         if d["source"] == "results":
-            lines += ["Reported by a results file but not declared in this checkout's",
-                      "`attnspec.backends.deviations`, and the file carries no declaration",
-                      "(results from another version?).", ""]
-        facts = [["backend", d.get("backend")], ["feature", d.get("feature")],
-                 ["spec says", d.get("spec_says")], ["framework does", d.get("native_does")],
-                 ["fixed by", d.get("fixed_by") or DASH], ["declared in", d.get("declared_in") or DASH]]
+            lines += [
+                "Reported by a results file but not declared in this checkout's",
+                "`attnspec.backends.deviations`, and the file carries no declaration",
+                "(results from another version?).",
+                "",
+            ]
+        facts = [
+            ["backend", d.get("backend")],
+            ["feature", d.get("feature")],
+            ["spec says", d.get("spec_says")],
+            ["framework does", d.get("native_does")],
+            ["fixed by", d.get("fixed_by") or DASH],
+            ["declared in", d.get("declared_in") or DASH],
+        ]
         if d.get("upstream"):
             facts.append(["upstream", d["upstream"]])
         lines += [table(["field", "value"], facts)]
@@ -141,6 +183,9 @@ def deviations_page(results: Results) -> str:
             lines += ["", "Reproducer:", "", fence(str(d["reproducer"]), "python")]
         obs = _observations(d, results)
         lines += [""]
-        lines += [table(["run", "status", "observed", "exercised"], obs, "llrr")] if obs else \
-            [f"No conformance run of backend `{d.get('backend')}` in the results."]
+        lines += (
+            [table(["run", "status", "observed", "exercised"], obs, "llrr")]
+            if obs
+            else [f"No conformance run of backend `{d.get('backend')}` in the results."]
+        )
     return "\n".join(lines) + "\n"

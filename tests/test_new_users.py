@@ -23,9 +23,16 @@ SEEDS = HERE.parent / "examples" / "tutorial" / "seed_attention.py"
 
 #: the causes a failure's first line may give (conformance/causes.py, conftest's raised, the
 #: suite's dtype/shape/device checks)
-CAUSES = ("row with no visible key: expected 0, got ", "a hidden key's NaN/inf reached visible row",
-          "visible weights leak to hidden keys", "rows whose visible logits are all <= ", "raised ",
-          "out.dtype=", "out.shape=", "out.device=")
+CAUSES = (
+    "row with no visible key: expected 0, got ",
+    "a hidden key's NaN/inf reached visible row",
+    "visible weights leak to hidden keys",
+    "rows whose visible logits are all <= ",
+    "raised ",
+    "out.dtype=",
+    "out.shape=",
+    "out.device=",
+)
 
 # every dtype for the seeds: the tutorial convention has no bias, so the corner cases (which use
 # one) are unsupported there, and in float32 alone the dev profile draws no row without keys
@@ -38,7 +45,11 @@ SUBJECTS = {
     "seed_004": ((f"{SEEDS}:fill_neg_1e9", *TUTORIAL), ("torch",), "got mean(V)"),
     "mlx": (("check_subjects_natives:mlx", *F32), ("mlx",), "got NaN"),
     "tinygrad": (("check_subjects_natives:tinygrad", *F32), ("tinygrad",), "got NaN"),
-    "keras_jax": (("check_subjects_natives:keras_jax", *F32), ("keras", "jax"), "rows whose visible logits are all"),
+    "keras_jax": (
+        ("check_subjects_natives:keras_jax", *F32),
+        ("keras", "jax"),
+        "rows whose visible logits are all",
+    ),
 }
 
 
@@ -47,14 +58,22 @@ def _missing(modules: tuple[str, ...]) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-            "KERAS_BACKEND": "jax"}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "KERAS_BACKEND": "jax",
+    }
 
 
 def _check(args: tuple[str, ...], out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "attnspec", "check", *args, "-k", "matches_golden",
-                           "--out", str(out)],
-                          capture_output=True, text=True, env=_env(), timeout=900, cwd=HERE)
+    return subprocess.run(
+        [sys.executable, "-m", "attnspec", "check", *args, "-k", "matches_golden", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=900,
+        cwd=HERE,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +102,9 @@ def test_each_failure_names_its_cause_first_and_its_reproducer_runs(runs, name):
     repros = [Path(line.split("repro: ")[1]) for line in fail_lines]  # each FAIL line names one
     assert repros and len(repros) == len(fail_lines) and all(r.exists() for r in repros), fail_lines
     for line, repro in zip(fail_lines, repros):
-        ran = subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, timeout=300,
-                             cwd=HERE, env=_env())
+        ran = subprocess.run(
+            [sys.executable, str(repro)], capture_output=True, text=True, timeout=300, cwd=HERE, env=_env()
+        )
         cause = line.split("): ", 1)[1]
         if cause.startswith("raised "):  # it reproduces by raising the same exception
             exc = cause.removeprefix("raised ").split(":")[0]

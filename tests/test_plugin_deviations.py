@@ -20,9 +20,9 @@ import attnspec.backends as registry
 from attnspec.backends.deviations import BUILTIN_SOURCE, DEVIATIONS, Deviation, declared_for
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("attnspec_example_plugin") is None
-    or "example-nan-rows" not in registry.names(),
-    reason="the example plugin is not installed: pip install -e examples/attnspec-example-plugin")
+    importlib.util.find_spec("attnspec_example_plugin") is None or "example-nan-rows" not in registry.names(),
+    reason="the example plugin is not installed: pip install -e examples/attnspec-example-plugin",
+)
 
 HERE = Path(__file__).parent
 ID = "example-nan-rows.empty-row-nan"
@@ -46,7 +46,9 @@ def test_a_backend_shares_a_builtin_frameworks_deviations_or_declares_them_wrong
         deviations_of = "jax-native"
 
     shared = declared_for("keras-on-jax", KerasOnJax())
-    assert [d.deviation_id for d, _ in shared] == [d.deviation_id for d in DEVIATIONS if d.backend == "jax-native"]
+    assert [d.deviation_id for d, _ in shared] == [
+        d.deviation_id for d in DEVIATIONS if d.backend == "jax-native"
+    ]
     assert {s for _, s in shared} == {BUILTIN_SOURCE}
 
     class Twice:
@@ -57,19 +59,43 @@ def test_a_backend_shares_a_builtin_frameworks_deviations_or_declares_them_wrong
 
     with pytest.raises(ValueError, match="declared twice"):
         declared_for("twice", Twice())
-    with pytest.raises(TypeError, match=r"not-data: deviations must be a sequence of .*deviations\.Deviation"):
+    with pytest.raises(
+        TypeError, match=r"not-data: deviations must be a sequence of .*deviations\.Deviation"
+    ):
         declared_for("not-data", NotData())
 
 
 def check(target: str, out: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "attnspec", "check", target, "-k", "matches_golden",
-                           "--dtype", "float32", "--dtype", "float64", "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=600, cwd=HERE)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnspec",
+            "check",
+            target,
+            "-k",
+            "matches_golden",
+            "--dtype",
+            "float32",
+            "--dtype",
+            "float64",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=HERE,
+    )
 
 
-RUNS = {"declared": "example-nan-rows", "undeclared": "plugin_subjects:UndeclaredNanRows",
-        "stale": "plugin_subjects:DeclaresWhatItDoesNotDo"}
+RUNS = {
+    "declared": "example-nan-rows",
+    "undeclared": "plugin_subjects:UndeclaredNanRows",
+    "stale": "plugin_subjects:DeclaresWhatItDoesNotDo",
+}
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ NAN_ROWS_DEVIATIONS = (
         feature="sdpa: a query row with no visible key (mask, causal, window, lengths, -inf bias)",
         spec_says="output 0 (and weights 0)",
         native_does="output NaN, and NaN weights: the softmax is exp(s) / sum(exp(s)), which is "
-                    "0 / 0 over a row of -inf logits",
+        "0 / 0 over a row of -inf logits",
         reproducer="""\
 import numpy as np
 from attnspec_example_plugin.nan_rows import NanRowsBackend

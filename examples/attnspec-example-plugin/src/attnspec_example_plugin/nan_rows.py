@@ -23,17 +23,50 @@ class NanRowsBackend(ExampleBackend):
     #: a sink keeps a row's denominator above 0, so its rows are not NaN: left out, to keep one rule
     variants = ExampleBackend.variants - {"sinks"}
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
-             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
-             return_weights=False, return_lse=False):
-        options = dict(mask=mask, bias=bias, causal=causal, window=window, scale=scale,
-                       q_lengths=q_lengths, kv_lengths=kv_lengths, softcap=softcap,
-                       alibi_slopes=alibi_slopes, sinks=sinks, q_segment_ids=q_segment_ids,
-                       kv_segment_ids=kv_segment_ids, dropout_mask=dropout_mask, dropout_p=dropout_p)
+    def sdpa(
+        self,
+        q,
+        k,
+        v,
+        *,
+        mask=None,
+        bias=None,
+        causal=None,
+        window=None,
+        scale=None,
+        q_lengths=None,
+        kv_lengths=None,
+        softcap=None,
+        alibi_slopes=None,
+        sinks=None,
+        q_segment_ids=None,
+        kv_segment_ids=None,
+        dropout_mask=None,
+        dropout_p=None,
+        return_weights=False,
+        return_lse=False,
+    ):
+        options = dict(
+            mask=mask,
+            bias=bias,
+            causal=causal,
+            window=window,
+            scale=scale,
+            q_lengths=q_lengths,
+            kv_lengths=kv_lengths,
+            softcap=softcap,
+            alibi_slopes=alibi_slopes,
+            sinks=sinks,
+            q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids,
+            dropout_mask=dropout_mask,
+            dropout_p=dropout_p,
+        )
         result = super().sdpa(q, k, v, return_weights=return_weights, return_lse=return_lse, **options)
         p = plan_sdpa("example-nan-rows.sdpa", q, k, v, return_lse=return_lse, library="numpy", **options)
-        vis = attend_mask(p, mask, bias, full=True, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+        vis = attend_mask(
+            p, mask, bias, full=True, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids
+        )
         empty = ~np.broadcast_to(vis, p.full_weights_shape).any(axis=-1)  # (..., Hq, n)
         parts = list(result) if isinstance(result, tuple) else [result]
         out = parts[0].reshape(*p.batch, p.hq, p.n, p.dv).copy()

@@ -8,6 +8,13 @@ three fixed cases (`with_corners`) besides its drawn ones:
 - ``corner_empty_rows``: the same, plus a row hidden by the mask and rows hidden by ``q_lengths``;
 - ``corner_hidden_nonfinite``: the first, plus keys beyond ``kv_lengths`` holding NaN and inf.
 
+A backend that takes no bias (a mask-only function) refuses those three, so each property then
+runs the mask-only twins of the last two (`MASK_ONLY`) in their place: rows hidden by the mask
+alone and by ``q_lengths``; NaN and inf keys hidden by the mask and by ``kv_lengths``. The finite
+floor has no twin: without a bias the floor logits would come from q.k, and the tolerance rule
+charges the rounding of eps * |q.k| (it cannot know such a product is exact), which at those sizes
+allows more error than any leak causes.
+
 They are apart so that a backend's declared deviation for one rule (say, empty rows give
 mean(V)) does not excuse a failure of another in the same case. Each carries rows whose
 visible keys sit at the bottom of the dtype's finite range: the query row is zero, so each logit is
@@ -33,6 +40,8 @@ import numpy as np
 
 #: the fixed cases
 CORNERS = ("corner_finite_floor", "corner_empty_rows", "corner_hidden_nonfinite")
+#: their twins without a bias, run where a backend refuses the first (`with_corners`)
+MASK_ONLY = ("corner_empty_rows_mask_only", "corner_hidden_nonfinite_mask_only")
 _N = _M = 8  # rows and keys: n, m of the corner cases
 _FLOOR_ROWS = (1, 2, 3, 4)  # rows whose visible keys sit at a floor level
 
@@ -61,8 +70,10 @@ def corner_case(kind: str, dtype: str):
     """The fixed case ``kind`` (one of `CORNERS`) in ``dtype``."""
     from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
 
+    if kind in MASK_ONLY:
+        return mask_only_case(kind, dtype)
     if kind not in CORNERS:
-        raise ValueError(f"corner_case: kind={kind!r}, expected one of {CORNERS}")
+        raise ValueError(f"corner_case: kind={kind!r}, expected one of {CORNERS + MASK_ONLY}")
     rng = np.random.default_rng(19 + CORNERS.index(kind))
     q = rng.standard_normal((2, 2, _N, 4))  # (B, H, n, dk)
     k = rng.standard_normal((2, 2, _M, 4))  # (B, H, m, dk)
@@ -90,6 +101,41 @@ def corner_case(kind: str, dtype: str):
     q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
     options["bias"] = bias.astype(npdt)
     tags = {kind, dtype, "finite_floor"}
+    _tag_visibility(tags, q, k, v, options)
+    return SDPACase(kind, dtype, q, k, v, options, frozenset(tags), 19)
+
+
+def mask_only_case(kind: str, dtype: str):
+    """The mask-only twin ``kind`` (one of `MASK_ONLY`) in ``dtype``: no bias, keys hidden by the
+    mask and lengths only, drawn q and k (logits of a few units)."""
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
+
+    if kind not in MASK_ONLY:
+        raise ValueError(f"mask_only_case: kind={kind!r}, expected one of {MASK_ONLY}")
+    rng = np.random.default_rng(23 + MASK_ONLY.index(kind))
+    q = rng.standard_normal((2, 2, _N, 4))  # (B, H, n, dk)
+    k = rng.standard_normal((2, 2, _M, 4))  # (B, H, m, dk)
+    v = rng.standard_normal((2, 2, _M, 4))  # (B, H, m, dv)
+    j = np.arange(_M)
+    mask = np.ones((_N, _M), bool)
+    for r in range(_N):
+        mask[r, (j + r) % 3 == 0] = False
+    options: dict[str, Any] = {"mask": mask}
+    if kind == "corner_empty_rows_mask_only":
+        mask[0] = False  # row 0 sees no key
+        options["q_lengths"] = np.array([_N, 6], dtype=np.int64)  # rows 6, 7 of batch 1 see nothing
+    else:
+        lengths = np.array([6, 4], dtype=np.int64)
+        options["kv_lengths"] = lengths
+        beyond = j[None, :] >= lengths[:, None]  # (B, m)
+        k[np.broadcast_to(beyond[:, None, :], k.shape[:-1])] = np.nan  # (B, H, m) selects keys
+        v[np.broadcast_to(beyond[:, None, :], v.shape[:-1])] = np.inf
+        v[1, :, -1] = -np.inf
+        mask[:, 5] = False  # key 5 of batch 0 is within its length, hidden by the mask alone
+        k[0, :, 5], v[0, :, 5] = np.nan, -np.inf
+    npdt = NP_DTYPES[dtype]
+    q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
+    tags = {kind, dtype}
     _tag_visibility(tags, q, k, v, options)
     return SDPACase(kind, dtype, q, k, v, options, frozenset(tags), 19)
 
@@ -139,15 +185,30 @@ def with_corners(test):
     explicit example that fails would end the test before any drawn case ran, and a backend would
     learn of one corner only. Every case is recorded; the first failure of the drawn examples is
     raised (Hypothesis' shrunk one), else the first corner's.
+
+    A corner the backend refuses (the ``judge`` fixture never runs its body, or the body raises
+    `Unsupported`) is followed by its mask-only twin; a backend that takes a bias runs no twin,
+    so costs no extra compile.
     """
     inner = test.hypothesis.inner_test
 
     @functools.wraps(test)
     def run(*args, **kwargs):
         failed = None
+        judge = kwargs["judge"]
         for kind in CORNERS:
+            refused = [True]
+            kwargs["judge"] = functools.partial(_watched, judge, refused)
             try:
                 inner(*args, data=Corner(kind), **kwargs)
+            except AssertionError as exc:
+                failed = failed or exc
+            kwargs["judge"] = judge
+            twin = f"{kind}_mask_only"
+            if not refused[0] or twin not in MASK_ONLY:
+                continue
+            try:
+                inner(*args, data=Corner(twin), **kwargs)
             except AssertionError as exc:
                 failed = failed or exc
         test(*args, **kwargs)
@@ -155,3 +216,18 @@ def with_corners(test):
             raise failed
 
     return run
+
+
+def _watched(judge, refused: list[bool], function, prop, case, body, *rest, **kw):
+    """``judge``, noting in ``refused[0]`` whether the backend declined the case."""
+    from attnspec.backends import Unsupported
+
+    def ran():
+        refused[0] = False
+        try:
+            return body()
+        except Unsupported:
+            refused[0] = True
+            raise
+
+    return judge(function, prop, case, ran, *rest, **kw)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -272,6 +273,9 @@ def lint(session: nox.Session) -> None:
     # mypy reads the package as installed (a real copy, not the editable import hook): the import
     # package `attnspec` is assembled from five folders, which mypy cannot map from the tree
     install(session, ".[test]")
+    # setuptools keeps build/lib between builds, so a module deleted from the tree would still be
+    # installed (and type-checked) from there
+    shutil.rmtree("build", ignore_errors=True)
     session.install("--no-deps", "--force-reinstall", ".")
     failed = []
     checks = {"ruff check": ["ruff", "check", "."], "ruff format": ["ruff", "format", "--check", "."],

@@ -9,7 +9,6 @@ fixes what it must around it, the native backend (`attnspec.backends.jax_native`
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
@@ -24,8 +23,6 @@ from attnspec.backends._common import (
     lengths_column,
     refuse,
     to_reference,
-    validate,
-    variant_keywords,
     visibility,
     with_mask_and_bias,
 )
@@ -55,7 +52,7 @@ def use_compilation_cache() -> str | None:
     return chosen
 
 
-class JaxArrays(Backend):
+class JaxArrays(_vjp.Autodiff, Backend):
     """Array hooks shared by the ``jax`` and ``jax-native`` backends."""
 
     def __init__(self, x64: bool = True) -> None:
@@ -102,48 +99,7 @@ class JaxArrays(Backend):
             raise refuse(fn, name, x, "jax.Array")
         return ArrayInfo(tuple(x.shape), self.dtype_name(x))
 
-    def _plan(self, fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
-              **variants) -> SDPAPlan:
-        return validate(fn, self._info, _lengths_to_numpy, q, k, v, mask, bias, causal, window,
-                        scale, q_lengths, kv_lengths, **variants)
-
-    # -- gradients: autodiff through this backend's own forward (attnspec.backends._vjp) --------
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.implements = _vjp.with_forwards(cls.implements)  # no vjp without its forward
-
-    def supports(self, feature: str, **case) -> list[str]:
-        return _vjp.refusals(self, feature, super().supports(feature, **case))
-
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
-                 scale=None, q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None,
-                 sinks=None, q_segment_ids=None, kv_segment_ids=None, dropout_mask=None,
-                 dropout_p=None):
-        variants = variant_keywords(locals())
-        options = dict(mask=mask, bias=bias, causal=causal, window=window, scale=scale,
-                       q_lengths=q_lengths, kv_lengths=kv_lengths, **variants)
-        with self._routed(q, k, v, options):
-            return _vjp.sdpa_vjp(self, "jax", q, k, v, d_out, **options)
-
-    def _routed(self, q, k, v, options: dict):
-        """A context around sdpa_vjp in which the forward may use what the concrete inputs tell
-        (the conformant backend chooses its route there); none by default."""
-        return contextlib.nullcontext()
-
-    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
-                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
-                dropout_mask=None, dropout_p=None):
-        return _vjp.mha_vjp(self, "jax", query, key, value, params, d_out, num_heads=num_heads,
-                            num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal,
-                            window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                            **variant_keywords(locals()))
-
-    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
-                          dedup=False, scale=None):
-        return _vjp.lsh_attention_vjp(self, "jax", x, v, d_out, rotations=rotations,
-                                      chunk_length=chunk_length, causal=causal,
-                                      kv_lengths=kv_lengths, dedup=dedup, scale=scale)
+    _engine = "jax"  # sdpa_vjp, mha_vjp, lsh_attention_vjp: attnspec.backends._vjp.Autodiff
 
 
 def _lengths_to_numpy(x):

@@ -18,13 +18,15 @@ forward's message.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any
+from typing import Any, ClassVar
 
 from attnspec._errors import SpecError
 from attnspec.backends import _lsh_xp, _mha
 from attnspec.backends._base import MHAArrays
+from attnspec.backends._common import validate, variant_keywords
 
 #: vjp -> the forward method it differentiates
 FORWARD = {"sdpa_vjp": "sdpa", "mha_vjp": "mha", "lsh_attention_vjp": "lsh_attention"}
@@ -202,3 +204,52 @@ def lsh_attention_vjp(backend, engine: str, x, v, d_out, *, rotations, chunk_len
         return backend.lsh_attention(x, v, **options)
 
     return tuple(ENGINES[engine](backend, forward, [x, v], d_out))
+
+
+class Autodiff:
+    """The vjps of a framework backend, written once: its autodiff engine (a key of
+    `ENGINES`) through its own forward methods. A framework's arrays class lists it before
+    `Backend` (``class TorchArrays(Autodiff, Backend)``) and names its engine in ``_engine``."""
+
+    _engine: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.implements = with_forwards(cls.implements)  # type: ignore[attr-defined]  # no vjp without its forward
+
+    def supports(self, feature: str, **case) -> list[str]:
+        return refusals(self, feature, super().supports(feature, **case))  # type: ignore[misc]
+
+    def _plan(self, fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, **variants):
+        """The spec's checks of one sdpa call on this backend's arrays (`SDPAPlan`)."""
+        return validate(fn, self._info, _lengths_to_numpy(self), q, k, v, mask, bias, causal,  # type: ignore[attr-defined]
+                        window, scale, q_lengths, kv_lengths, **variants)
+
+    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
+                 scale=None, q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None,
+                 sinks=None, q_segment_ids=None, kv_segment_ids=None, dropout_mask=None,
+                 dropout_p=None):
+        options = dict(mask=mask, bias=bias, causal=causal, window=window, scale=scale,
+                       q_lengths=q_lengths, kv_lengths=kv_lengths, **variant_keywords(locals()))
+        with self._routed(q, k, v, options):
+            return sdpa_vjp(self, self._engine, q, k, v, d_out, **options)
+
+    def _routed(self, q, k, v, options: dict):
+        """A context around sdpa_vjp in which the forward may use what the concrete inputs tell
+        (the conformant jax backend chooses its route there); none by default."""
+        return contextlib.nullcontext()
+
+    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
+                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
+                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
+                dropout_mask=None, dropout_p=None):
+        return mha_vjp(self, self._engine, query, key, value, params, d_out, num_heads=num_heads,
+                       num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal, window=window,
+                       scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                       **variant_keywords(locals()))
+
+    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
+                          dedup=False, scale=None):
+        return lsh_attention_vjp(self, self._engine, x, v, d_out, rotations=rotations,
+                                 chunk_length=chunk_length, causal=causal, kv_lengths=kv_lengths,
+                                 dedup=dedup, scale=scale)

@@ -386,8 +386,19 @@ class JaxBackend(JaxArrays):
             dist = jnp.asarray(alibi_distance(p, q_ids, kv_ids), dtype=ct)  # (..., 1, n, m)
             alibi = -alibi_slopes.astype(ct)[..., :, None, None] * dist  # (..., Hq, n, m)
         q_len, kv_len = lengths_arrays(rules)
+        sp = static_plan(rules)
+        try:
+            _, finite_k, finite_v = _finite(q, k, v)
+            hidden_nonfinite = not (finite_k and finite_v)
+        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+            hidden_nonfinite = True  # traced: dropping is right for any k, v
+        if hidden_nonfinite:
+            # the keys no row sees are zeroed first, as on the plain route: the forward drops
+            # their logits with a where, but a NaN k still reaches dq as 0 * NaN in dS @ K, and
+            # softcap's tanh' at a NaN logit reaches dk (fixes jax.masked-nonfinite-v under autodiff)
+            k, v = _drop_hidden_keys(k, v, mask, bias, q_len, kv_len, p=sp)
         out, weights, lse = _exact_variants(q, k, v, mask, bias, q_len, kv_len, alibi, sinks, keep,
-                                            p=static_plan(rules), nonfinite_v=_nonfinite(v),
+                                            p=sp, nonfinite_v=_nonfinite(v),
                                             want_weights=want_weights)
         return _xp_core.results(p, out, weights, lse)
 

@@ -42,7 +42,6 @@ from attnspec.backends._common import (
     refuse,
     spec_visibility,
     to_reference,
-    validate,
     variant_keywords,
     visibility,
     with_mask_and_bias,
@@ -52,7 +51,7 @@ from attnspec.spec._validate import ArrayInfo, SDPAPlan
 __all__ = ["TorchBackend"]
 
 
-class TorchArrays(Backend):
+class TorchArrays(_vjp.Autodiff, Backend):
     """Array hooks shared by the ``torch`` and ``torch-native`` backends."""
 
     def devices(self) -> list[str]:
@@ -93,46 +92,15 @@ class TorchArrays(Backend):
             raise refuse(fn, name, x, "torch.Tensor")
         return ArrayInfo(tuple(x.shape), self.dtype_name(x))
 
-    def _plan(self, fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
-              **variants) -> SDPAPlan:
-        return validate(fn, self._info, _lengths_to_numpy, q, k, v, mask, bias, causal, window,
-                        scale, q_lengths, kv_lengths, **variants)
-
-    # -- gradients: autodiff through this backend's own forward (attnspec.backends._vjp) --------
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.implements = _vjp.with_forwards(cls.implements)  # no vjp without its forward
+    _engine = "torch"  # sdpa_vjp, mha_vjp, lsh_attention_vjp: attnspec.backends._vjp.Autodiff
 
     def supports(self, feature: str, **case) -> list[str]:
-        reasons = _vjp.refusals(self, feature, super().supports(feature, **case))
+        reasons = super().supports(feature, **case)  # _vjp.Autodiff's, then the base class'
         if (feature in ("lsh_attention", "lsh_attention_vjp") and feature in self.implements
                 and importlib.util.find_spec("array_api_compat") is None):
             reasons.append(f"{self.name}.{feature} runs on array-api-compat's torch namespace, which is "
                            "not installed (pip install 'attnspec[torch]')")
         return reasons
-
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
-                 scale=None, q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None,
-                 sinks=None, q_segment_ids=None, kv_segment_ids=None, dropout_mask=None,
-                 dropout_p=None):
-        return _vjp.sdpa_vjp(self, "torch", q, k, v, d_out, mask=mask, bias=bias, causal=causal,
-                             window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                             **variant_keywords(locals()))
-
-    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
-                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
-                dropout_mask=None, dropout_p=None):
-        return _vjp.mha_vjp(self, "torch", query, key, value, params, d_out, num_heads=num_heads,
-                            num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal,
-                            window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                            **variant_keywords(locals()))
-
-    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
-                          dedup=False, scale=None):
-        return _vjp.lsh_attention_vjp(self, "torch", x, v, d_out, rotations=rotations,
-                                      chunk_length=chunk_length, causal=causal,
-                                      kv_lengths=kv_lengths, dedup=dedup, scale=scale)
 
 
 def torch_numerics_policy() -> dict[str, object]:

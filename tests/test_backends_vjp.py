@@ -231,3 +231,27 @@ def test_sdpa_vjp_with_a_masked_non_finite_key_matches_the_golden(name, poison):
         g = be.to_numpy(g)
         assert np.isfinite(g).all(), f"{name}: {label} has NaN/inf"
         np.testing.assert_allclose(g, want, rtol=1e-12, atol=1e-12, err_msg=f"{name} {label}")
+
+
+@pytest.mark.parametrize("name", AUTODIFF)
+@pytest.mark.parametrize("variant", ["softcap", "alibi_slopes", "sinks"])
+def test_sdpa_vjp_with_a_variant_and_hidden_non_finite_keys_matches_the_golden(name, variant):
+    """Keys beyond kv_lengths hold NaN and inf while a variant is on: the variant's route must keep
+    them out of the gradients too (jax's once gave dq = NaN there: 0 * NaN in dS @ K, and
+    softcap's tanh' at a NaN logit reached dk)."""
+    from attnspec.spec import sdpa_vjp
+
+    be = backend(name)
+    rng = np.random.default_rng(5)
+    q, k, v, d_out = (rng.standard_normal(s) for s in ((2, 4, 4), (2, 5, 4), (2, 5, 4), (2, 4, 4)))
+    k[:, 3:], v[:, 3:] = np.nan, np.inf
+    value = {"softcap": 2.0, "alibi_slopes": np.array([0.5, 0.25]), "sinks": np.array([0.3, -0.2])}[variant]
+    golden = sdpa_vjp(q, k, v, d_out, kv_lengths=np.array(3), **{variant: value})
+    arg = be.asarray(value, "float64") if isinstance(value, np.ndarray) else value
+    got = be.sdpa_vjp(*(be.asarray(x, "float64") for x in (q, k, v, d_out)),
+                      kv_lengths=be.asarray(np.array(3)), **{variant: arg})
+    assert len(got) == len(golden)
+    for i, (g, want) in enumerate(zip(got, golden)):
+        g = be.to_numpy(g)
+        assert np.isfinite(g).all(), f"{name} {variant}: gradient {i} has NaN/inf"
+        np.testing.assert_allclose(g, want, rtol=1e-10, atol=1e-10, err_msg=f"{name} {variant} gradient {i}")

@@ -129,3 +129,32 @@ def test_atlas_page_renders_cells_links_and_stale(tmp_path):
     assert "status **stale**" in page and "**h % Hkv (tiled)** (undeclared)" in page
     assert "mlx 0.0-test" in page and "import mlx.core as mx" in page
     assert "[The attention atlas](atlas.md)" in (tmp_path / "out" / "index.md").read_text()
+
+
+def _finite_fill_sdpa(q, k, v, bias, mask, fill):
+    """Attention as code that masks with a finite fill computes it (not the spec's rule)."""
+    logits = np.where(mask, q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]) + bias, fill).astype(np.float32)
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    return (w / w.sum(-1, keepdims=True)) @ v
+
+
+def test_finite_floor_question_tells_a_finite_fill_from_the_spec():
+    from attnspec.spec import sdpa
+
+    question = next(q for q in QUESTIONS if q.id == "finite_floor")
+    q, k, v, opts = case = question.case()
+    assert question.classify(sdpa(q, k, v, **opts), case) == question.spec == "as the spec"
+    for fill in (-0.7 * float(np.finfo(np.float32).max), -1e9):  # JAX's fill; a common hand-written one
+        out = _finite_fill_sdpa(q, k, v, opts["bias"], opts["mask"], fill).astype(np.float64)
+        assert question.classify(out, case) == "hidden key takes the weight", fill
+
+
+def test_flax_finite_mask_fill_is_observed_and_declared():
+    from attnspec.backends.atlas.questions import ask
+
+    b = _backend("flax-native")
+    answer = ask(b, next(q for q in QUESTIONS if q.id == "finite_floor"))
+    assert answer["answer"] == "hidden key takes the weight"
+    entries, undeclared = check("flax-native", [answer])
+    assert next(e for e in entries if e["id"] == "flax.finite-mask-fill")["status"] == "observed"
+    assert undeclared == []

@@ -88,6 +88,25 @@ def _kv_lengths() -> Case:
     return q, k, v, {"kv_lengths": np.array([2])}
 
 
+def _finite_floor() -> Case:
+    q, k, v = _qkv()
+    q[..., 1, :] = 0.0  # query 1's logits are its bias alone
+    bias = np.zeros((3, 4))
+    bias[1] = float(np.finfo(np.float32).min)  # below every finite fill an implementation may use
+    return q, k, v, {"bias": bias, "mask": np.arange(4) < 3}  # key 3 is hidden from every row
+
+
+def _floor_answer(out, case: Case) -> str:
+    """Row 1 sees keys 0-2 at logit finfo.min: the spec gives it their mean value; a finite fill
+    F > finfo.min hands the hidden key 3 the weight instead."""
+    got, golden, v = out[..., 1, :], _golden(case)[..., 1, :], case[2]
+    if _close(got, golden):
+        return "as the spec"
+    if _close(got, v[..., 3, :]):
+        return "hidden key takes the weight"
+    return "NaN" if np.isnan(got).any() else "differs"
+
+
 def _weights() -> Case:
     q, k, v = _qkv()
     return q, k, v, {"return_weights": True}
@@ -208,6 +227,7 @@ QUESTIONS = [
     Question("bias_and_mask", "bias with mask", _bias_and_mask, _matches, "as the spec"),
     Question("kv_lengths", "key lengths", _kv_lengths, _matches, "as the spec"),
     Question("weights", "returned weights", _weights, _weights_answer, "returned, as the spec"),
+    Question("finite_floor", "visible logits at finfo.min, a key masked", _finite_floor, _floor_answer, "as the spec"),
     Question("float64", "float64 in, what comes out", _plain, lambda out, case: "", "float64, as the spec"),
 ]
 
@@ -231,6 +251,7 @@ QUESTION_TAGS = {
     "nan_hidden_key": {"masked_nonfinite"},
     "nan_hidden_value": {"masked_nonfinite"},
     "dk_ne_dv": {"dk_ne_dv"},
+    "finite_floor": {"finite_floor"},
     "float64": {"float64"},
 }
 

@@ -175,3 +175,29 @@ def test_every_property_and_dtype_reaches_the_corners_in_every_profile(tmp_path)
         for node, tags in reached.items():
             missing = {"no_visible_row", "masked_nonfinite", "finite_floor"} - tags
             assert not missing, f"{profile}: {node} never drew {sorted(missing)}"
+
+
+def test_a_mask_only_backend_reaches_empty_rows_and_hidden_nonfinite_keys(tmp_path):
+    """A function with no bias argument (the tutorial convention) refuses the three corners, which
+    use one; their mask-only twins run instead (conformance/corners.py), so every sdpa property x
+    dtype it runs still meets a row with no visible key and NaN/inf hidden keys, in dev and default.
+    Seed 003 fails those rules (that is the point: a case that ran counts, failed or not)."""
+    pytest.importorskip("torch")
+    seeds = Path(__file__).parent.parent / "examples" / "tutorial" / "seed_attention.py"
+    for profile in ("dev", "default"):
+        journal = tmp_path / f"{profile}.jsonl"
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend",
+             f"{seeds}:fill_neg_1e9_nan_to_num@tutorial", "--attn-profile", profile, "--attn-journal",
+             str(journal), "-q", "-p", "no:cacheprovider", "-k", "test_sdpa and not bad_input",
+             "-W", "ignore::RuntimeWarning"],
+            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        reached: dict[str, set[str]] = {}
+        for line in journal.read_text().splitlines():
+            event = json.loads(line)
+            if event["event"] == "case" and event["status"] in ("passed", "failed", "deviation"):
+                reached.setdefault(event["node"], set()).update(event["tags"])
+        assert len(reached) >= 5 * 4, sorted(reached)  # the five sdpa properties in all four dtypes
+        for node, tags in reached.items():
+            missing = {"no_visible_row", "masked_nonfinite"} - tags
+            assert not missing, f"{profile}: {node} never drew {sorted(missing)}"

@@ -215,14 +215,14 @@ class Autodiff:
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        cls.implements = with_forwards(cls.implements)  # type: ignore[attr-defined]  # no vjp without its forward
+        cls.implements = with_forwards(cls.implements)  # no vjp without its forward
 
     def supports(self, feature: str, **case) -> list[str]:
-        return refusals(self, feature, super().supports(feature, **case))  # type: ignore[misc]
+        return refusals(self, feature, super().supports(feature, **case))
 
     def _plan(self, fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, **variants):
         """The spec's checks of one sdpa call on this backend's arrays (`SDPAPlan`)."""
-        return validate(fn, self._info, _lengths_to_numpy(self), q, k, v, mask, bias, causal,  # type: ignore[attr-defined]
+        return validate(fn, self._info, _lengths_to_numpy(self), q, k, v, mask, bias, causal,
                         window, scale, q_lengths, kv_lengths, **variants)
 
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,

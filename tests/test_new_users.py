@@ -35,7 +35,7 @@ CAUSES = (
 )
 
 # every dtype for the seeds: the tutorial convention has no bias, so the corner cases (which use
-# one) are unsupported there, and in float32 alone the dev profile draws no row without keys
+# one) are unsupported there and their mask-only twins run instead
 TUTORIAL = ("--convention", "tutorial")
 F32 = ("--dtype", "float32")
 #: name -> (target and options, the modules it needs, the cause its failures must include)
@@ -112,3 +112,19 @@ def test_each_failure_names_its_cause_first_and_its_reproducer_runs(runs, name):
         else:  # it prints the error against the golden: NaN or above 0
             assert ran.returncode == 0, ran.stderr[-2000:]
             assert ran.stdout.strip() not in ("0.0", ""), (repro.name, ran.stdout)
+
+
+def test_seed_003_fails_on_empty_rows_in_float32_alone(tmp_path):
+    """In float32 the dev profile draws no row without keys for a function with no bias; the
+    mask-only corner (conformance/corners.py) draws one, so seed 003 fails matches_golden there,
+    with the cause first."""
+    if missing := _missing(("torch",)):
+        pytest.skip(f"not installed: {', '.join(missing)}")
+    proc = _check((f"{SEEDS}:fill_neg_1e9_nan_to_num", *TUTORIAL, *F32), tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (path,) = (tmp_path / "results").glob("conformance-*.json")
+    failures = json.loads(path.read_text())["failures"]
+    empty = [f for f in failures if f["feature"] == "corner_empty_rows_mask_only"]
+    assert len(empty) == 1 and empty[0]["property"] == "matches_golden", failures
+    first = empty[0]["message"].splitlines()[0].split(": ", 1)[1]
+    assert first.startswith("row with no visible key: expected 0, got mean(V)"), first

@@ -10,9 +10,10 @@ Feature names used by `supports` (the conformance suite asks with these, and rep
     sdpa_vjp, mha, mha_vjp, lsh_attention, lsh_attention_vjp, sdpa_blocked
 The attention variants of issue #15 are features of their own, named by `variant_features` from
 a call's keywords (one name per variant: ``softcap``, ``alibi``, ``sinks``, ``lse``,
-``segments``, ``causal_lower_right_lengths``, ``dropout``); a backend lists the ones it
-implements in ``variants``, and `supports` refuses the rest for sdpa, sdpa_blocked, sdpa_vjp,
-mha and mha_vjp (mha passes them to its per-head sdpa).
+``segments``, ``causal_lower_right_lengths``, ``dropout``, and ``dropout_drawn`` for a
+``dropout_p > 0`` given without a mask, which asks the backend to draw its own); a backend lists
+the ones it implements in ``variants``, and `supports` refuses the rest for sdpa, sdpa_blocked,
+sdpa_vjp, mha and mha_vjp (mha passes them to its per-head sdpa).
 The ``case`` keywords are the call's own options plus ``dtype`` (a name from FLOAT_DTYPES),
 ``device`` and the shapes ``q_shape``, ``k_shape``, ``v_shape``; ``bad_input=True`` marks a case
 that must be refused by validation, ``no_call=True`` one that inspects the backend without
@@ -30,6 +31,7 @@ import numpy as np
 from attnspec.spec._validate import FLOAT_DTYPES
 
 __all__ = [
+    "DRAWN_VARIANTS",
     "FLOAT_DTYPES",
     "SPEC_FUNCTIONS",
     "VARIANT_FEATURES",
@@ -47,14 +49,21 @@ SPEC_FUNCTIONS = ("sdpa", "sdpa_vjp", "mha", "mha_vjp", "lsh_attention", "lsh_at
 #: the attention variants (issue #15), as feature names: what `variant_features` reports
 VARIANT_FEATURES = ("softcap", "alibi", "sinks", "lse", "segments", "causal_lower_right_lengths",
                     "dropout")
+#: variants the spec cannot compute, because the backend draws random numbers of its own:
+#: ``dropout_drawn`` is ``dropout_p > 0`` without a ``dropout_mask`` (spec decision 18). Kept
+#: apart from VARIANT_FEATURES so that ``variants = frozenset(VARIANT_FEATURES)`` never claims it;
+#: the suite checks it statistically (`attnspec.conformance.test_dropout`)
+DRAWN_VARIANTS = ("dropout_drawn",)
 #: the spec functions that take the variant keywords
 VARIANT_FUNCTIONS = ("sdpa", "sdpa_blocked", "sdpa_vjp", "mha", "mha_vjp")
 
 
 def variant_features(options: dict[str, Any]) -> list[str]:
-    """The variants a call's keywords use, as names from `VARIANT_FEATURES` (in that order).
+    """The variants a call's keywords use, as names from `VARIANT_FEATURES` then `DRAWN_VARIANTS`
+    (in that order).
 
     A keyword at its default uses nothing: ``dropout_p=0`` without a mask, ``return_lse=False``.
+    ``dropout_p`` with a mask is ``dropout``; without one, ``dropout_drawn``.
     """
     o = options
     used = {
@@ -64,9 +73,10 @@ def variant_features(options: dict[str, Any]) -> list[str]:
         "lse": bool(o.get("return_lse")),
         "segments": o.get("q_segment_ids") is not None or o.get("kv_segment_ids") is not None,
         "causal_lower_right_lengths": o.get("causal") == "lower_right_lengths",
-        "dropout": o.get("dropout_mask") is not None or bool(o.get("dropout_p")),
+        "dropout": o.get("dropout_mask") is not None,
+        "dropout_drawn": o.get("dropout_mask") is None and bool(o.get("dropout_p")),
     }
-    return [f for f in VARIANT_FEATURES if used[f]]
+    return [f for f in (*VARIANT_FEATURES, *DRAWN_VARIANTS) if used[f]]
 
 
 class Unsupported(NotImplementedError):
@@ -193,6 +203,10 @@ class Backend:
             reasons.append(f"{self.name} cannot run on device {device!r} here")
         if feature in VARIANT_FUNCTIONS and not case.get("bad_input"):
             reasons += self.variant_refusals(feature, case)
+        elif feature == "sdpa" and case.get("bad_input"):
+            # dropout_p without a mask is bad input to the spec, but valid to a backend that draws one
+            reasons += [f"{self.name}.sdpa implements the {v} variant: this call is valid input to it"
+                        for v in variant_features(case) if v in DRAWN_VARIANTS and v in self.variants]
         return reasons
 
     def variant_refusals(self, feature: str, options: dict[str, Any]) -> list[str]:

@@ -54,7 +54,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from attnspec._errors import SpecError
-from attnspec.backends._base import VARIANT_FEATURES, variant_features
+from attnspec.backends._base import DRAWN_VARIANTS, VARIANT_FEATURES, variant_features
 from attnspec.backends.arrays import ArrayLibrary
 from attnspec.backends.authoring import (
     additive_mask,
@@ -142,8 +142,8 @@ class Convention:
         """Why this convention cannot express ``call`` (empty when it can)."""
         why = [f"the {self.name} convention {why}" for need, why in self.cannot.items() if need in call.needs]
         return why + [f"the {self.name} convention has no argument for the {v} variant"
-                      for v in VARIANT_FEATURES if v in call.needs and v not in self.variants
-                      and v not in self.cannot]
+                      for v in (*VARIANT_FEATURES, *DRAWN_VARIANTS)
+                      if v in call.needs and v not in self.variants and v not in self.cannot]
 
     def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,
              options: dict[str, Any]) -> tuple[Any, Any]:

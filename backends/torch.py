@@ -15,15 +15,19 @@ run, written once):
   drops masked keys with ``where`` like the golden.
 * NaN/inf in q: the CPU flash kernel returns 0 for a row whose logits are all NaN, where the
   spec propagates NaN (``torch.nonfinite-query-row-zeroed``).
-* the variants of issue #15 that change the softmax itself (softcap, sinks, lse, dropout with a
-  given mask): torch's SDPA has no argument for them. Segment ids and "lower_right_lengths" are
-  visibility and ALiBi (without softcap) is an additive term, so those stay fused, in the mask.
+* the variants of issue #15 that change the softmax itself (softcap, sinks, lse, dropout): torch's
+  SDPA has no argument for them. ``dropout_p > 0`` without a ``dropout_mask`` (``dropout_drawn``)
+  draws the keep mask here, ``torch.rand(...) >= p`` on q's device (one independent draw per
+  weight, from torch's global generator), then takes the exact path with it. Segment ids and
+  "lower_right_lengths" are visibility and ALiBi (without softcap) is an additive term, so those
+  stay fused, in the mask.
 
 Checking for non-finite values reads three flags back from the device (a sync), on every call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 
@@ -33,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from attnspec.backends import _mha, _vjp, _xp_core
-from attnspec.backends._base import VARIANT_FEATURES, Backend
+from attnspec.backends._base import DRAWN_VARIANTS, VARIANT_FEATURES, Backend, variant_features
 from attnspec.backends._common import (
     alibi_distance,
     is_empty,
@@ -46,7 +50,7 @@ from attnspec.backends._common import (
     visibility,
     with_mask_and_bias,
 )
-from attnspec.spec._validate import ArrayInfo, SDPAPlan
+from attnspec.spec._validate import ArrayInfo, SDPAPlan, check_dropout
 
 __all__ = ["TorchBackend"]
 
@@ -102,6 +106,13 @@ class TorchArrays(_vjp.Autodiff, Backend):
                            "not installed (pip install 'attnspec[torch]')")
         return reasons
 
+    def variant_refusals(self, feature: str, options: dict) -> list[str]:
+        reasons = super().variant_refusals(feature, options)
+        drawn = "dropout_drawn" in self.variants and "dropout_drawn" in variant_features(options)
+        if drawn and feature != "sdpa":  # mha and the vjps validate p by the spec, which needs a mask
+            reasons.append(f"{self.name}.{feature} draws no dropout mask of its own (sdpa does)")
+        return reasons
+
 
 def torch_numerics_policy() -> dict[str, object]:
     """TF32 off for matmuls and cuDNN convolutions; float32 matmuls at full precision."""
@@ -143,6 +154,18 @@ def alibi_term(p: SDPAPlan, slopes: torch.Tensor, q_segment_ids, kv_segment_ids,
     return -slopes.to(dtype)[..., :, None, None] * dist  # (..., Hq, n, m)
 
 
+def drawn_dropout_p(fn: str, variants: dict) -> float:
+    """p of a call that asks the backend to draw its own dropout mask (``dropout_p > 0`` without a
+    ``dropout_mask``), checked by the spec's rule for p; 0.0 for any other call. For a drawing
+    call, ``variants["dropout_p"]`` is set to None: the spec refuses p without a mask (it draws
+    no random numbers), so the rest of the call is validated without it."""
+    p = variants.get("dropout_p")
+    if variants.get("dropout_mask") is not None or not p:
+        return 0.0
+    variants["dropout_p"] = None
+    return check_dropout(fn, p, ArrayInfo((), "bool"), ())  # a stand-in mask that fits any shape
+
+
 class TorchHeadOps(_mha.HeadOps):
     """mha's array operations in torch's own ops."""
 
@@ -163,16 +186,21 @@ class TorchBackend(TorchArrays):
     """torch SDPA (fused kernel) with the spec's semantics; exact math path where it leaks."""
 
     name = "torch"
-    variants = frozenset(VARIANT_FEATURES)
+    variants = frozenset(VARIANT_FEATURES + DRAWN_VARIANTS)
 
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
              q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
              q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
              return_weights=False, return_lse=False):
+        variants = variant_keywords(locals())
+        drawn_p = drawn_dropout_p("torch.sdpa", variants)
         p = self._plan("torch.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
-                       **variant_keywords(locals()))
+                       **variants)
         if is_empty(p):
             return _xp_core.empty(_xp(), p, q.dtype, q.device, return_weights, sinks)
+        if drawn_p:  # keep each weight with probability 1 - p, independently (rand is in [0, 1))
+            dropout_mask = torch.rand(p.full_weights_shape, device=q.device) >= drawn_p  # (*batch, Hq, n, m)
+            p = dataclasses.replace(p, dropout_p=drawn_p)
         # Kernels differ in which batch broadcasts they accept; expand (a view) makes them equal.
         q = with_head(q).expand(*p.batch, p.hq, p.n, p.dk)
         k = with_head(k).expand(*p.batch, p.hkv, p.m, p.dk)

@@ -10,7 +10,9 @@ Mapping: ``causal="upper_left"`` -> ``is_causal=True``; ``"lower_right"`` alone 
 combination of causal, window, lengths and ``mask`` -> one boolean ``attn_mask``; ``bias`` ->
 a float ``attn_mask``, with a boolean mask folded in by ``where(mask, bias, -inf)`` (the
 conversion torch itself applies to boolean masks); GQA -> ``enable_gqa=True``. Rank-2 inputs and
-batch broadcasting are passed as they are (torch accepts both).
+batch broadcasting are passed as they are (torch accepts both). ``dropout_p`` without a
+``dropout_mask`` (``dropout_drawn``) is passed to torch as it is: torch draws the mask, and the
+suite judges the draws statistically (`attnspec.conformance.test_dropout`).
 
 ``mha`` is `torch.nn.MultiheadAttention` called as a user calls it (see `_mha_module`); what the
 module has no argument for is refused by `supports` (`mha_refusals`), and its three deviations
@@ -31,7 +33,7 @@ from torch.nn.attention.bias import causal_lower_right
 from attnspec.backends import _mha
 from attnspec.backends._base import Unsupported
 from attnspec.backends._common import variant_keywords, with_mask_and_bias
-from attnspec.backends.torch import TorchArrays, _lengths_to_numpy, structural_visibility
+from attnspec.backends.torch import TorchArrays, _lengths_to_numpy, drawn_dropout_p, structural_visibility
 
 __all__ = ["TorchNativeBackend"]
 
@@ -40,6 +42,7 @@ class TorchNativeBackend(TorchArrays):
     """torch SDPA called directly; its deviations from the spec are measured, not repaired."""
 
     name = "torch-native"
+    variants = frozenset({"dropout_drawn"})  # dropout_p, drawn by torch (sdpa only)
 
     def supports(self, feature: str, **case) -> list[str]:
         reasons = super().supports(feature, **case)
@@ -54,15 +57,18 @@ class TorchNativeBackend(TorchArrays):
              q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
              return_weights=False, return_lse=False):
         variants = variant_keywords(locals())
+        drawn_p = drawn_dropout_p("torch-native.sdpa", variants)  # validated; torch draws the mask
         p = self._plan("torch-native.sdpa", q, k, v, mask, bias, causal, window, scale,
                        q_lengths, kv_lengths, **variants)
         # torch's F.scaled_dot_product_attention has no softcap, ALiBi, sinks, logsumexp, segment
-        # ids or lengths-aligned causal argument, and draws its own dropout mask: a native backend
-        # measures, so it refuses rather than emulates them
+        # ids or lengths-aligned causal argument, and takes no given dropout mask: a native
+        # backend measures, so it refuses rather than emulates them
         self.refuse_variants("sdpa", {**variants, "causal": causal})
         if return_weights:
             raise Unsupported("torch-native.sdpa: torch SDPA returns no attention weights")
         kw = {"scale": p.scale, "enable_gqa": p.group > 1}
+        if drawn_p:
+            kw["dropout_p"] = drawn_p
         structural_only = (mask is None and bias is None and p.window is None
                            and p.q_lengths is None and p.kv_lengths is None)
         if structural_only and p.causal == "upper_left":

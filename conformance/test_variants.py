@@ -3,9 +3,9 @@ segment ids, causal="lower_right_lengths" and dropout with a given mask.
 
 Each case is one variant (or all of them, ``variants_combined``) on top of a drawn sdpa case; a
 backend declares the variants it lacks through `supports`, and those cases are recorded as
-unsupported. No backend here draws its own dropout mask (the spec never does), so dropout is
-judged against the golden with the given mask; the statistical check of issue #15 applies only
-to a backend that draws one.
+unsupported. Dropout is judged here against the golden with the given mask; a backend that
+draws its own mask (``dropout_p`` alone, variant ``dropout_drawn``) is checked statistically in
+`attnspec.conformance.test_dropout`.
 """
 
 from __future__ import annotations

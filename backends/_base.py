@@ -134,6 +134,9 @@ class Backend:
     #: the variants (names from `VARIANT_FEATURES`) its sdpa functions implement; `supports`
     #: refuses the others, and `refuse_variants` raises for them when called anyway
     variants: ClassVar[frozenset[str]] = frozenset()
+    #: the deviations this backend is known to show, as `attnspec.backends.deviations.Deviation`
+    #: records (a plugin declares its own here; the conformance suite counts their cases as declared)
+    deviations: ClassVar[tuple[Any, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

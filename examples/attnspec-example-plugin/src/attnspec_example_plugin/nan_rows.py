@@ -62,8 +62,9 @@ class NanRowsBackend(ExampleBackend):
             dropout_mask=dropout_mask,
             dropout_p=dropout_p,
         )
-        result = super().sdpa(q, k, v, return_weights=return_weights, return_lse=return_lse, **options)
+        # checked under this backend's own name first, so bad input names example-nan-rows.sdpa
         p = plan_sdpa("example-nan-rows.sdpa", q, k, v, return_lse=return_lse, library="numpy", **options)
+        result = super().sdpa(q, k, v, return_weights=return_weights, return_lse=return_lse, **options)
         vis = attend_mask(
             p, mask, bias, full=True, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids
         )

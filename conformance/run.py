@@ -248,6 +248,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def _watch(proc: subprocess.Popen, journal: Path, timeout: float, interrupted: list[int]) -> str | None:
     """Wait for the child; None if it exited by itself (or was stopped), else "crashed" or "timeout"."""
     last_size, last_change = -1, time.time()
+    # a restarted child finds the journal its predecessor wrote: it has started once it adds to it
+    baseline = journal.stat().st_size if journal.exists() else 0
     while True:
         code = proc.poll()
         if interrupted:
@@ -261,8 +263,9 @@ def _watch(proc: subprocess.Popen, journal: Path, timeout: float, interrupted: l
         if code is not None:
             return "crashed" if code < 0 or code not in (0, 1, 2, 5) else None
         # before its first journal line the child is importing and collecting, which takes longer
-        # than a case may (two children importing torch on a busy machine: > 4 s)
-        if now - last_change > (timeout if size else max(timeout, STARTUP_TIMEOUT)):
+        # than a case may (two children importing torch on a busy machine: > 4 s); a restarted
+        # child too, or its import would be taken for a hang of the case that crashed before it
+        if now - last_change > (timeout if size > baseline else max(timeout, STARTUP_TIMEOUT)):
             _kill_group(proc)
             proc.wait()
             return "timeout"

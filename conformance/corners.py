@@ -66,6 +66,20 @@ def floor_rows(q: np.ndarray, bias: np.ndarray, rows, levels) -> None:
     bias[..., rows, :] = np.where(b == -np.inf, -np.inf, np.asarray(levels, np.float64)[:, None])
 
 
+def _drawn(seed: int):
+    """A corner's generator (``seed``), its q, k, v of the corner shape, the key index j, and its
+    mask: row r hides the keys with (j + r) % 3 == 0, where a finite fill would land."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((2, 2, _N, 4))  # (B, H, n, dk)
+    k = rng.standard_normal((2, 2, _M, 4))  # (B, H, m, dk)
+    v = rng.standard_normal((2, 2, _M, 4))  # (B, H, m, dv)
+    j = np.arange(_M)
+    mask = np.ones((_N, _M), bool)
+    for r in range(_N):
+        mask[r, (j + r) % 3 == 0] = False
+    return rng, q, k, v, j, mask
+
+
 def corner_case(kind: str, dtype: str):
     """The fixed case ``kind`` (one of `CORNERS`) in ``dtype``."""
     from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
@@ -74,15 +88,9 @@ def corner_case(kind: str, dtype: str):
         return mask_only_case(kind, dtype)
     if kind not in CORNERS:
         raise ValueError(f"corner_case: kind={kind!r}, expected one of {CORNERS + MASK_ONLY}")
-    rng = np.random.default_rng(19 + CORNERS.index(kind))
-    q = rng.standard_normal((2, 2, _N, 4))  # (B, H, n, dk)
-    k = rng.standard_normal((2, 2, _M, 4))  # (B, H, m, dk)
-    v = rng.standard_normal((2, 2, _M, 4))  # (B, H, m, dv)
-    j = np.arange(_M)
-    mask = np.ones((_N, _M), bool)
+    rng, q, k, v, j, mask = _drawn(19 + CORNERS.index(kind))
     bias = rng.standard_normal((_N, _M)) * 2
     for r in range(_N):
-        mask[r, (j + r) % 3 == 0] = False  # hidden by the mask: where a finite fill would land
         bias[r, (j + r) % 3 == 1] = -np.inf  # hidden by the bias
     levels = floor_levels(dtype)
     floor_rows(q, bias, _FLOOR_ROWS, [levels[i % len(levels)] for i in range(len(_FLOOR_ROWS))])
@@ -112,14 +120,7 @@ def mask_only_case(kind: str, dtype: str):
 
     if kind not in MASK_ONLY:
         raise ValueError(f"mask_only_case: kind={kind!r}, expected one of {MASK_ONLY}")
-    rng = np.random.default_rng(23 + MASK_ONLY.index(kind))
-    q = rng.standard_normal((2, 2, _N, 4))  # (B, H, n, dk)
-    k = rng.standard_normal((2, 2, _M, 4))  # (B, H, m, dk)
-    v = rng.standard_normal((2, 2, _M, 4))  # (B, H, m, dv)
-    j = np.arange(_M)
-    mask = np.ones((_N, _M), bool)
-    for r in range(_N):
-        mask[r, (j + r) % 3 == 0] = False
+    _, q, k, v, j, mask = _drawn(23 + MASK_ONLY.index(kind))
     options: dict[str, Any] = {"mask": mask}
     if kind == "corner_empty_rows_mask_only":
         mask[0] = False  # row 0 sees no key

@@ -285,6 +285,19 @@ def _variant_case(draw, dtype: str, features: tuple[str, ...], bases: tuple[str,
         options["sinks"] = (rng.standard_normal(hq) * 2).astype(NP_DTYPES[dtype])
     if feature == "lse" or every or draw(st.booleans()):
         options["return_lse"] = True
+    draw_packing_and_dropout(draw, rng, feature, every, options, batch, hq, n, m)
+    tags = {t for t in base.tags if t not in SDPA_FEATURES or t == base.feature} | {feature, "variants"}
+    _tag_visibility(tags, q, k, v, options)
+    return SDPACase(feature, dtype, q, k, v, options, frozenset(tags), base.seed)
+
+
+_variant_cases = st.composite(_variant_case)
+
+
+def draw_packing_and_dropout(draw, rng, feature: str, every: bool, options: dict, batch: tuple,
+                             heads: int, n: int, m: int) -> None:
+    """In place: a variant case's segment ids, lengths-aligned causal and dropout options (the
+    sdpa and the mha variant strategies share them; the order of the draws is part of the cases)."""
     if feature == "segments" or every or (feature == "causal_lower_right_lengths" and draw(st.booleans())):
         segments = draw(st.sampled_from([1, 2, 3]))
         options["q_segment_ids"] = segment_ids(rng, (*batch, n), segments)
@@ -299,10 +312,4 @@ def _variant_case(draw, dtype: str, features: tuple[str, ...], bases: tuple[str,
     if feature == "dropout" or every:
         p = float(draw(st.sampled_from([0.1, 0.5, 0.9])))
         options["dropout_p"] = p
-        options["dropout_mask"] = rng.random(draw(st.sampled_from([(*batch, hq, n, m), (n, m)]))) >= p
-    tags = {t for t in base.tags if t not in SDPA_FEATURES or t == base.feature} | {feature, "variants"}
-    _tag_visibility(tags, q, k, v, options)
-    return SDPACase(feature, dtype, q, k, v, options, frozenset(tags), base.seed)
-
-
-_variant_cases = st.composite(_variant_case)
+        options["dropout_mask"] = rng.random(draw(st.sampled_from([(*batch, heads, n, m), (n, m)]))) >= p

@@ -18,7 +18,13 @@ import numpy as np
 from hypothesis import strategies as st
 
 from attnspec.backends._base import variant_features
-from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SIDES, _short, full_visibility, segment_ids
+from attnspec.conformance.hypothesis_helpers import (
+    NP_DTYPES,
+    SIDES,
+    _short,
+    draw_packing_and_dropout,
+    full_visibility,
+)
 from attnspec.spec.mha import MHAParams, _validate
 from attnspec.spec.tolerance_mha import MHAGolden, mha_golden
 
@@ -228,21 +234,7 @@ def _draw_variants(draw, rng, feature: str, options: dict[str, Any], batch, head
         options["sinks"] = (rng.standard_normal(heads) * 2).astype(npdt)
     if feature in ("lse", "sinks") or every:
         options["return_lse"] = True
-    if feature == "segments" or every or (feature == "causal_lower_right_lengths" and draw(st.booleans())):
-        segments = draw(st.sampled_from([1, 2, 3]))
-        options["q_segment_ids"] = segment_ids(rng, (*batch, n), segments)
-        options["kv_segment_ids"] = segment_ids(rng, (*batch, m), segments)
-    if feature == "causal_lower_right_lengths" or (every and draw(st.booleans())):
-        options["causal"] = "lower_right_lengths"
-        options["kv_lengths"] = rng.integers(0, m + 1, size=batch)
-        if draw(st.booleans()):
-            options["q_lengths"] = rng.integers(0, n + 1, size=batch)
-        if draw(st.booleans()):
-            options["window"] = (draw(st.integers(0, 4)), draw(st.integers(0, 4)))
-    if feature == "dropout" or every:
-        p = float(draw(st.sampled_from([0.1, 0.5, 0.9])))
-        options["dropout_p"] = p
-        options["dropout_mask"] = rng.random(draw(st.sampled_from([(*batch, heads, n, m), (n, m)]))) >= p
+    draw_packing_and_dropout(draw, rng, feature, every, options, batch, heads, n, m)
 
 
 def retag(case: MHACase) -> MHACase:

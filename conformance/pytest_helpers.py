@@ -167,6 +167,15 @@ def failure_message(backend_name: str, prop: str, case: SDPACase, device: str | 
     head = f"[{backend_name}] {fn} {prop}: " + (f"{cause}\n  case: " if cause else "")
     lines = [f"{head}{case.describe()} device={device}"]
     lines += [f"  {p}" for p in problems]
+    lines += comparison_lines(comparisons)
+    lines.append("  reproduce with:")
+    lines += ["    " + line for line in repro(backend_name, case, device, fn, **extra).splitlines()]
+    return "\n".join(lines)
+
+
+def comparison_lines(comparisons: dict) -> list[str]:
+    """One message line per failed comparison: its worst error, where, and the budget used."""
+    lines = []
     for name, c in comparisons.items():
         if c.ok:
             continue
@@ -176,6 +185,4 @@ def failure_message(backend_name: str, prop: str, case: SDPACase, device: str | 
             f"(budget used {c.budget_used:.3g}); {100 * c.out_of_tolerance:.1f}% of elements out of "
             f"tolerance; max rel err {c.max_rel_err:.3e}; {c.nonfinite_mismatch} NaN/inf mismatches"
         )
-    lines.append("  reproduce with:")
-    lines += ["    " + line for line in repro(backend_name, case, device, fn, **extra).splitlines()]
-    return "\n".join(lines)
+    return lines

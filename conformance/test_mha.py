@@ -20,7 +20,7 @@ from attnspec.conformance.mha_cases import (
     mha_cases,
     retag,
 )
-from attnspec.conformance.pytest_helpers import Verdict, bad_input_verdict, check_metadata
+from attnspec.conformance.pytest_helpers import Verdict, bad_input_verdict, check_metadata, comparison_lines
 from attnspec.spec._validate import FLOAT_DTYPES
 from attnspec.spec.mha import MHAParams, merge_heads, split_heads
 from attnspec.spec.sdpa import sdpa
@@ -36,14 +36,7 @@ def _message(backend_name: str, prop: str, case: MHACase, device, comparisons: d
     lines = [f"[{backend_name}] mha {prop}: {case.describe()} device={device}"]
     lines += [f"  {note}"] if note else []
     lines += [f"  {p}" for p in problems]
-    for name, c in comparisons.items():
-        if c.ok:
-            continue
-        where = f" at index {c.worst_index}" if c.worst_index is not None else ""
-        lines.append(
-            f"  {name}: max abs err {c.max_abs_err:.3e}{where} > allowed {c.allowed:.3e} "
-            f"(budget used {c.budget_used:.3g}); {100 * c.out_of_tolerance:.1f}% of elements out of "
-            f"tolerance; max rel err {c.max_rel_err:.3e}; {c.nonfinite_mismatch} NaN/inf mismatches")
+    lines += comparison_lines(comparisons)
     lines.append("  reproduce with:")
     lines += ["    " + line for line in case.repro(backend_name, device).splitlines()]
     return "\n".join(lines)

@@ -182,6 +182,27 @@ def _logsumexp(s, sink, shifted=False):
         return np.log(z)[..., 0] if shifted else (top + np.log(z))[..., 0]
 
 
+def naive_visibility(p, causal, window, q_lengths, kv_lengths, mask, bias) -> np.ndarray:
+    """Which keys each query sees, (..., Hq, n, m), written out rule by rule (the blocked and
+    gradient mutants' own, independent of the spec's masks module)."""
+    i, j = np.arange(p.n)[:, None], np.arange(p.m)[None, :]
+    shift = p.m - p.n if causal == "lower_right" else 0
+    vis = np.ones(p.full_weights_shape, bool)
+    if causal is not None:
+        vis &= j <= i + shift
+    if window is not None:
+        vis &= (j >= i + shift - window[0]) & (j <= i + shift + window[1])
+    if kv_lengths is not None:
+        vis &= j < p.kv_lengths[..., None, None, None]
+    if q_lengths is not None:
+        vis &= i < p.q_lengths[..., None, None, None]
+    if mask is not None:
+        vis &= mask
+    if bias is not None:
+        vis &= bias != -np.inf
+    return vis
+
+
 def _np_dtype(name):
     from attnspec.spec.tolerance import _NP
 

@@ -11,7 +11,7 @@ bug that tiles of a single size (block_k >= m) never show.
 from __future__ import annotations
 
 import numpy as np
-from mutants import Naive, _np_dtype
+from mutants import Naive, _np_dtype, naive_visibility
 
 from attnspec.spec._validate import ArrayInfo, validate_sdpa
 
@@ -34,21 +34,8 @@ class BlockedNaive(Naive):
         heads = np.arange(p.hq) // p.group
         q, k, v = lift(q), lift(k)[..., heads, :, :], lift(v)[..., heads, :, :]  # (..., Hq, L, d)
         s = np.einsum("...id,...jd->...ij", q, k) * p.scale  # (..., Hq, n, m)
-        i, j = np.arange(p.n)[:, None], np.arange(p.m)[None, :]
-        shift = p.m - p.n if causal == "lower_right" else 0
-        vis = np.ones(p.full_weights_shape, bool)
-        if causal is not None:
-            vis &= j <= i + shift
-        if window is not None:
-            vis &= (j >= i + shift - window[0]) & (j <= i + shift + window[1])
-        if kv_lengths is not None:
-            vis &= j < p.kv_lengths[..., None, None, None]
-        if q_lengths is not None:
-            vis &= i < p.q_lengths[..., None, None, None]
-        if mask is not None:
-            vis &= mask
+        vis = naive_visibility(p, causal, window, q_lengths, kv_lengths, mask, bias)  # (..., Hq, n, m)
         if bias is not None:
-            vis &= bias != -np.inf
             s = s + np.where(bias == -np.inf, 0, bias)
         s = np.where(vis, s, -np.inf)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from mutants import Naive, _np_dtype
+from mutants import Naive, _np_dtype, naive_visibility
 from mutants_lsh import NaiveLSH
 from mutants_mha import NaiveMHA, _info
 
@@ -56,21 +56,7 @@ class NaiveGrad(Naive):
         dO = d_out.astype(np.float64).reshape(*p.batch, p.hq, p.n, p.dv)
         scale = p.scale if self.grad_bug != "no_scale" else 1.0
 
-        i, j = np.arange(p.n)[:, None], np.arange(p.m)[None, :]
-        shift = p.m - p.n if causal == "lower_right" else 0
-        vis = np.ones(p.full_weights_shape, bool)
-        if causal is not None:
-            vis &= j <= i + shift
-        if window is not None:
-            vis &= (j >= i + shift - window[0]) & (j <= i + shift + window[1])
-        if kv_lengths is not None:
-            vis &= j < p.kv_lengths[..., None, None, None]
-        if q_lengths is not None:
-            vis &= i < p.q_lengths[..., None, None, None]
-        if mask is not None:
-            vis &= mask
-        if bias is not None:
-            vis &= bias != -np.inf
+        vis = naive_visibility(p, causal, window, q_lengths, kv_lengths, mask, bias)  # (..., Hq, n, m)
         seen = vis.any(axis=-2)[..., None]  # (..., Hq, m, 1): a key no row sees never enters a sum
         k64, v64 = np.where(seen, k64, 0), np.where(seen, v64, 0)
 

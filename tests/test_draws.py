@@ -1,0 +1,68 @@
+"""Which cases the conformance suite draws: the same for every backend name and install location
+(`attnspec.conformance.plugin.stable_case_key`), and a refused draw is drawn again
+(`conformance/conftest.py`, ``_draw_another``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SELECTION = "test_sdpa.py and test_matches_golden and float64"
+
+
+def _cases(cwd: Path, backend: str, *extra: str) -> list[tuple]:
+    """The sdpa matches_golden float64 cases of a dev run of ``backend`` started in ``cwd``, in order."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    journal = cwd / "journal.jsonl"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", backend,
+            "--attn-profile", "dev", "--attn-journal", str(journal), "-q", "-p", "no:cacheprovider",
+            "-k", SELECTION, "-W", "ignore::RuntimeWarning", *extra,
+        ],
+        capture_output=True, text=True, timeout=600, cwd=cwd,
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
+    events = [json.loads(line) for line in journal.read_text().splitlines()]
+    return [
+        (e["feature"], e["status"], json.dumps(e["shapes"], sort_keys=True), tuple(e["tags"]))
+        for e in events
+        if e["event"] == "case"
+    ]
+
+
+def test_every_backend_name_and_install_location_draws_the_same_cases(tmp_path):
+    """Hypothesis keys derandomized draws by the pytest node id, which holds the backend's name and
+    the path the suite was collected from; the plugin keys them by property and parameters only.
+    Before that, CI's installed suite and a checkout drew different cases, and so did two names of
+    one backend."""
+    by_name = _cases(tmp_path / "a", "numpy")
+    by_path = _cases(tmp_path / "b" / "c", "attnspec.backends.numpy:NumpyBackend")
+    assert len(by_name) > 12  # corners and drawn cases
+    assert by_name == by_path
+
+
+def test_a_refused_draw_is_drawn_again(tmp_path):
+    """A backend refusing biases and causal masks meets more cases it can run than one recording every
+    refusal as a case: its refusals are replaced, up to the profile's count of redraws."""
+    plugin = tmp_path / "refusing.py"
+    plugin.write_text(
+        "from attnspec.backends.numpy import NumpyBackend\n"
+        "class Refusing(NumpyBackend):\n"
+        "    name = 'no-bias-no-causal'\n"
+        "    def supports(self, feature, **kw):\n"
+        "        why = super().supports(feature, **kw)\n"
+        "        return why + [f'takes no {o}' for o in ('bias', 'causal') if kw.get(o) is not None]\n"
+    )
+    cases = _cases(tmp_path, "refusing:Refusing")
+    ran = [c for c in cases if c[1] == "passed"]
+    refused = [c for c in cases if c[1] == "unsupported"]
+    full = [c for c in _cases(tmp_path / "full", "numpy") if c[1] == "passed"]
+    assert len(refused) > 3, "the selection draws biases and causal masks: some draws must be refused"
+    # a refused drawn case is not one of the 12: the run still meets 12 drawn cases it can run,
+    # besides the corners (which carry a bias, so are refused and recorded)
+    drawn_ran = [c for c in ran if not c[0].startswith("corner_")]
+    drawn_full = [c for c in full if not c[0].startswith("corner_")]
+    assert len(drawn_ran) == len(drawn_full) == 12, (len(drawn_ran), len(drawn_full))

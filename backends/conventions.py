@@ -120,6 +120,14 @@ def call_needs(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tupl
     return Call(frozenset(needs), n, m)
 
 
+def _variant_refusal(convention: str, variant: str) -> str:
+    """Why ``convention`` refuses ``variant``: it maps no argument of the function to it."""
+    if variant == "dropout_drawn":  # the function may well take dropout_p: the convention passes none
+        return (f"the {convention} convention passes no dropout_p to the function, so dropout the "
+                f"function draws itself is not checked through it")
+    return f"the {convention} convention has no argument for the {variant} variant"
+
+
 class Convention:
     """One family of attention signatures. Subclasses set the class attributes and `call`."""
 
@@ -141,8 +149,7 @@ class Convention:
     def refusals(self, call: Call) -> list[str]:
         """Why this convention cannot express ``call`` (empty when it can)."""
         why = [f"the {self.name} convention {why}" for need, why in self.cannot.items() if need in call.needs]
-        return why + [f"the {self.name} convention has no argument for the {v} variant"
-                      for v in (*VARIANT_FEATURES, *DRAWN_VARIANTS)
+        return why + [_variant_refusal(self.name, v) for v in (*VARIANT_FEATURES, *DRAWN_VARIANTS)
                       if v in call.needs and v not in self.variants and v not in self.cannot]
 
     def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,

@@ -5,8 +5,9 @@ and dtype can miss a row with no visible key, or never hide a NaN key. So each p
 three fixed cases (`with_corners`) besides its drawn ones:
 
 - ``corner_finite_floor``: every row sees a key, four rows see them only at large negative biases;
-- ``corner_empty_rows``: the same, plus a row hidden by the mask and rows hidden by ``q_lengths``;
-- ``corner_hidden_nonfinite``: the first, plus keys beyond ``kv_lengths`` holding NaN and inf.
+- ``corner_empty_rows``: a row hidden by the mask and rows hidden by ``q_lengths``, next to keys
+  hidden by the mask and by -inf biases;
+- ``corner_hidden_nonfinite``: keys beyond ``kv_lengths`` holding NaN and inf, next to the same.
 
 A backend that takes no bias (a mask-only function) refuses those three, so each property then
 runs the mask-only twins of the last two (`MASK_ONLY`) in their place: rows hidden by the mask
@@ -16,8 +17,10 @@ charges the rounding of eps * |q.k| (it cannot know such a product is exact), wh
 allows more error than any leak causes.
 
 They are apart so that a backend's declared deviation for one rule (say, empty rows give
-mean(V)) does not excuse a failure of another in the same case. Each carries rows whose
-visible keys sit at the bottom of the dtype's finite range: the query row is zero, so each logit is
+mean(V)) does not excuse a failure of another in the same case; so only the first carries the
+``finite_floor`` tag and its rows (a backend declaring a finite mask fill, as jax.nn does, is
+still held to empty rows and hidden NaN keys by the other two). The floor rows have visible keys
+at the bottom of the dtype's finite range: the query row is zero, so each logit is
 its bias alone, and the biases of the row's visible keys are one of
 `floor_levels` (-1e4, -1e9, -0.7 * finfo.max, finfo.min, those the dtype can hold), next to keys
 hidden by the mask and by -inf biases. A backend that masks with a finite fill F instead of
@@ -92,8 +95,11 @@ def corner_case(kind: str, dtype: str):
     bias = rng.standard_normal((_N, _M)) * 2
     for r in range(_N):
         bias[r, (j + r) % 3 == 1] = -np.inf  # hidden by the bias
-    levels = floor_levels(dtype)
-    floor_rows(q, bias, _FLOOR_ROWS, [levels[i % len(levels)] for i in range(len(_FLOOR_ROWS))])
+    tags = {kind, dtype}
+    if kind == "corner_finite_floor":  # the floor rows only here: a declared finite fill excuses no other rule
+        levels = floor_levels(dtype)
+        floor_rows(q, bias, _FLOOR_ROWS, [levels[i % len(levels)] for i in range(len(_FLOOR_ROWS))])
+        tags.add("finite_floor")
     options: dict[str, Any] = {"mask": mask}
     if kind == "corner_empty_rows":
         mask[0] = False  # row 0 sees no key
@@ -108,7 +114,6 @@ def corner_case(kind: str, dtype: str):
     npdt = NP_DTYPES[dtype]
     q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
     options["bias"] = bias.astype(npdt)
-    tags = {kind, dtype, "finite_floor"}
     _tag_visibility(tags, q, k, v, options)
     return SDPACase(kind, dtype, q, k, v, options, frozenset(tags), 19)
 

@@ -123,6 +123,25 @@ def _function_table(entries: list[tuple[dict, dict]]) -> str:
     return table(headers, rows, "lllll" + "r" * 9 + "l")
 
 
+def _refused_table(entries: list[tuple[dict, dict]]) -> str:
+    """The rows whose every case the backend refused, one line per backend, device and reason:
+    listed one by one they were most of the page (each repeating its reason)."""
+    groups: dict[tuple[str, str, str], dict[str, set[str]]] = {}
+    cases: dict[tuple[str, str, str], int] = {}
+    for doc, r in entries:
+        reasons = sorted(str(x) for x in r.get("unsupported_reasons") or [] if x is not None)
+        key = (doc["backend"], doc["device"], "; ".join(reasons) or DASH)
+        g = groups.setdefault(key, {"property": set(), "feature": set(), "dtype": set()})
+        g["property"].add(r.get("property") or DASH)
+        g["feature"].add(r["feature"])
+        g["dtype"].add(r["dtype"])
+        cases[key] = cases.get(key, 0) + int(r["run"])
+    rows = [[*key[:2], ", ".join(sorted(g["dtype"])), len(g["property"]), len(g["feature"]), cases[key], key[2]]
+            for key, g in sorted(groups.items())]
+    return table(["backend", "device", "dtypes", "properties", "features", "cases", "reason"], rows,
+                 "lll" + "r" * 3 + "l")
+
+
 def _failures(results: Results) -> list[str]:
     out = []
     fields = ("function", "property", "feature", "dtype", "status", "message", "repro")
@@ -179,7 +198,13 @@ def accuracy_page(results: Results, plots: list[tuple[str, str]] | None = None) 
         mine = sorted((e for e in entries if e[1]["function"] == fn),
                       key=lambda e: (run_key(e[0]), e[1].get("property") or "", e[1]["feature"],
                                      e[1]["dtype"]))
-        lines += ["", f"## {fn}", "", _function_table(mine)]
+        ran = [e for e in mine if e[1]["unsupported"] < e[1]["run"]]
+        refused = [e for e in mine if e[1]["unsupported"] >= e[1]["run"]]
+        lines += ["", f"## {fn}", ""]
+        lines += [_function_table(ran)] if ran else ["No backend ran a case of it."]
+        if refused:
+            lines += ["", f"Refused in every case ({len(refused)} rows of property, feature and dtype, "
+                          "folded by backend and reason):", "", _refused_table(refused)]
     lines += ["", "## Failures"]
     fails = _failures(results)
     lines += fails if fails else ["", "None."]

@@ -96,7 +96,8 @@ def corner_case(kind: str, dtype: str):
     for r in range(_N):
         bias[r, (j + r) % 3 == 1] = -np.inf  # hidden by the bias
     tags = {kind, dtype}
-    if kind == "corner_finite_floor":  # the floor rows only here: a declared finite fill excuses no other rule
+    # the floor rows only here: a declared finite fill excuses no other rule
+    if kind == "corner_finite_floor":
         levels = floor_levels(dtype)
         floor_rows(q, bias, _FLOOR_ROWS, [levels[i % len(levels)] for i in range(len(_FLOOR_ROWS))])
         tags.add("finite_floor")

@@ -53,15 +53,13 @@ def judge(attn_backend, attn_device, pytestconfig, request):
                                         q_shape=case.q.shape, k_shape=case.k.shape,
                                         v_shape=case.v.shape, **case.options, **(feature_case or {}))
         if reasons:
-            rec.record(nodeid, {**base, "status": "unsupported", "reason": "; ".join(reasons)})
-            _draw_another(nodeid)
+            _refused(rec, nodeid, base, "; ".join(reasons))
             return
         applicable = [d for d in deviations if _applies(d, case.tags)]
         try:
             verdict = body()
         except Unsupported as exc:  # the backend declines this case as it runs: a declaration, not a failure
-            rec.record(nodeid, {**base, "status": "unsupported", "reason": str(exc)})
-            _draw_another(nodeid)
+            _refused(rec, nodeid, base, str(exc))
             return
         except SpecError as exc:
             verdict = _raised(name, function, prop, case, attn_device, f"raised SpecError on a valid input: {exc}")
@@ -87,23 +85,24 @@ def judge(attn_backend, attn_device, pytestconfig, request):
     return run
 
 
-def _draw_another(nodeid: str) -> None:
-    """A drawn case the backend refuses is recorded, and need not count as one of the profile's
+def _refused(rec, nodeid: str, base: dict, reason: str) -> None:
+    """Record a case the backend refuses; a drawn one need not count as one of the profile's
     examples: Hypothesis draws another in its place (``reject``), up to the profile's count of
     redraws per test. So a function that expresses a few features (a FlashAttention-style
-    convention, a native primitive) meets about twice the cases it can run that it would otherwise,
-    while a test of a function it lacks altogether (mha for an sdpa-only function) costs at most
-    twice its count of quick refusals. Corner cases run outside Hypothesis
-    (`attnspec.conformance.corners`) and are only recorded."""
+    convention, a native primitive) meets up to twice as many cases it can run, while a test of a
+    function it lacks altogether (mha for an sdpa-only function) costs at most twice its count of
+    quick refusals. Corner cases run outside Hypothesis (`attnspec.conformance.corners`) and are
+    only recorded."""
     from hypothesis import currently_in_test_context, reject, settings
 
+    rec.record(nodeid, {**base, "status": "unsupported", "reason": reason})
     if not currently_in_test_context() or _REDRAWN.get(nodeid, 0) >= settings.default.max_examples:
         return
     _REDRAWN[nodeid] = _REDRAWN.get(nodeid, 0) + 1
     reject()
 
 
-#: node id -> refused draws replaced so far (`_draw_another`)
+#: node id -> refused draws replaced so far (`_refused`)
 _REDRAWN: dict[str, int] = {}
 
 

@@ -1,6 +1,6 @@
 """Which cases the conformance suite draws: the same for every backend name and install location
 (`attnspec.conformance.plugin.stable_case_key`), and a refused draw is drawn again
-(`conformance/conftest.py`, ``_draw_another``)."""
+(`conformance/conftest.py`, ``_refused``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 SELECTION = "test_sdpa.py and test_matches_golden and float64"
 
 
-def _cases(cwd: Path, backend: str, *extra: str) -> list[tuple]:
+def _cases(cwd: Path, backend: str) -> list[tuple]:
     """The sdpa matches_golden float64 cases of a dev run of ``backend`` started in ``cwd``, in order."""
     cwd.mkdir(parents=True, exist_ok=True)
     journal = cwd / "journal.jsonl"
@@ -20,7 +20,7 @@ def _cases(cwd: Path, backend: str, *extra: str) -> list[tuple]:
         [
             sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", backend,
             "--attn-profile", "dev", "--attn-journal", str(journal), "-q", "-p", "no:cacheprovider",
-            "-k", SELECTION, "-W", "ignore::RuntimeWarning", *extra,
+            "-k", SELECTION, "-W", "ignore::RuntimeWarning",
         ],
         capture_output=True, text=True, timeout=600, cwd=cwd,
     )  # fmt: skip

@@ -29,6 +29,16 @@ the deviation of ``jax-native`` it repairs:
 The exact path is `attnspec.backends._xp_core` with ``jax.numpy`` as its namespace (JAX implements
 the array API standard), also under `jax.jit`; ``return_weights=True`` uses it too.
 
+Length buckets: XLA compiles a program for every new shape, and compiling costs far more than
+running attention at small sizes. So for concrete CPU arrays the adapter pads the query and key
+lengths up to a bucket (8, 16, 32, ..., the next power of two, at least 8) on the host, hides the
+padding through ``q_lengths``/``kv_lengths`` (padded keys are masked; padded query rows see
+nothing and are cut off), runs the padded call and cuts the results back to the call's own sizes,
+so one compiled program serves every length in its bucket. Gradients are padded and cut the same
+way, and mha's projections pad their rows. Lower-right causal, whose diagonal moves with the
+lengths, the variants, traced arrays and arrays on an accelerator run at their own sizes;
+``JaxBackend(length_buckets=False)`` turns the buckets off.
+
 Inside the caller's own `jax.jit` the finiteness flags cannot be read back, so the choice is made
 on device: `lax.cond` runs the fused kernel for all-finite inputs and the exact path (with the
 full non-finite treatment) otherwise. ``q_lengths``/``kv_lengths`` must then be concrete (NumPy
@@ -290,16 +300,76 @@ def _unproject(x, w, b, *, dtype: str):
 
 class JaxHeadOps(_mha.XPHeadOps):
     """jax.numpy's head ops, with each projection one jitted program: run eagerly, every jnp
-    primitive of it compiles on its own for each new shape."""
+    primitive of it compiles on its own for each new shape. With ``buckets`` the rows of a
+    concrete CPU input are padded to their length bucket first and the result cut back (a
+    projection treats each row on its own, so the padding changes no value)."""
 
-    def __init__(self) -> None:
+    def __init__(self, buckets: bool = False) -> None:
         super().__init__(jnp)
+        self.buckets = buckets
 
     def project(self, x, w, b, heads, dtype):
-        return _project(x, w, b, heads=heads, dtype=dtype)
+        if not (self.buckets and all(a is None or _on_host(a) for a in (x, w, b))):
+            return _project(x, w, b, heads=heads, dtype=dtype)
+        length = x.shape[-2]
+        out = _project(pad_axes(x, {-2: bucket(length)}), w, b, heads=heads, dtype=dtype)
+        return crop(out, (*out.shape[:-2], length, out.shape[-1]))  # (..., heads, L, hd)
 
     def unproject(self, x, w, b, dtype):
-        return _unproject(x, w, b, dtype=dtype)
+        if not (self.buckets and all(a is None or _on_host(a) for a in (x, w, b))):
+            return _unproject(x, w, b, dtype=dtype)
+        length = x.shape[-2]
+        out = _unproject(pad_axes(x, {-2: bucket(length)}), w, b, dtype=dtype)
+        return crop(out, (*out.shape[:-2], length, out.shape[-1]))  # (..., n, E)
+
+
+# -- length buckets (see the module docstring) ------------------------------------------------
+
+def bucket(size: int) -> int:
+    """The padded length for ``size``: the next power of two, at least 8."""
+    return max(8, 1 << max(size - 1, 0).bit_length())
+
+
+def pad_axes(x, sizes: dict[int, int], keep_ones: bool = False):
+    """``x`` (a concrete array) with zeros (False) appended on the host along each axis of
+    ``sizes`` (a negative axis -> its padded size). With ``keep_ones`` an axis of size 1, or one
+    ``x`` lacks, stays as it is: a mask or bias broadcasts there."""
+    if x is None:
+        return None
+    a = np.asarray(x)
+    widths = [(0, 0)] * a.ndim
+    for axis, size in sizes.items():
+        if a.ndim >= -axis and not (keep_ones and a.shape[axis] == 1):
+            widths[axis] = (0, size - a.shape[axis])
+    if not any(after for _, after in widths):
+        return x
+    return jax.device_put(np.pad(a, widths), x.device)
+
+
+def crop(x, shape: tuple[int, ...]):
+    """The leading ``shape`` block of ``x`` (a concrete array, same rank), cut on the host."""
+    if tuple(x.shape) == tuple(shape):
+        return x
+    a = np.asarray(x)[tuple(slice(0, size) for size in shape)]
+    return jax.device_put(np.ascontiguousarray(a), x.device)
+
+
+def padded_plan(p: SDPAPlan, n: int, m: int) -> SDPAPlan:
+    """``p`` at lengths (n, m), with lengths that hide the padding: a query row past the call's
+    own n sees no key (it is cut off), a key past its m is masked."""
+    def lengths(given, size):
+        return np.broadcast_to(np.asarray(size if given is None else given, np.int64), p.batch).copy()
+
+    return dataclasses.replace(p, n=n, m=m, q_lengths=lengths(p.q_lengths, p.n),
+                               kv_lengths=lengths(p.kv_lengths, p.m))
+
+
+def pad_call(pp: SDPAPlan, q, k, v, mask, bias):
+    """q, k, v, mask and bias padded to the lengths of the padded plan ``pp``."""
+    q = pad_axes(q, {-2: pp.n})
+    k, v = pad_axes(k, {-2: pp.m}), pad_axes(v, {-2: pp.m})
+    mask, bias = (pad_axes(x, {-2: pp.n, -1: pp.m}, keep_ones=True) for x in (mask, bias))
+    return q, k, v, mask, bias
 
 
 class JaxBackend(JaxArrays):
@@ -307,6 +377,48 @@ class JaxBackend(JaxArrays):
 
     name = "jax"
     variants = frozenset(VARIANT_FEATURES)
+
+    def __init__(self, length_buckets: bool = True) -> None:
+        super().__init__()
+        self.length_buckets = length_buckets
+
+    def _buckets(self, p: SDPAPlan, *arrays) -> SDPAPlan | None:
+        """The padded plan of a call that runs in length buckets, or None: buckets are off, the
+        diagonal is lower-right (it moves with the lengths), an array is traced or not on the
+        CPU, or the lengths already are bucket sizes."""
+        if not self.length_buckets or p.causal == "lower_right":
+            return None
+        if not all(x is None or _on_host(x) for x in arrays):
+            return None
+        n, m = bucket(p.n), bucket(p.m)
+        return None if (n, m) == (p.n, p.m) else padded_plan(p, n, m)
+
+    def _padded_sdpa(self, p: SDPAPlan, pp: SDPAPlan, q, k, v, mask, bias, want_weights: bool):
+        """sdpa at the padded plan ``pp``, its results cut back to ``p``'s sizes."""
+        q, k, v, mask, bias = pad_call(pp, q, k, v, mask, bias)
+        q_len, kv_len = lengths_arrays(pp)
+        result = run(route(pp, q, k, v, mask, bias, q_len, kv_len, want_weights), pp, q, k, v, mask,
+                     bias, q_len, kv_len, want_weights)
+        if want_weights:
+            return crop(result[0], p.out_shape), crop(result[1], p.weights_shape)
+        return crop(result, p.out_shape)
+
+    def _padded_vjp(self, p: SDPAPlan, pp: SDPAPlan, mask):
+        """The whole vjp (`_vjp_on_route`) at the padded plan ``pp``: q, k, v, bias and d_out are
+        padded (d_out with zeros, so padded rows send back nothing), the gradients cut back."""
+        q_len, kv_len = lengths_arrays(pp)
+
+        def whole(q, k, v, *rest):
+            *bias, d_out = rest
+            shapes = [x.shape for x in (q, k, v, *bias)]
+            q, k, v, mask_p, bias_p = pad_call(pp, q, k, v, mask, bias[0] if bias else None)
+            d_out = pad_axes(d_out, {-2: pp.n})
+            r = route(pp, q, k, v, mask_p, bias_p, q_len, kv_len, False)
+            grads = _vjp_on_route(q, k, v, *([bias_p] if bias else []), d_out, mask=mask_p, q_len=q_len,
+                                  kv_len=kv_len, p=static_plan(pp), r=r)
+            return [crop(g, shape) for g, shape in zip(grads, shapes)]
+
+        return whole
 
     def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
              q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
@@ -326,8 +438,12 @@ class JaxBackend(JaxArrays):
                                     q_segment_ids, kv_segment_ids, dropout_mask)
             self._last = result
             return result
-        q_len, kv_len = lengths_arrays(p)
         chosen = self.__dict__.pop("_route", None)  # sdpa_vjp's, from its concrete inputs
+        if chosen is None and (pp := self._buckets(p, q, k, v, mask, bias)) is not None:
+            result = self._padded_sdpa(p, pp, q, k, v, mask, bias, return_weights)
+            self._last = result
+            return result
+        q_len, kv_len = lengths_arrays(p)
         try:
             chosen = chosen or route(p, q, k, v, mask, bias, q_len, kv_len, return_weights)
         except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
@@ -353,7 +469,14 @@ class JaxBackend(JaxArrays):
             mask, bias, causal = o.pop("mask"), o.pop("bias"), o["causal"]
             p = self._plan("jax.sdpa_vjp", q, k, v, mask, bias, o.pop("causal"), o.pop("window"),
                            o.pop("scale"), o.pop("q_lengths"), o.pop("kv_lengths"), **o)
-            if not is_empty(p) and not variant_features({**o, "causal": causal}):
+            variants = variant_features({**o, "causal": causal})
+            pp = None if is_empty(p) else self._buckets(p, q, k, v, mask, bias, *(
+                x for x in o.values() if isinstance(x, jax.Array)))
+            if pp is not None and variants:
+                self._vjp_on_route = self._padded_variants_vjp(p, mask, bias, o)
+            elif pp is not None:
+                self._vjp_on_route = self._padded_vjp(p, pp, mask)
+            elif not is_empty(p) and not variants:
                 q_len, kv_len = lengths_arrays(p)
                 chosen = route(p, q, k, v, mask, bias, q_len, kv_len, False)
                 self._route = chosen  # for the forward, should the engine trace it itself
@@ -375,39 +498,77 @@ class JaxBackend(JaxArrays):
         per-sequence anchors."""
         # fixes jax.lse-empty-row-finite and jax.lse-in-input-dtype: the lse comes from the exact
         # path, -inf for a row with no visible key and float32 (float64 for float64 inputs)
+        rules, q, k, v, mask, bias, alibi, keep = self._variant_call(
+            p, q, k, v, mask, bias, alibi_slopes, sinks, q_segment_ids, kv_segment_ids, keep)
+        out, weights, lse = _variants_on(rules, q, k, v, mask, bias, alibi, sinks, keep, want_weights)
+        if (rules.n, rules.m) != (p.n, p.m):  # ran in length buckets: cut back to the call's sizes
+            out = crop(out, (*out.shape[:-2], p.n, out.shape[-1]))
+            weights = None if weights is None else crop(weights, (*weights.shape[:-2], p.n, p.m))
+            lse = None if lse is None else crop(lse, (*lse.shape[:-1], p.n))
+        return _xp_core.results(p, out, weights, lse)
+
+    def _variant_call(self, p, q, k, v, mask, bias, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
+                      keep):
+        """(rules, q, k, v, mask, bias, alibi, keep) for `_variants_on`: the per-sequence rules
+        folded into the mask, the ALiBi term built, and all of it padded to the length buckets
+        when the call runs in them (the rules' plan then has the padded lengths)."""
         q_ids, kv_ids = _lengths_to_numpy(q_segment_ids), _lengths_to_numpy(kv_segment_ids)
         rules, per_sequence = fold_per_sequence(p, q_ids, kv_ids)
         if per_sequence is not None:
             seq = jnp.asarray(per_sequence)
             mask = seq if mask is None else mask & seq
+        padded = self._buckets(rules, q, k, v, mask, bias, alibi_slopes, sinks, keep)
+        if padded is not None:
+            rules = padded
+            q, k, v, mask, bias = pad_call(rules, q, k, v, mask, bias)
+            keep = pad_axes(keep, {-2: rules.n, -1: rules.m}, keep_ones=True)
         alibi = None
         if alibi_slopes is not None:  # -slope[h] * |i' - j|, i' from the call's own alignment
             ct = compute_dtype_name(p.dtype)  # as the golden: slopes in the compute dtype
-            dist = jnp.asarray(alibi_distance(p, q_ids, kv_ids), dtype=ct)  # (..., 1, n, m)
+            dist = alibi_distance(p, q_ids, kv_ids)  # (..., 1, n, m), NumPy float64
+            if padded is not None:
+                widths = [(0, 0)] * (dist.ndim - 2) + [(0, rules.n - p.n), (0, rules.m - p.m)]
+                dist = np.pad(dist, widths)
+            dist = jnp.asarray(dist.astype(ct))
             alibi = -alibi_slopes.astype(ct)[..., :, None, None] * dist  # (..., Hq, n, m)
-        q_len, kv_len = lengths_arrays(rules)
-        sp = static_plan(rules)
-        try:
-            _, finite_k, finite_v = _finite(q, k, v)
-            hidden_nonfinite = not (finite_k and finite_v)
-        except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-            hidden_nonfinite = True  # traced: dropping is right for any k, v
-        if hidden_nonfinite:
-            # the keys no row sees are zeroed first, as on the plain route: the forward drops
-            # their logits with a where, but a NaN k still reaches dq as 0 * NaN in dS @ K, and
-            # softcap's tanh' at a NaN logit reaches dk (fixes jax.masked-nonfinite-v under autodiff)
-            k, v = _drop_hidden_keys(k, v, mask, bias, q_len, kv_len, p=sp)
-        out, weights, lse = _exact_variants(q, k, v, mask, bias, q_len, kv_len, alibi, sinks, keep,
-                                            p=sp, nonfinite_v=_nonfinite(v),
-                                            want_weights=want_weights)
-        return _xp_core.results(p, out, weights, lse)
+        return rules, q, k, v, mask, bias, alibi, keep
+
+    def _padded_variants_vjp(self, p, mask, bias, options: dict):
+        """The whole vjp of a variant call, run in length buckets: jax.vjp of `_variants_on` at
+        the padded lengths (one compiled program per bucket, not per length), d_out padded with
+        zeros and the gradients cut back. Leaves: q, k, v, then bias, then sinks, as given."""
+        o = {name: options.get(name) for name in ("alibi_slopes", "sinks", "q_segment_ids",
+                                                  "kv_segment_ids", "dropout_mask")}
+
+        def whole(q, k, v, *rest):
+            *leaves, d_out = rest
+            shapes = [x.shape for x in (q, k, v, *leaves)]
+            b = leaves[0] if bias is not None else None
+            sinks = leaves[-1] if o["sinks"] is not None else None
+            rules, qp, kp, vp, mask_p, bias_p, alibi, keep = self._variant_call(
+                p, q, k, v, mask, b, o["alibi_slopes"], sinks, o["q_segment_ids"], o["kv_segment_ids"],
+                o["dropout_mask"])
+            padded_leaves = [qp, kp, vp] + ([bias_p] if b is not None else []) + (
+                [sinks] if sinks is not None else [])
+
+            def forward(q, k, v, *rest):
+                rest = list(rest)
+                b = rest.pop(0) if bias is not None else None
+                s = rest.pop(0) if o["sinks"] is not None else None
+                return _variants_on(rules, q, k, v, mask_p, b, alibi, s, keep, False)[0]
+
+            _, pullback = jax.vjp(forward, *padded_leaves)
+            grads = pullback(pad_axes(d_out, {-2: rules.n}))
+            return [crop(g, shape) for g, shape in zip(grads, shapes)]
+
+        return whole
 
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
             bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
             softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
             dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
         # `attnspec.backends._mha`: jnp projections, then self.sdpa per head
-        result = _mha.run(self, "jax.mha", JaxHeadOps(), self._info, _lengths_to_numpy,
+        result = _mha.run(self, "jax.mha", JaxHeadOps(self.length_buckets), self._info, _lengths_to_numpy,
                           lambda: device_name(query), query, key, value, params, num_heads=num_heads,
                           num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal, window=window,
                           scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
@@ -434,3 +595,21 @@ class JaxBackend(JaxArrays):
 def _lsh(x, v, rotations, kv, *, p, nonfinite_v: bool):
     """`attnspec.backends._lsh_xp` with jax.numpy as its namespace; the plan is static, kv traced."""
     return _lsh_xp.lsh_attention(jnp, p, x, v, rotations, kv, nonfinite_v=nonfinite_v)
+
+
+def _variants_on(rules: SDPAPlan, q, k, v, mask, bias, alibi, sinks, keep, want_weights: bool):
+    """(out, weights, lse) of a variant call on the exact path, its rules folded into ``rules``."""
+    q_len, kv_len = lengths_arrays(rules)
+    sp = static_plan(rules)
+    try:
+        _, finite_k, finite_v = _finite(q, k, v)
+        hidden_nonfinite = not (finite_k and finite_v)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        hidden_nonfinite = True  # traced: dropping is right for any k, v
+    if hidden_nonfinite:
+        # the keys no row sees are zeroed first, as on the plain route: the forward drops
+        # their logits with a where, but a NaN k still reaches dq as 0 * NaN in dS @ K, and
+        # softcap's tanh' at a NaN logit reaches dk (fixes jax.masked-nonfinite-v under autodiff)
+        k, v = _drop_hidden_keys(k, v, mask, bias, q_len, kv_len, p=sp)
+    return _exact_variants(q, k, v, mask, bias, q_len, kv_len, alibi, sinks, keep, p=sp,
+                           nonfinite_v=_nonfinite(v), want_weights=want_weights)

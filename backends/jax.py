@@ -35,8 +35,9 @@ lengths up to a bucket (8, 16, 32, ..., the next power of two, at least 8) on th
 padding through ``q_lengths``/``kv_lengths`` (padded keys are masked; padded query rows see
 nothing and are cut off), runs the padded call and cuts the results back to the call's own sizes,
 so one compiled program serves every length in its bucket. Gradients are padded and cut the same
-way, and mha's projections pad their rows. Lower-right causal, whose diagonal moves with the
-lengths, the variants, traced arrays and arrays on an accelerator run at their own sizes;
+way (d_out with zeros), the variants too (their ALiBi distances and dropout mask padded alike),
+and mha's projections pad their rows. Lower-right causal, whose diagonal moves with the lengths,
+traced arrays and arrays on an accelerator run at their own sizes;
 ``JaxBackend(length_buckets=False)`` turns the buckets off.
 
 Inside the caller's own `jax.jit` the finiteness flags cannot be read back, so the choice is made

@@ -237,15 +237,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def verdict_table(results: Results) -> str:
-    """One line per conformance run: backend, device, cases by status, seconds (the main job's end)."""
-    rows = [["backend", "device", "passed", "failed", "unsupported", "deviations", "crashed/hung", "seconds"]]
+    """One line per conformance run: backend, device, cases by status, seconds, and when and at which
+    commit it ran (the main job's end). The table reads every results file, so a run of one backend
+    also lists the others' earlier results: their date and commit tell them apart."""
+    rows = [["backend", "device", "passed", "failed", "unsupported", "deviations", "crashed/hung", "seconds",
+             "finished", "commit"]]
     for d in sorted(results.conformance, key=lambda d: (d["backend"], d["device"])):
         tot = {s: sum(r.get(s, 0) for r in d["rows"]) for s in ("passed", "failed", "unsupported", "deviation",
                                                                   "crashed", "timeout")}
-        seconds = (d.get("environment") or {}).get("elapsed_s")
+        env = d.get("environment") or {}
+        seconds = env.get("elapsed_s")
         rows.append([d["backend"] + (" (incomplete)" if d.get("incomplete") else ""), d["device"],
                      *(str(tot[s]) for s in ("passed", "failed", "unsupported", "deviation")),
-                     str(tot["crashed"] + tot["timeout"]), "—" if seconds is None else f"{seconds:.0f}"])
+                     str(tot["crashed"] + tot["timeout"]), "—" if seconds is None else f"{seconds:.0f}",
+                     str(env.get("date") or "—").replace("T", " ").removesuffix("Z")[:16],
+                     str(env.get("git_commit") or "—")])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
 

@@ -321,3 +321,14 @@ def test_write_json_atomic_round_trips_non_finite(tmp_path):
     write_json_atomic(path, {"a": float("inf"), "b": [1.0, float("nan")]})
     assert json.loads(path.read_text()) == {"a": "inf", "b": [1.0, "nan"]}
     assert [p.name for p in path.parent.iterdir()] == ["x.json"]  # no temporary file left
+
+
+def test_verdict_table_says_when_and_at_which_commit_each_run_finished(results):
+    """The main job's closing table reads every results file: a one-backend run also lists the
+    other backends' earlier results, so each line carries its finish time and commit."""
+    from attnspec.reports.render import verdict_table
+
+    header, *lines = verdict_table(load_results(results)).splitlines()
+    assert header.split()[-2:] == ["finished", "commit"]
+    assert sorted(line.split()[-3:] for line in lines) == [
+        ["2026-11-23", "00:00", "abc1234"], ["2026-11-24", "00:00", "abc1234"]]

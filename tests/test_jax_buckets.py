@@ -89,7 +89,7 @@ VARIANTS = [
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("n,m", [(1, 2), (3, 5), (13, 24), (5, 16)])
+@pytest.mark.parametrize("n,m", [(1, 2), (13, 24), (5, 16)])  # n = 1; both padded; m already a bucket
 @pytest.mark.parametrize("how", range(len(PLAIN) + len(VARIANTS)))
 def test_buckets_change_no_answer(pair, dtype, n, m, how):
     """Output, weights, lse and every gradient, with buckets and without, on every route."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,11 +32,14 @@ from typing import Any, cast
 
 from attnspec._errors import SpecError
 from attnspec.backends._base import Backend, MHAArrays, Unsupported
-from attnspec.backends.conventions import CONVENTIONS, Convention, get_convention, register_convention
+from attnspec.backends.conventions import CANONICAL, CONVENTIONS, NEEDS, Convention, get_convention, register_convention
 from attnspec.backends.function import FunctionBackend, from_function
 
 __all__ = [
+    "CANONICAL",
     "CONVENTIONS",
+    "NEEDS",
+    "TARGET_PATH_ENV",
     "ENTRY_POINT_GROUP",
     "Availability",
     "Backend",
@@ -54,6 +58,8 @@ __all__ = [
     "names",
     "register",
     "register_convention",
+    "search_after_installed",
+    "split_convention",
 ]
 
 ENTRY_POINT_GROUP = "attnspec.backends"
@@ -192,6 +198,7 @@ def load_object(target: str) -> Any:
         if module.endswith(".py") or "/" in module:
             obj = _import_path(module)
         else:
+            search_after_installed(os.environ.get(TARGET_PATH_ENV, "").split(os.pathsep))
             obj = importlib.import_module(module)
     except SpecError:
         raise
@@ -202,6 +209,32 @@ def load_object(target: str) -> Any:
             raise SpecError(f"load: {module!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def split_convention(how: str) -> tuple[str, str]:
+    """``convention[/arrays]`` -> (convention, arrays or ""): the convention may be a name
+    (``torch_sdpa``, ``torch_sdpa+canonical``) or ``MODULE:ATTRIBUTE`` (a path with ``/`` too), so
+    only a last part naming an array library is taken as the arrays."""
+    from attnspec.backends.arrays import array_libraries
+
+    convention, sep, arrays = how.rpartition("/")
+    if sep and arrays in array_libraries():
+        return convention, arrays
+    return how, ""
+
+
+#: env var: folders (os.pathsep-separated) a ``module:attr`` target is also looked for in, after
+#: the installed packages (``attnspec check`` sets it to the folder it was started in)
+TARGET_PATH_ENV = "ATTNSPEC_TARGET_PATH"
+
+
+def search_after_installed(folders: list[str]) -> None:
+    """Append ``folders`` to ``sys.path``, after the installed packages: a target's own folder
+    resolves its module and sibling imports but can never hide an installed package (a clone
+    named ``attnspec`` in the current folder, a ``torch.py`` beside the file)."""
+    for folder in folders:
+        if folder and os.path.abspath(folder) not in map(os.path.abspath, filter(None, sys.path)):
+            sys.path.append(os.path.abspath(folder))
 
 
 def load(target: str, **options: Any) -> Backend:
@@ -217,7 +250,7 @@ def load(target: str, **options: Any) -> Backend:
         raise SpecError(f"load: target={target!r} must be a non-empty str")
     if "@" in target:
         where, _, how = target.rpartition("@")
-        convention, _, arrays = how.partition("/")
+        convention, arrays = split_convention(how)
         fn = load_object(where)
         if not callable(fn):
             raise SpecError(f"load: {where!r} is a {type(fn).__name__}, not a callable")
@@ -241,8 +274,7 @@ def _import_path(path: str) -> ModuleType:
     if not os.path.isfile(file):
         raise SpecError(f"load: no file {path!r}")
     name = os.path.splitext(os.path.basename(file))[0]
-    if os.path.dirname(file) not in sys.path:
-        sys.path.insert(0, os.path.dirname(file))  # so the file's own sibling imports work
+    search_after_installed([os.path.dirname(file)])  # its sibling imports work; it shadows nothing
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:  # not a file Python can import (no .py suffix)
         raise SpecError(f"load: {path!r} is not a Python module file")

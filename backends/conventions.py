@@ -67,12 +67,14 @@ from attnspec.backends.authoring import (
 )
 from attnspec.spec._validate import SDPAPlan
 
-__all__ = ["CONVENTIONS", "Call", "Convention", "call_needs", "get_convention", "register_convention"]
+__all__ = ["CANONICAL", "CONVENTIONS", "NEEDS", "Call", "Convention", "call_needs", "canonical_inputs", "get_convention",
+           "register_convention"]
 
 #: what a call can ask of an implementation, beyond its dtype: the names the probe and the
 #: conventions' refusals use
 NEEDS = (
-    "gqa", "dk_ne_dv", "rank2", "batch_broadcast", "empty", "scale", "mask", "bias",
+    "gqa", "dk_ne_dv", "rank2", "rank3", "rank4", "rank5", "batch_broadcast", "empty", "scale", "mask",
+    "mask_broadcast", "bias",
     "causal_upper_left", "causal_lower_right", "window", "window_lower_right",
     "q_lengths", "kv_lengths", "return_weights",
     *VARIANT_FEATURES,
@@ -99,8 +101,9 @@ def call_needs(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tupl
         needs.add("gqa")
     if q_shape[-1] != v_shape[-1]:
         needs.add("dk_ne_dv")
-    if len(q_shape) == 2:
-        needs.add("rank2")
+    # rank 4 is (B, H, L, D); rank 3 has no batch axis, rank 2 no head axis either; rank 5 stands
+    # for more than one batch axis
+    needs.add(f"rank{min(len(q_shape), 5)}")
     if len({tuple(s[:-3]) for s in (q_shape, k_shape, v_shape)}) > 1:
         needs.add("batch_broadcast")
     n, m = int(q_shape[-2]), int(k_shape[-2])
@@ -109,6 +112,11 @@ def call_needs(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tupl
     for name in ("scale", "mask", "bias", "q_lengths", "kv_lengths"):
         if options.get(name) is not None:
             needs.add(name)
+    mask = options.get("mask")
+    if mask is not None and len(q_shape) >= 3:
+        full = (*np.broadcast_shapes(tuple(q_shape[:-3]), tuple(k_shape[:-3])), heads(q_shape), n, m)
+        if tuple(np.shape(mask)) != full:
+            needs.add("mask_broadcast")  # a mask with fewer or size-1 axes, broadcast by the spec
     if options.get("return_weights"):
         needs.add("return_weights")
     causal = options.get("causal")
@@ -145,6 +153,66 @@ class Convention:
     window_argument: bool = False
     #: the attention variants (`VARIANT_FEATURES`) it can carry; the others are refused
     variants: frozenset[str] = frozenset()
+    #: spec option -> the function's keyword for it, passed as it is whenever a call sets the
+    #: option (``softcap``, ``sinks``, ``alibi_slopes``); added with `extend`
+    keywords: dict[str, str] = {}  # noqa: RUF012 (replaced, never mutated)
+    #: the function receives canonical inputs: q, k, v always (B, H, L, D) (rank 2 gets B = H = 1,
+    #: several batch axes become one) and every mask full-size (B, Hq, n, m), no size-1 axes; its
+    #: output comes back to the spec's shape. Set with ``extend(..., canonical=True)`` or
+    #: ``attnspec check --canonical``.
+    canonical: bool = False
+
+    def extend(self, name: str, *, keywords: dict[str, str] | None = None,
+               refuse: dict[str, str] | None = None, canonical: bool | None = None,
+               signature: str | None = None) -> Convention:
+        """A new convention: this one, plus keywords, minus features, or with canonical inputs.
+
+        Args:
+            name: the new convention's name (register it with `register_convention`, or name it
+                as ``MODULE:ATTRIBUTE`` on the command line).
+            keywords: spec option -> the function's keyword: ``{"softcap": "logit_cap"}`` passes
+                the spec's softcap as ``logit_cap=`` whenever a case sets it, so the variant is
+                checked. One of ``softcap``, ``sinks``, ``alibi_slopes``.
+            refuse: need (`NEEDS`) -> why the function cannot take it: ``{"scale": "fixes the
+                scale at 1/sqrt(d)"}``. Such cases are refused before the call, and the verdict
+                counts the need as not expressible rather than refused.
+            canonical: the function receives canonical inputs (`canonical`).
+            signature: the signature as documented (default: the parent's, with the keywords).
+        """
+        import copy
+
+        keywords = dict(keywords or {})
+        bad = sorted(set(keywords) - set(_PASSED_OPTIONS))
+        if bad:
+            raise SpecError(f"{self.name}.extend: keywords={keywords!r}: {', '.join(bad)} cannot be passed as a "
+                            f"keyword; expected spec options among {', '.join(_PASSED_OPTIONS)}")
+        bad = sorted(set(refuse or {}) - set(NEEDS))
+        if bad:
+            raise SpecError(f"{self.name}.extend: refuse={refuse!r}: {', '.join(bad)} is not a need; expected "
+                            f"names among {', '.join(NEEDS)}")
+        new = copy.copy(self)
+        new.name = name
+        new.keywords = {**self.keywords, **keywords}
+        passed = {_PASSED_OPTIONS[o] for o in keywords}
+        new.variants = self.variants | passed
+        # a class-level table in the built-ins: the new one is this instance's own
+        setattr(new, "cannot", {**{k: v for k, v in self.cannot.items() if k not in passed}, **(refuse or {})})
+        if canonical is not None:
+            new.canonical = canonical
+        extra = "".join(f", {kw}=<{o}>" for o, kw in keywords.items())
+        new.signature = signature or (self.signature + (f"; plus {extra[2:]}" if extra else "")
+                                      + ("; canonical 4-D inputs, full-size masks" if new.canonical
+                                         and not self.canonical else ""))
+        return new
+
+    def pass_keywords(self, p: SDPAPlan, options: dict[str, Any]) -> dict[str, Any]:
+        """The keywords of `extend` a call sets, with their values (the spec's, unchanged)."""
+        kw = {}
+        for option, keyword in self.keywords.items():
+            value = p.softcap if option == "softcap" else options.get(option)
+            if value is not None:
+                kw[keyword] = value
+        return kw
 
     def refusals(self, call: Call) -> list[str]:
         """Why this convention cannot express ``call`` (empty when it can)."""
@@ -159,6 +227,21 @@ class Convention:
 
     def __repr__(self) -> str:
         return f"<attnspec convention {self.name!r}: {self.signature}>"
+
+
+#: the spec options `Convention.extend` can pass through a keyword -> the variant each carries
+_PASSED_OPTIONS = {"softcap": "softcap", "sinks": "sinks", "alibi_slopes": "alibi"}
+
+
+def canonical_inputs(p: SDPAPlan, lib: ArrayLibrary, q: Any, k: Any, v: Any,
+                     mask: np.ndarray | None) -> tuple[Any, Any, Any, Any]:
+    """q, k, v as (B, H, L, d) and a mask (NumPy, broadcasting to the call) as the full-size
+    (B, Hq, n, m) array on q's device, for a convention with canonical inputs."""
+    qf, kf, vf = flat_qkv(p, q, k, v)
+    if mask is not None:
+        full = np.broadcast_to(np.asarray(flatten_mask(p, mask)), (math.prod(p.batch), p.hq, p.n, p.m))
+        mask = lib.asarray(np.ascontiguousarray(full), device=_device(lib, q))
+    return qf, kf, vf, mask
 
 
 def _device(lib: ArrayLibrary, x: Any) -> str | None:
@@ -196,17 +279,22 @@ class TorchSDPA(Convention):
         if p.group > 1:
             kw["enable_gqa"] = True
         rules = (options.get(o) is not None for o in ("mask", "bias", "window", "q_lengths", "kv_lengths"))
+        mask = None
         if p.causal == "upper_left" and not any(rules):
             kw["is_causal"] = True  # is_causal is upper-left
         elif options.get("bias") is not None:
-            add = additive_mask(p, options.get("mask"), options["bias"])
-            assert add is not None  # never None with a bias
-            kw["attn_mask"] = lib.asarray(add, device=_device(lib, q))
+            mask = additive_mask(p, options.get("mask"), options["bias"])
+            assert mask is not None  # never None with a bias
         else:
-            vis = attend_mask(p, options.get("mask"))
-            if vis is not None:
-                kw["attn_mask"] = lib.asarray(vis, device=_device(lib, q))
-        return _first(fn(q, k, v, **kw)), None
+            mask = attend_mask(p, options.get("mask"))
+        if self.canonical:
+            q, k, v, mask = canonical_inputs(p, lib, q, k, v, mask)
+        elif mask is not None:
+            mask = lib.asarray(mask, device=_device(lib, q))
+        if mask is not None:
+            kw["attn_mask"] = mask
+        out = _first(fn(q, k, v, **kw, **self.pass_keywords(p, options)))
+        return (unflatten_batch(p, out) if self.canonical else out), None
 
 
 class Flash(Convention):
@@ -261,7 +349,7 @@ class Flash(Convention):
                                              device=_device(lib, q))
         if p.return_lse:
             kw["return_attn_probs"] = True
-        result = fn(qf, kf, vf, **kw)
+        result = fn(qf, kf, vf, **kw, **self.pass_keywords(p, options))
         out = unflatten_batch(p, _first(result), layout="blhd")  # (B, n, Hq, dv) -> spec's
         if not p.return_lse:
             return out, None
@@ -306,7 +394,10 @@ class Jax(Convention):
                 kw[name] = lib.asarray(np.reshape(lengths, (math.prod(p.batch),)).astype(np.int32), device=dev)  # (B,)
         if options.get("scale") is not None:
             kw["scale"] = p.scale
-        out = _first(fn(qf, kf, vf, **kw))  # (B, n, Hq, dv)
+        if self.canonical and kw.get("mask") is not None:  # (B, 1, n, m) -> (B, Hq, n, m)
+            kw["mask"] = lib.asarray(np.ascontiguousarray(np.broadcast_to(
+                lib.to_numpy(kw["mask"]), (math.prod(p.batch), p.hq, p.n, p.m))), device=dev)
+        out = _first(fn(qf, kf, vf, **kw, **self.pass_keywords(p, options)))  # (B, n, Hq, dv)
         return unflatten_batch(p, out, layout="blhd"), None
 
 
@@ -322,14 +413,21 @@ class Tutorial(Convention):
 
     def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,
              options: dict[str, Any]) -> tuple[Any, Any]:
+        vis = attend_mask(p, options.get("mask"))
+        if self.canonical:
+            q, k, v, vis = canonical_inputs(p, lib, q, k, v, vis)
+        elif vis is not None:
+            vis = lib.asarray(vis, device=_device(lib, q))
         if p.group > 1:  # query head h reads kv head h // G
             k, v = expand_kv_heads(k, p.group), expand_kv_heads(v, p.group)
-        vis = attend_mask(p, options.get("mask"))
-        args = (q, k, v) if vis is None else (q, k, v, lib.asarray(vis, device=_device(lib, q)))
-        result = fn(*args)
-        if isinstance(result, (tuple, list)) and len(result) == 2:
-            return result[0], result[1]
-        return result, None
+        args = (q, k, v) if vis is None else (q, k, v, vis)
+        result = fn(*args, **self.pass_keywords(p, options))
+        out, weights = (result[0], result[1]) if isinstance(result, (tuple, list)) and len(result) == 2 else (result, None)
+        if self.canonical:
+            out = unflatten_batch(p, out)
+            if weights is not None:  # (B, Hq, n, m) -> the spec's weights shape
+                weights = lib.reshape(weights, p.weights_shape)
+        return out, weights
 
 
 CONVENTIONS: dict[str, Convention] = {c.name: c for c in (TorchSDPA(), Flash(), Jax(), Tutorial())}
@@ -348,9 +446,27 @@ def get_convention(name: str | Convention) -> Convention:
     """The convention called ``name``; a `Convention` is returned as it is."""
     if isinstance(name, Convention):
         return name
-    if name not in CONVENTIONS:
-        raise SpecError(f"convention={name!r} is not one of {', '.join(CONVENTIONS)}")
-    return CONVENTIONS[name]
+    canonical = name.endswith(CANONICAL)
+    base = name.removesuffix(CANONICAL)
+    if base in CONVENTIONS:
+        conv = CONVENTIONS[base]
+    elif ":" in base:  # a convention defined in the user's own module
+        from attnspec.backends import load_object
+
+        conv = load_object(base)
+        if isinstance(conv, type) and issubclass(conv, Convention):
+            conv = conv()
+        if not isinstance(conv, Convention):
+            raise SpecError(f"convention={base!r} names a {type(conv).__name__}, not an attnspec Convention "
+                            "(make one with get_convention('torch_sdpa').extend(...) or a Convention subclass)")
+    else:
+        raise SpecError(f"convention={name!r} is not one of {', '.join(CONVENTIONS)}, nor MODULE:ATTRIBUTE "
+                        "naming a Convention")
+    return conv.extend(name, canonical=True) if canonical and not conv.canonical else conv
+
+
+#: the suffix of a convention name asking for canonical inputs: ``torch_sdpa+canonical``
+CANONICAL = "+canonical"
 
 
 def describe(fn: Callable[..., Any]) -> str:

@@ -1,11 +1,13 @@
 """Capability probing: what an implementation accepts, found by calling it on tiny cases.
 
-`probe(backend)` calls ``backend.sdpa`` once per dtype on a plain case, then once per need of
-`attnspec.backends.conventions.NEEDS` (GQA, dk != dv, rank 2, each mask kind, returned
-weights...) in the first dtype that worked. A call that raises (or that the convention refuses)
-makes that need unsupported, with the exception as the reason; a call that returns anything
-makes it supported. Whether the result is *right* is the conformance suite's business, never
-the probe's.
+`probe(backend)` calls ``backend.sdpa`` on a plain case in each dtype, then on the cases of each
+need of `attnspec.backends.conventions.NEEDS` (GQA, dk != dv, each rank, full and broadcast
+masks, returned weights...) in the first dtype that worked. Each need has several cases (ranks
+4, 3, 5 and 2; a scattered mask and a key-padding one): a need is supported when any of them
+returns, and unsupported only when every one raised (or the convention refuses it), with each
+exception as the reason. Only the cases of an unsupported need are refused in the suite; a case
+the function declines as it runs (raising `attnspec.backends.Unsupported`) refuses itself alone.
+Whether a result is *right* is the conformance suite's business, never the probe's.
 
 ``python -m attnspec.backends.probe TARGET --out FILE`` probes in a child process, one probe at
 a time: a probe that crashes the interpreter or hangs is recorded as ``crashed`` / ``timeout``
@@ -34,6 +36,8 @@ from attnspec.backends.conventions import NEEDS, Call
 
 __all__ = ["PROBE_CASES", "Capabilities", "ProbeResult", "probe", "probe_isolated"]
 
+#: the reason of every need's probe when no dtype worked
+NO_DTYPE = "no dtype worked on a plain call"
 #: dtypes in the order a feature probe prefers them
 PREFERRED = ("float32", "float64", "bfloat16", "float16")
 
@@ -82,91 +86,121 @@ def _arrays(rng, q_shape, k_shape, v_shape):
     return tuple(rng.standard_normal(s) for s in (q_shape, k_shape, v_shape))
 
 
-def _case(need: str) -> tuple[tuple, tuple, tuple, dict[str, Any]]:
-    """(q_shape, k_shape, v_shape, options) of the tiny case probing ``need`` (n=3, m=4)."""
-    q, k, v = (1, 2, 3, 4), (1, 2, 4, 4), (1, 2, 4, 4)
-    opts: dict[str, Any] = {}
+#: q, k, v shapes of the plain probe in each rank (n = 3, m = 4): 4 first, the shape most take
+RANKS = {4: ((1, 2, 3, 4), (1, 2, 4, 4), (1, 2, 4, 4)), 3: ((2, 3, 4), (2, 4, 4), (2, 4, 4)),
+         5: ((2, 1, 2, 3, 4), (2, 1, 2, 4, 4), (2, 1, 2, 4, 4)), 2: ((3, 4), (4, 4), (4, 4))}
+_SCATTERED = np.array([[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 0, 1]], bool)  # (n, m): no prefix
+_PREFIX = np.array([[1, 1, 1, 0]] * 3, bool)  # (n, m): key padding, the mask every library takes
+
+
+def _cases(need: str) -> list[tuple[tuple, tuple, tuple, dict[str, Any]]]:
+    """The tiny cases probing ``need``, (q_shape, k_shape, v_shape, options) each: the need is
+    supported when any of them returns. Several shapes are tried (ranks 4, 3, 5, 2; full-size and
+    broadcast masks; a prefix mask as well as a scattered one), so a function that takes only
+    4-D inputs or only key-padding masks still has the cases it can run."""
+    q, k, v = RANKS[4]
+    full = (1, 2, 3, 4)  # (B, H, n, m) of the rank-4 shapes
+    if need in ("plain", "empty_q"):
+        return [(*RANKS[r], {}) for r in (4, 3, 5, 2)]
+    if need.startswith("rank"):
+        return [(*RANKS[int(need[4:])], {})]
     if need == "gqa":
-        q = (1, 4, 3, 4)
-    elif need == "dk_ne_dv":
-        v = (1, 2, 4, 6)
-    elif need == "rank2":
-        q, k, v = (3, 4), (4, 4), (4, 4)
-    elif need == "batch_broadcast":
-        q = (2, 2, 3, 4)
-    elif need == "empty":
-        q, k, v = (1, 2, 3, 4), (1, 2, 0, 4), (1, 2, 0, 4)  # no key at all (n = 0 is probed as "empty_q")
-    elif need == "scale":
-        opts["scale"] = 0.5
-    elif need == "mask":
-        opts["mask"] = np.array([[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 0, 1]], bool)
+        return [((1, 4, 3, 4), k, v, {}), ((4, 3, 4), (2, 4, 4), (2, 4, 4), {})]
+    if need == "dk_ne_dv":
+        return [(q, k, (1, 2, 4, 6), {}), (q[1:], k[1:], (2, 4, 6), {})]
+    if need == "batch_broadcast":
+        return [((2, 2, 3, 4), k, v, {})]
+    if need == "empty":  # no key at all (n = 0 is probed as "empty_q", with a mask)
+        return [(q, (1, 2, 0, 4), (1, 2, 0, 4), {}), (q[1:], (2, 0, 4), (2, 0, 4), {})]
+    if need == "mask":  # a full-size mask: the one every mask-taking function must accept
+        return [(q, k, v, {"mask": np.broadcast_to(m, full).copy()}) for m in (_SCATTERED, _PREFIX)]
+    if need == "mask_broadcast":  # a mask with fewer axes, or size-1 ones, than (B, H, n, m)
+        return [(q, k, v, {"mask": m}) for m in (_SCATTERED, _PREFIX, _PREFIX[None, None, :1])]
+    options: dict[str, Any]
+    if need == "scale":
+        options = {"scale": 0.5}
     elif need == "bias":
-        opts["bias"] = np.linspace(-1, 1, 12).reshape(3, 4)
+        options = {"bias": np.linspace(-1, 1, 12).reshape(3, 4)}
     elif need in ("causal_upper_left", "causal_lower_right"):
-        opts["causal"] = need.removeprefix("causal_")
+        options = {"causal": need.removeprefix("causal_")}
     elif need == "window":
-        opts["window"] = (1, 1)
+        options = {"window": (1, 1)}
     elif need == "window_lower_right":
-        opts["window"], opts["causal"] = (1, 1), "lower_right"
-    elif need == "q_lengths":
-        opts["q_lengths"] = np.array([2])
-    elif need == "kv_lengths":
-        opts["kv_lengths"] = np.array([3])
+        options = {"window": (1, 1), "causal": "lower_right"}
+    elif need in ("q_lengths", "kv_lengths"):  # per batch element: rank 4 only
+        return [(q, k, v, {need: np.array([2 if need == "q_lengths" else 3])})]
     elif need == "return_weights":
-        opts["return_weights"] = True
+        options = {"return_weights": True}
     elif need == "softcap":
-        opts["softcap"] = 5.0
+        options = {"softcap": 5.0}
     elif need == "alibi":  # n = m: every anchor gives -slope * |i - j|, so no convention refuses it
-        q, opts["alibi_slopes"] = (1, 2, 4, 4), np.array([0.5, 0.25])  # one slope per query head
+        return [((1, 2, 4, 4), k, v, {"alibi_slopes": np.array([0.5, 0.25])})]  # one slope per query head
     elif need == "sinks":
-        opts["sinks"] = np.array([0.5, -1.0])
+        options = {"sinks": np.array([0.5, -1.0])}
     elif need == "lse":
-        opts["return_lse"] = True
+        options = {"return_lse": True}
     elif need == "segments":
-        opts["q_segment_ids"], opts["kv_segment_ids"] = np.array([0, 0, 1]), np.array([0, 0, 1, 1])
+        options = {"q_segment_ids": np.array([0, 0, 1]), "kv_segment_ids": np.array([0, 0, 1, 1])}
     elif need == "causal_lower_right_lengths":
-        opts["causal"] = "lower_right_lengths"
+        options = {"causal": "lower_right_lengths"}
     elif need == "dropout":
-        opts["dropout_mask"] = np.array([[1, 0, 1, 1], [1, 1, 1, 0], [0, 1, 1, 1]], bool)
-        opts["dropout_p"] = 0.25
-    elif need != "plain" and need != "empty_q":
+        options = {"dropout_mask": np.array([[1, 0, 1, 1], [1, 1, 1, 0], [0, 1, 1, 1]], bool), "dropout_p": 0.25}
+    else:
         raise ValueError(f"probe: no case for need {need!r}")  # every need gets a case that exercises it
-    return q, k, v, opts
+    # the option on the plain call in rank 4, then rank 3 (a function without a batch axis)
+    return [(q, k, v, options), (*RANKS[3], options)]
 
 
-#: need -> its tiny case; "plain" is the dtype probe
-PROBE_CASES = {need: _case(need) for need in ("plain", *NEEDS)}
-PROBE_CASES["empty_q"] = ((1, 2, 0, 4), (1, 2, 4, 4), (1, 2, 4, 4), {"mask": np.ones((0, 4), bool)})
+#: need -> its tiny cases; "plain" is the dtype probe
+PROBE_CASES = {need: _cases(need) for need in ("plain", *NEEDS)}
+PROBE_CASES["empty_q"] = [((1, 2, 0, 4), (1, 2, 4, 4), (1, 2, 4, 4), {"mask": np.ones((0, 4), bool)}),
+                          ((2, 0, 4), (2, 4, 4), (2, 4, 4), {"mask": np.ones((0, 4), bool)})]
 
 
 def probe_one(backend: Backend, need: str, dtype: str, device: str | None = None) -> ProbeResult:
-    """Call ``backend.sdpa`` on the tiny case of ``need`` in ``dtype``; ok, or refused with why."""
+    """Call ``backend.sdpa`` on the tiny cases of ``need`` in ``dtype``: ok when one returns,
+    else refused with every case's reason."""
     if need == "empty":  # both kinds of empty: no key, and no query (with a mask)
-        first = _probe_case(backend, "empty", dtype, device)
-        return first if first.status != "ok" else _probe_case(backend, "empty_q", dtype, device, label="empty")
-    return _probe_case(backend, need, dtype, device)
+        first = _probe_need(backend, "empty", dtype, device)
+        return first if first.status != "ok" else _probe_need(backend, "empty_q", dtype, device, label="empty")
+    return _probe_need(backend, need, dtype, device)
 
 
-def _probe_case(backend: Backend, need: str, dtype: str, device: str | None, label: str | None = None) -> ProbeResult:
+def _probe_need(backend: Backend, need: str, dtype: str, device: str | None,
+                label: str | None = None) -> ProbeResult:
     label = label or need
-    qs, ks, vs, opts = PROBE_CASES[need]
+    label = label if label != "plain" else "dtype"
+    reasons: list[str] = []
+    convention_only = True
+    for shapes in PROBE_CASES[need]:
+        error = _probe_call(backend, shapes, dtype, device)
+        if error is None:
+            return ProbeResult(label, dtype, "ok")
+        text = " ".join(str(error).split())
+        # the convention's own refusal is known without calling: recorded, not repeated as a reason
+        convention_only &= isinstance(error, Unsupported) and "convention" in text
+        shown = f"q{shapes[0]}: {type(error).__name__}: {text[:200]}"
+        if shown.partition(": ")[2] not in [r.partition(": ")[2] for r in reasons]:
+            reasons.append(shown)
+    return ProbeResult(label, dtype, "convention" if convention_only else "refused", "; ".join(reasons)[:600])
+
+
+def _probe_call(backend: Backend, shapes, dtype: str, device: str | None) -> Exception | None:
+    """Call ``backend.sdpa`` on one probe case; the exception it raised, or None."""
+    qs, ks, vs, opts = shapes
     rng = np.random.default_rng(0)
-    q, k, v = (backend.asarray(x, dtype, device) for x in _arrays(rng, qs, ks, vs))
-    conv = {}
-    for name, value in opts.items():
-        if isinstance(value, np.ndarray):
-            value = value.astype(dtype) if value.dtype.kind == "f" else value
-            value = backend.asarray(value, None if value.dtype.kind != "f" else dtype, device)
-        conv[name] = value
     try:
+        q, k, v = (backend.asarray(x, dtype, device) for x in _arrays(rng, qs, ks, vs))
+        conv = {}
+        for name, value in opts.items():
+            if isinstance(value, np.ndarray):
+                value = value.astype(dtype) if value.dtype.kind == "f" else value
+                value = backend.asarray(value, None if value.dtype.kind != "f" else dtype, device)
+            conv[name] = value
         backend.sdpa(q, k, v, **conv)
     except Exception as e:  # any refusal is a finding
-        text = " ".join(str(e).split())
-        # the convention's own refusal is known without calling: recorded, not repeated as a reason
-        status = "convention" if isinstance(e, Unsupported) and "convention" in text else "refused"
-        return ProbeResult(label if label != "plain" else "dtype", dtype, status,
-                           f"{type(e).__name__}: {text[:300]}")
-    return ProbeResult(label if label != "plain" else "dtype", dtype, "ok")
+        return e
+    return None
 
 
 def plan(dtypes: tuple[str, ...]) -> list[tuple[str, str | None]]:
@@ -187,7 +221,9 @@ def probe(backend: Backend, dtypes: tuple[str, ...] | None = None, device: str |
                 ok = [r.dtype for r in results if r.need == "dtype" and r.status == "ok"]
                 feature_dtype = next((d for d in PREFERRED if d in ok), "")
             if not feature_dtype:
-                results.append(ProbeResult(need, "", "refused", "no dtype worked on a plain call"))
+                results.append(ProbeResult(need, "", "refused", NO_DTYPE))
+                if on_event:
+                    on_event({"event": "done", **asdict(results[-1]), "probe": f"{need}/"})
                 continue
             dtype = feature_dtype
         if on_event:
@@ -209,8 +245,10 @@ def probe_isolated(target: str, out: Path, dtypes: tuple[str, ...] | None = None
     A probe that kills the child or runs past ``timeout`` seconds is recorded as crashed /
     timeout, and the child restarts after it. The findings are written to ``out`` as JSON.
     """
+    out = out.resolve()
     journal, log = out.with_suffix(".jsonl"), out.with_suffix(".log")
     journal.unlink(missing_ok=True)
+    (out.parent / "probe-cwd").mkdir(parents=True, exist_ok=True)
     skip: dict[str, str] = {}
     for _ in range(len(plan(tuple(dtypes or FLOAT_DTYPES))) + 1):
         cmd = [sys.executable, "-W", "ignore::RuntimeWarning", "-m", "attnspec.backends.probe", target,
@@ -219,9 +257,9 @@ def probe_isolated(target: str, out: Path, dtypes: tuple[str, ...] | None = None
             cmd += ["--dtypes", ",".join(dtypes)]
         if device:
             cmd += ["--device", device]
-        with open(log, "w") as err:
+        with open(log, "w") as err:  # run in an empty folder: nothing of the caller's shadows a package
             proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
-                                    stderr=err, start_new_session=True)
+                                    stderr=err, start_new_session=True, cwd=out.parent.resolve() / "probe-cwd")
             status = _wait(proc, journal, timeout)
         events = read_journal(journal)
         if status is None:
@@ -240,6 +278,7 @@ def probe_isolated(target: str, out: Path, dtypes: tuple[str, ...] | None = None
     out.write_text(json.dumps(caps.as_json(), indent=1))
     journal.unlink(missing_ok=True)
     log.unlink(missing_ok=True)
+    (out.parent / "probe-cwd").rmdir()
     return caps
 
 

@@ -42,10 +42,22 @@ def judge(attn_backend, attn_device, pytestconfig, request):
     name = rec.backend_name
     deviations = declared_deviations(name, attn_backend)
 
+    state = run_state = JudgeState()
+
     def run(function: str, prop: str, case, body, feature_case: dict | None = None) -> None:
         base = {"function": function, "property": prop, "feature": case.feature, "dtype": case.dtype,
-                "tags": sorted(case.tags), "shapes": {k: list(v) for k, v in case.shapes.items()}}
-        skipped = rec.start(nodeid, case_key(nodeid, case.describe(), case.seed))
+                "tags": sorted(case.tags), "shapes": {k: list(v) for k, v in case.shapes.items()},
+                "phase": state.phase}
+        # whether the implementation itself is called (bad input stops at validation, the signature
+        # test inspects), and what the call asks of it: the verdict's coverage
+        base["called"] = not (feature_case or {}).get("no_call") and not (feature_case or {}).get("bad_input")
+        base["needs"] = case_needs(case) if function == "sdpa" and base["called"] else []
+        key = base["key"] = case_key(nodeid, case.describe(), case.seed)
+        if state.phase == "sweep" and key in state.judged:
+            return  # judged before the first failure: the sweep only adds the cases after it
+        if state.phase in ("corner", "drawn"):
+            state.judged.add(key)
+        skipped = rec.start(nodeid, key)
         if skipped:
             rec.record(nodeid, {**base, "status": skipped, "message": f"{skipped} in an earlier attempt"})
             return
@@ -79,10 +91,57 @@ def judge(attn_backend, attn_device, pytestconfig, request):
             "message": verdict.message if verdict.status == "failed" else "",
             "exercised": [dev_id(d) for d in applicable],
         })
-        if verdict.status == "failed":
+        if verdict.status == "failed" and state.phase != "sweep":
+            if state.phase == "drawn":
+                state.phase = "shrink"  # what Hypothesis runs from here on shrinks this failure
             raise AssertionError(verdict.message)
 
+    run.state = run_state  # type: ignore[attr-defined]
     return run
+
+
+class JudgeState:
+    """Where a property's run is, for the judge: ``corner`` (the fixed cases), ``drawn``
+    (Hypothesis' examples), ``shrink`` (after the first failure, Hypothesis shrinking it: those
+    records are dropped but the last failing one), ``sweep`` (the examples after the first
+    failure, judged without raising so every distinct failure is recorded)."""
+
+    def __init__(self) -> None:
+        self.phase = "drawn"
+        #: the case keys judged in the corner and drawn phases, which the sweep does not repeat
+        self.judged: set[str] = set()
+
+
+def case_needs(case) -> list[str]:
+    """The needs (`attnspec.backends.conventions.NEEDS`) of an sdpa-shaped case, for coverage."""
+    from attnspec.backends.conventions import call_needs
+
+    try:
+        return sorted(call_needs(case.q.shape, case.k.shape, case.v.shape, case.options).needs)
+    except Exception:  # not an sdpa call (mha, lsh): its function and feature say enough
+        return []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """After a property's first failure (raised, shrunk and recorded), run it once more in the
+    ``sweep`` phase: every drawn example after that failure is judged and recorded, none raises,
+    so one failure cannot hide another in the same property and dtype."""
+    outcome = yield
+    judge = getattr(item, "funcargs", {}).get("judge")
+    state = getattr(judge, "state", None)
+    excinfo = outcome.excinfo
+    if state is None or excinfo is None or not issubclass(excinfo[0], AssertionError) or state.phase == "drawn":
+        return
+    state.phase = "sweep"
+    _REDRAWN.pop(item.nodeid, None)  # the sweep may redraw refused cases as the first run did
+    try:
+        item.runtest()
+    except BaseException as exc:  # the sweep records; the verdict of the test is the first run's
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+    finally:
+        state.phase = "drawn"
 
 
 def _refused(rec, nodeid: str, base: dict, reason: str) -> None:

@@ -36,6 +36,7 @@ reuses its compiled functions.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import ml_dtypes
@@ -165,6 +166,75 @@ class Corner:
         return f"Corner({self.kind!r})"
 
 
+class NotThisProperty(Exception):
+    """A `Tour` of a feature the property does not draw."""
+
+
+class Tour:
+    """Stands in for Hypothesis' ``data`` in a feature tour: the property's case strategy draws
+    one case of the feature ``feature`` (`sdpa_cases` and `variant_cases` know how, through
+    ``attn_tour``), every other draw a value from a generator seeded by the tour, so each tour is
+    the same on every run. A check of a plain function tours every feature of every property
+    (``ATTNSPEC_TOUR=1``, set by ``attnspec check``), so no feature its convention can express is
+    left to the luck of a few drawn examples."""
+
+    def __init__(self, feature: str, seed: int) -> None:
+        self.kind = f"tour_{feature}"
+        self.feature = feature
+        self.rng = np.random.default_rng(seed)
+        self.armed: tuple[str, ...] | None = None  # the features the next feature draw chooses among
+        self.chosen = False
+
+    def choosing(self, features: tuple[str, ...]) -> Tour:
+        """Arm the next ``sampled_from(features)`` to give the tour's feature (the first such draw
+        only; a property without the feature is skipped)."""
+        if not self.chosen:
+            if self.feature not in features:
+                raise NotThisProperty(self.feature)
+            self.armed = tuple(features)
+        return self
+
+    def draw(self, strategy, label: Any = None) -> Any:
+        build = getattr(strategy, "attn_tour", None)
+        if build is not None:
+            return build(self)
+        s = getattr(strategy, "wrapped_strategy", strategy)
+        if self.armed is not None and type(s).__name__ == "SampledFromStrategy" and tuple(s.elements) == self.armed:
+            self.armed, self.chosen = None, True
+            return self.feature
+        return _seeded(s, self.rng)
+
+    __call__ = draw
+
+    def __repr__(self) -> str:
+        return f"Tour({self.feature!r})"
+
+
+def _seeded(s, rng: np.random.Generator) -> Any:
+    """A value of one of the plain strategies the properties draw, from ``rng``."""
+    name = type(s).__name__
+    if name == "BooleansStrategy":
+        return bool(rng.integers(0, 2))
+    if name == "SampledFromStrategy":
+        return s.elements[int(rng.integers(0, len(s.elements)))]
+    if name == "IntegersStrategy":
+        lo = s.start if s.start is not None else 0
+        hi = s.end if s.end is not None else lo + 100
+        return int(rng.integers(lo, min(hi, 2**63 - 2) + 1)) if hi - lo < 2**62 else int(rng.integers(0, 2**32))
+    if name == "ListStrategy":
+        return [_seeded(s.element_strategy, rng) for _ in range(s.min_size)]
+    if name == "PermutationStrategy":
+        return [s.values[i] for i in rng.permutation(len(s.values))]
+    return simplest(s)
+
+
+#: every feature a tour visits: the sdpa cases' and the variants'
+def tour_features() -> tuple[str, ...]:
+    from attnspec.conformance.hypothesis_helpers import SDPA_FEATURES, VARIANT_FEATURES
+
+    return tuple(dict.fromkeys((*SDPA_FEATURES, *VARIANT_FEATURES)))
+
+
 def simplest(strategy) -> Any:
     """The simplest value of the few plain strategies the suite's properties draw."""
     s = getattr(strategy, "wrapped_strategy", strategy)
@@ -191,7 +261,9 @@ def with_corners(test):
     The corners run outside Hypothesis' own phases, through ``test.hypothesis.inner_test``: an
     explicit example that fails would end the test before any drawn case ran, and a backend would
     learn of one corner only. Every case is recorded; the first failure of the drawn examples is
-    raised (Hypothesis' shrunk one), else the first corner's.
+    raised (Hypothesis' shrunk one), else the first corner's. After a drawn failure the judge's
+    sweep (`attnspec.conformance.conftest.pytest_runtest_call`) runs the test again and judges the
+    examples after it; the corners, already judged, are skipped then.
 
     A corner the backend refuses (the ``judge`` fixture never runs its body, or the body raises
     `Unsupported`) is followed by its mask-only twin; a backend that takes a bias runs no twin,
@@ -203,6 +275,10 @@ def with_corners(test):
     def run(*args, **kwargs):
         failed = None
         judge = kwargs["judge"]
+        state = getattr(judge, "state", None)
+        sweep = state is not None and state.phase == "sweep"  # the judge skips what it has judged
+        if state is not None and not sweep:
+            state.phase = "corner"  # every corner is judged on its own, whatever failed before it
         for kind in CORNERS:
             refused = [True]
             kwargs["judge"] = functools.partial(_watched, judge, refused)
@@ -218,6 +294,16 @@ def with_corners(test):
                 inner(*args, data=Corner(twin), **kwargs)
             except AssertionError as exc:
                 failed = failed or exc
+        if os.environ.get("ATTNSPEC_TOUR") == "1":
+            for i, feature in enumerate(tour_features()):
+                try:
+                    inner(*args, data=Tour(feature, 1009 * i + 17), **kwargs)
+                except NotThisProperty:
+                    continue
+                except AssertionError as exc:
+                    failed = failed or exc
+        if state is not None and not sweep:
+            state.phase = "drawn"
         test(*args, **kwargs)
         if failed is not None:
             raise failed

@@ -66,11 +66,11 @@ def sdpa_cases(dtype: str, features: tuple[str, ...] = SDPA_FEATURES):
     """One sdpa call exercising a drawn feature, in ``dtype``; a `Corner` draws a corner case."""
     strategy = _sdpa_cases(dtype, features)
     strategy.attn_corner = lambda corner: corner_case(corner.kind, dtype)  # see corners.py
+    strategy.attn_tour = lambda tour: _sdpa_case(tour.choosing(features), dtype, features)  # corners.Tour
     return strategy
 
 
-@st.composite
-def _sdpa_cases(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
+def _sdpa_case(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
     feature = draw(st.sampled_from(features))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
@@ -182,6 +182,9 @@ def _sdpa_cases(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
     return SDPACase(feature, dtype, q, k, v, options, frozenset(tags), seed)
 
 
+_sdpa_cases = st.composite(_sdpa_case)
+
+
 def case_plan(q, k, v, options: dict[str, Any]):
     """(plan, extras) of a call with these options: the spec's validated plan and the variants'
     arrays (`SDPAExtras`)."""
@@ -260,6 +263,7 @@ def variant_cases(dtype: str, features: tuple[str, ...] = VARIANT_FEATURES,
     puts the first of ``features`` on the corner case."""
     strategy = _variant_cases(dtype, features, bases)
     strategy.attn_corner = lambda corner: _variant_case(corner, dtype, features, bases)
+    strategy.attn_tour = lambda tour: _variant_case(tour.choosing(features), dtype, features, bases)
     return strategy
 
 

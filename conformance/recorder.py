@@ -23,7 +23,6 @@ from attnspec._results import framework_versions, git_state, write_json_atomic
 from attnspec.conformance.profiles import PROFILE_EXAMPLES
 
 STATUSES = ("passed", "failed", "unsupported", "deviation", "crashed", "timeout")
-MAX_FAILURES_KEPT = 20
 
 
 def case_key(nodeid: str, describe: str, seed: int) -> str:
@@ -76,9 +75,11 @@ class Recorder:
 
     def test_finished(self, nodeid: str, outcome: str, log: bool = True) -> None:
         recs = self.pending.pop(nodeid, [])
-        failed = [i for i, r in enumerate(recs) if r["status"] == "failed"]
-        if failed:  # drop Hypothesis' shrinking replays: keep cases up to the first failure, and the last
-            recs = recs[: failed[0] + 1] + ([recs[failed[-1]]] if failed[-1] != failed[0] else [])
+        # drop Hypothesis' shrinking replays but the last failing one (the minimal example), unless
+        # it is a case already recorded
+        shrunk = [r for r in recs if r.get("phase") == "shrink" and r["status"] == "failed"][-1:]
+        recs = [r for r in recs if r.get("phase") != "shrink"]
+        recs += [r for r in shrunk if r.get("key") not in {x.get("key") for x in recs}]
         self.records.extend(recs)
         for r in recs:
             for did in r.get("exercised", ()):
@@ -92,7 +93,9 @@ class Recorder:
             self.test_finished(node, "incomplete")
         rows: dict[tuple, dict[str, Any]] = {}
         failures = []
-        failed_keys: set[tuple[str, str, str]] = set()  # the first failure of each (function, feature, dtype) is kept
+        # the first failure of each (function, property, feature, dtype, cause) is kept, each with its
+        # reproducer: a failure of one rule never hides another's
+        failed_keys: set[tuple[str, ...]] = set()
         for r in self.records:
             key = (r["function"], r["property"], r["feature"], r["dtype"])
             row = rows.setdefault(key, {
@@ -112,11 +115,12 @@ class Recorder:
             for did in (r.get("deviation_id") or "").split(","):
                 if did and did not in row["deviation_ids"]:
                     row["deviation_ids"].append(did)
-            first_of_key = (key[0], key[2], key[3]) not in failed_keys
-            if r["status"] in ("failed", "crashed", "timeout") and (first_of_key or len(failures) < MAX_FAILURES_KEPT):
-                failed_keys.add((key[0], key[2], key[3]))
+            cause = failure_cause(r.get("message") or "") if r["status"] == "failed" else r["status"]
+            failure_key = (*key, cause_kind(cause))
+            if r["status"] in ("failed", "crashed", "timeout") and failure_key not in failed_keys:
+                failed_keys.add(failure_key)
                 failures.append({k: r.get(k) for k in ("function", "property", "feature", "dtype", "status")}
-                                | {"message": r.get("message", ""), "repro": r.get("repro", "")})
+                                | {"cause": cause, "message": r.get("message", ""), "repro": r.get("repro", "")})
         observed: dict[str, int] = defaultdict(int)
         for r in self.records:
             for did in (r.get("deviation_id") or "").split(","):
@@ -147,9 +151,14 @@ class Recorder:
             "deviations": deviations,
         }
         # a function checked through a convention: what was called, and what the probe found
+        convention = None
         if hasattr(self.backend, "describe") and hasattr(self.backend, "capabilities"):
             results["implementation"] = self.backend.describe()
             results["capabilities"] = self.backend.capabilities.as_json()
+            convention = getattr(self.backend, "convention", None)
+        from attnspec.conformance.coverage import coverage
+
+        results["coverage"] = coverage(results, self.records, convention)
         return results
 
     def environment(self) -> dict[str, Any]:
@@ -173,6 +182,31 @@ class Recorder:
 
     def write_results(self, path: str) -> None:
         write_json_atomic(path, self.results())
+
+
+def failure_cause(message: str) -> str:
+    """The cause a failure message gives on its first line (``[backend] fn prop: CAUSE`` followed by
+    a ``case:`` line), else its first detail line, else its first line."""
+    head = message.partition("reproduce with:\n")[0]
+    lines = [line.strip() for line in head.splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("[") and ": " in lines[0] and lines[1].startswith("case: "):
+        return lines[0].split(": ", 1)[1]
+    return lines[1] if len(lines) > 1 else (lines[0] if lines else "no message")
+
+
+def cause_kind(cause: str) -> str:
+    """A cause with its particulars (rows, indices, numbers, exception text) taken out, so the same
+    rule broken on other rows or values counts as one kind."""
+    import re
+
+    kinds = []
+    for part in cause.split("; "):
+        part = re.sub(r"raised (\w+): .*", r"raised \1", part)
+        part = re.sub(r" \(rows? \(.*$", "", part)  # "(rows (0, 1), (2, 3) and 5 more of (...))"
+        part = re.sub(r" (visible )?rows? \(\d.*$", r" \1rows", part)  # "reached visible row (0, 0), ..."
+        part = re.sub(r"\b\d+\.\d+(e[-+]?\d+)?\b|\b\d+e[-+]?\d+\b", "X", part)  # measured values
+        kinds.append(" ".join(part.split()))
+    return "; ".join(kinds)
 
 
 def declared_deviations(backend_name: str, backend=None) -> list:

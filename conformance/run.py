@@ -37,6 +37,11 @@ MAX_RESTARTS = 20
 STARTUP_TIMEOUT = 180.0
 
 
+class ChildSetupError(Exception):
+    """The suite's child processes cannot run at all (attnspec does not import in them, pytest
+    refuses its arguments): one line naming the cause, the children's logs kept."""
+
+
 class Interrupted(Exception):
     """SIGINT or SIGTERM arrived; ``signum`` says which."""
 
@@ -72,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
                             timings=Path(args.timings) if args.timings else None)
     except Interrupted as e:
         return 128 + e.signum
+    except ChildSetupError as e:
+        print(f"[{args.backend}] {e}", file=sys.stderr)
+        return 2
     return 1 if summary(results)["bad"] else 0
 
 
@@ -103,6 +111,12 @@ def run_suite(target: str, backend, device: str, profile: str, out: Path, case_t
     """
     jobs = jobs or default_jobs()
     work = Path(tempfile.mkdtemp(prefix="attnspec-run-"))
+    child_env = {**os.environ, **(env or {})}
+    try:
+        preflight(work, child_env)
+    except ChildSetupError:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     started = time.time()
     interrupted: list[int] = []
     procs: dict[int, subprocess.Popen] = {}
@@ -116,7 +130,12 @@ def run_suite(target: str, backend, device: str, profile: str, out: Path, case_t
     shards = [_Shard(i, jobs, work) for i in range(jobs)]
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        base = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", target,
+        # the children run in the empty work folder with a config file of their own: no folder of the
+        # user's (a clone named attnspec, a module named like a library) can shadow an installed
+        # package, and no pytest configuration of theirs (addopts, plugins) reaches the suite
+        (work / "pytest.ini").write_text("[pytest]\n")
+        base = [sys.executable, "-m", "pytest", "-c", str(work / "pytest.ini"), "--import-mode=importlib",
+                "--pyargs", "attnspec.conformance", "--attn-backend", target,
                 "--attn-profile", profile, "-q", "-p", "no:cacheprovider",
                 "-W", "ignore::RuntimeWarning", "-W", "ignore::DeprecationWarning", *(pytest_args or [])]
         if device_given:
@@ -152,7 +171,9 @@ def run_suite(target: str, backend, device: str, profile: str, out: Path, case_t
     s = summary(results)
     logs = out.parent / f"{out.stem}.logs"
     shutil.rmtree(logs, ignore_errors=True)  # an earlier run's logs describe that run, not this one
-    if s["bad"] or interrupted:
+    abnormal = [(shard, code) for shard in shards for code in shard.codes if code not in (0, 1)]
+    ran_nothing = not any(e["event"] == "case" for e in events)
+    if s["bad"] or interrupted or abnormal or ran_nothing:  # a child that failed: its logs are the evidence
         shutil.move(str(work), logs)
     else:
         shutil.rmtree(work, ignore_errors=True)
@@ -168,7 +189,46 @@ def run_suite(target: str, backend, device: str, profile: str, out: Path, case_t
         print(f"[{target}] stopped by {signal.Signals(interrupted[0]).name}; the finished cases are in {out}",
               file=sys.stderr)
         raise Interrupted(interrupted[0])
+    if ran_nothing and abnormal:
+        shard, code = abnormal[0]
+        raise ChildSetupError(f"the suite's pytest child exited with {code} before any case ran: "
+                              f"{_last_error(logs / shard.log_name(shard.attempt))} (logs: {logs})")
     return results
+
+
+def preflight(work: Path, env: dict[str, str]) -> None:
+    """Check that a child started as the suite's children are (same interpreter, folder and
+    environment) imports this attnspec, not a folder or module that shadows it.
+
+    Raises:
+        ChildSetupError: it does not, with the child's error in one line.
+    """
+    import attnspec
+
+    here = str(Path(attnspec.__file__).resolve())
+    code = ("import attnspec, pathlib; from attnspec.conformance import conftest; "
+            "print(pathlib.Path(attnspec.__file__).resolve())")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True)
+    lines = proc.stderr.strip().splitlines()
+    if proc.returncode != 0:
+        raise ChildSetupError("attnspec does not import in the suite's child process: "
+                              + (lines[-1] if lines else f"exit status {proc.returncode}"))
+    found = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "?"
+    if found != here:
+        raise ChildSetupError(f"the suite's child process imports attnspec from {found}, not {here} "
+                              "(PYTHONPATH puts another copy first)")
+
+
+def _last_error(log: Path) -> str:
+    """The line of a child's log that says why it stopped (an exception or pytest's ERROR)."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    for line in reversed(lines):
+        if line.startswith(("E   ", "ERROR", "ImportError", "ModuleNotFoundError")) or "Error:" in line:
+            return line.removeprefix("E   ").strip()
+    return lines[-1] if lines else "empty log"
 
 
 def _write_timing(directory: Path, target: str, device: str, profile: str, pytest_args: list[str], jobs: int,
@@ -195,6 +255,8 @@ class _Shard:
         self.skipfile = work / f"skip-{index}.json"
         self.work = work
         self.attempt = 0
+        #: each child's exit status (None: killed after a crash or hang)
+        self.codes: list[int | None] = []
 
     def log_name(self, attempt: int) -> str:
         return f"pytest-{attempt}.log" if self.count == 1 else f"pytest-shard{self.index}-{attempt}.log"
@@ -217,11 +279,12 @@ class _Shard:
                 return
             with open(self.work / self.log_name(self.attempt), "w") as log:
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env,
-                                        start_new_session=True)
+                                        start_new_session=True, cwd=self.work)
                 procs[self.index] = proc
                 if interrupted:  # the signal came between the check above and Popen
                     _kill_group(proc)
                 status = _watch(proc, self.journal, case_timeout, interrupted)
+                self.codes.append(proc.returncode if status is None else None)
             events = _read(self.journal)
             finished = {e["node"] for e in events if e["event"] == "test_done"}
             if status is None or interrupted:

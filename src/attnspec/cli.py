@@ -1,6 +1,6 @@
 """The ``attnspec`` command (also ``python -m attnspec``).
 
-    attnspec check MODULE:FUNCTION --convention NAME [--arrays LIB] [--profile P] [--dtype D ...] [--out DIR]
+    attnspec check MODULE:FUNCTION --convention NAME [--canonical] [--arrays LIB] [--profile P] [--dtype D ...]
     attnspec check NAME | MODULE:Class                [--profile P] [--dtype D ...] [--out DIR]
     attnspec backends                                  every known backend, installed or not and why
     attnspec conventions                               the calling conventions and their signatures
@@ -9,7 +9,9 @@
 crash-isolating runner, prints a feature x dtype table and one line per failing feature (with
 the cause and where its reproducer is), and writes the results JSON, the reproducers and the
 rendered Markdown report under ``--out``. Exit status: 0 conforms (declared deviations aside),
-1 something failed, crashed, hung or nothing could run, 2 usage error, 130/143 interrupted.
+1 something failed, crashed or hung, or the check is incomplete (the function never ran to a
+verdict, or a dtype asked for or a need its convention can express never ran), 2 usage error
+(or the suite's child processes cannot start), 130/143 interrupted.
 MODULE may be a path to a ``.py`` file.
 """
 
@@ -59,7 +61,11 @@ def _parser() -> argparse.ArgumentParser:
                            description=__doc__.split("\n\n")[2])
     check.add_argument("target", help="MODULE:FUNCTION (with --convention), a backend NAME, or MODULE:Class")
     check.add_argument("--convention", default=None,
-                       help="how to call a plain function: torch_sdpa, flash, jax, tutorial, ...")
+                       help="how to call a plain function: torch_sdpa, flash, jax, tutorial, ..., or "
+                            "MODULE:ATTRIBUTE naming a Convention of your own")
+    check.add_argument("--canonical", action="store_true",
+                       help="give the function canonical inputs: q, k, v always (B, H, L, D), masks full-size "
+                            "(B, H, n, m); for libraries that take only 4-D arrays")
     check.add_argument("--arrays", default=None, help="the array library the function takes "
                        "(default: the convention's; numpy, torch, jax, mlx, tinygrad)")
     check.add_argument("--profile", default="dev", choices=PROFILES,
@@ -90,8 +96,9 @@ def _target(args: argparse.Namespace) -> tuple[str, bool, Any]:
 
     target = args.target
     if args.convention is None:
-        if args.arrays:
-            raise UsageError("--arrays applies to a function checked with --convention")
+        if args.arrays or args.canonical:
+            raise UsageError(f"{'--arrays' if args.arrays else '--canonical'} applies to a function checked with "
+                             "--convention")
         if "@" in target:
             return _absolute(target), True, None
         try:
@@ -105,8 +112,9 @@ def _target(args: argparse.Namespace) -> tuple[str, bool, Any]:
         return _absolute(target), False, backend
     if ":" not in target or "@" in target:
         raise UsageError(f"with --convention, the target must be MODULE:FUNCTION, got {target!r}")
+    convention = _absolute(args.convention) + (ab.CANONICAL if args.canonical else "")
     try:
-        ab.get_convention(args.convention)
+        ab.get_convention(convention)
         obj = ab.load_object(_absolute(target))
     except SpecError as e:
         raise UsageError(str(e)) from None
@@ -117,7 +125,7 @@ def _target(args: argparse.Namespace) -> tuple[str, bool, Any]:
 
         if args.arrays not in array_libraries():
             raise UsageError(f"--arrays={args.arrays!r} is not one of {', '.join(array_libraries())}")
-    spec = f"{_absolute(target)}@{args.convention}" + (f"/{args.arrays}" if args.arrays else "")
+    spec = f"{_absolute(target)}@{convention}" + (f"/{args.arrays}" if args.arrays else "")
     return spec, True, None
 
 
@@ -131,11 +139,15 @@ def _absolute(target: str) -> str:
 
 def _check(args: argparse.Namespace) -> int:
     from attnspec.backends import load
-    from attnspec.backends.probe import probe_isolated
+    from attnspec.backends.probe import NO_DTYPE, probe_isolated
     from attnspec.conformance.run import Interrupted, run_suite, slug, summary
 
-    sys.path.insert(0, os.getcwd())  # MODULE:FUNCTION resolves from here, as `python -m` does
-    os.environ["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])
+    from attnspec.backends import TARGET_PATH_ENV
+    from attnspec.conformance.run import ChildSetupError
+
+    # MODULE:FUNCTION resolves from here, as `python -m` does, but after the installed packages:
+    # a folder here named like one (a clone called attnspec) cannot shadow it, here or in a child
+    os.environ[TARGET_PATH_ENV] = os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get(TARGET_PATH_ENV)])])
     spec, is_function, backend = _target(args)
     out = Path(args.out)
     if _inside_package(out):
@@ -153,17 +165,22 @@ def _check(args: argparse.Namespace) -> int:
         (out / "capabilities.json").write_text(json.dumps({spec: caps.as_json()}, indent=1))
         (out / "probe.json").unlink(missing_ok=True)
         env["ATTNSPEC_CAPABILITIES"] = str((out / "capabilities.json").resolve())
-        refused = [f"{r.need}{'/' + r.dtype if r.need == 'dtype' else ''}"
-                   + ("" if r.status in ("refused", "convention") else f" ({r.status})")
-                   for r in caps.results if r.status != "ok"]
-        print(f"attnspec check: probe done in {time.time() - t0:.0f} s; unsupported: {', '.join(refused) or 'nothing'}",
+        env["ATTNSPEC_TOUR"] = "1"  # every feature of every property once, besides the drawn cases
+        not_ok = [r for r in caps.results if r.status != "ok"]
+        by_convention = [r.need for r in not_ok if r.status == "convention"]
+        print(f"attnspec check: probe done in {time.time() - t0:.0f} s: "
+              f"{sum(r.status == 'ok' for r in caps.results)} of {len(caps.results)} probes returned"
+              + (f"; not expressible by the convention: {', '.join(by_convention)}" if by_convention else ""),
               file=sys.stderr)
+        for r in not_ok:  # what the function said when it refused: often a bug of the wrapper
+            if r.status != "convention" and r.reason != NO_DTYPE:
+                what = f"dtype {r.dtype}" if r.need == "dtype" else r.need
+                print(f"attnspec check: probe: {what} {r.status}: {r.reason or r.status}", file=sys.stderr)
         os.environ.update(env)
     if backend is None:
         backend = load(spec)  # a function: after the probe, so it reads the probe's findings
     device = args.device or backend.devices()[0]
-    short = spec.rpartition("/")[2] if "@" in spec or ":" in spec else spec  # drop a file's directory
-    results_path = out / "results" / f"conformance-{slug(short)[:80]}-{slug(device)}.json"
+    results_path = out / "results" / f"conformance-{slug(subject(spec))[:100]}-{slug(device)}.json"
     pytest_args = [a for d in (args.dtype or []) for a in ("--attn-dtype", d)]
     if args.keyword:
         pytest_args += ["-k", args.keyword]
@@ -172,6 +189,9 @@ def _check(args: argparse.Namespace) -> int:
                             device_given=args.device is not None, env=env, log_tail=False)
     except Interrupted as e:
         return 128 + e.signum
+    except ChildSetupError as e:
+        print(f"attnspec check: {e}", file=sys.stderr)
+        return 2
     _render(out)
     table = feature_table(results)
     print("\n" + table, file=sys.stderr)
@@ -179,16 +199,71 @@ def _check(args: argparse.Namespace) -> int:
     lines = failure_lines(results, repro_dir)
     for line in lines:
         print(line, file=sys.stderr)
-    for cause, count in cause_counts(results):
-        print(f"cause: {cause} ({count} of the recorded failures)", file=sys.stderr)
     s = summary(results)
-    nothing = s["totals"]["passed"] + s["totals"]["deviation"] == 0
-    if nothing:
-        print("attnspec check: no case ran to a verdict: every case was unsupported (see the probe above)",
+    from attnspec.conformance.coverage import gaps
+
+    cov = results.get("coverage", {})
+    print("\n" + coverage_text(cov), file=sys.stderr)
+    # the dtypes asked for must each run; a need the convention can express must run unless the
+    # user narrowed the properties (-k): then the verdict is the selection's, and says so
+    missing = gaps(cov, tuple(args.dtype or ()), function_only=is_function and not args.keyword)
+    for line in missing:
+        print(f"NOT RUN {line}", file=sys.stderr)
+    if missing and not s["bad"]:
+        print("attnspec check: a verdict of conformance needs every dtype asked for and every need the "
+              "convention can express to run; narrow --dtype, fix the refusals above, or declare what the "
+              "function lacks with Convention.extend(refuse=...) (README: Check your attention function)",
               file=sys.stderr)
-    verdict = "FAILS" if s["bad"] or nothing else "CONFORMS"
+    verdict = "FAILS" if s["bad"] else "INCOMPLETE" if missing else "CONFORMS"
+    if verdict == "CONFORMS" and args.keyword:
+        verdict += f" (on the properties selected by -k {args.keyword!r} only)"
+    refused_dtypes = {d: e.get("reason", "") for d, e in cov.get("dtypes", {}).items() if not e.get("ran")}
+    if refused_dtypes and not args.dtype:
+        print(f"dtypes not run: {', '.join(refused_dtypes)} (the probe found the function refusing them; "
+              "--dtype asks for them explicitly)", file=sys.stderr)
     print(f"\n{verdict}: {s['text']}\nreport: {out / 'index.md'}\nresults: {results_path}", file=sys.stderr)
-    return 1 if s["bad"] or nothing else 0
+    return 1 if s["bad"] or missing else 0
+
+
+def subject(target: str) -> str:
+    """What a check's result file is named by: ``module.function@convention[-arrays]`` for a
+    function (a file's folder dropped), the backend's name or ``module.Class`` otherwise."""
+    where, at, how = target.rpartition("@")
+    if not at:
+        where, how = target, ""
+    module, _, attr = where.partition(":")
+    if module.endswith(".py") or "/" in module:
+        module = os.path.splitext(os.path.basename(module))[0]
+    name = f"{module}.{attr}" if attr else module
+    if how:
+        from attnspec.backends import split_convention
+
+        convention, arrays = split_convention(how)
+        convention = convention.rpartition(":")[2] if ":" in convention else convention
+        name += f"@{convention}" + (f"-{arrays}" if arrays else "")
+    return name
+
+
+def coverage_text(cov: dict[str, Any]) -> str:
+    """The coverage lines of a verdict: per function the cases called; per need (the function's
+    features) the cases that ran, and what was refused or cannot be expressed, and why."""
+    fns = cov.get("functions", {})
+    lines = []
+    called = {f: c for f, c in fns.items() if c["called"]}
+    never = sorted(f for f, c in fns.items() if not c["called"])
+    lines.append("coverage: " + (", ".join(f"{f} called in {c['called']} cases" for f, c in sorted(called.items()))
+                                 or "the function was never called to a verdict"))
+    if never:
+        lines.append(f"  never called: {', '.join(never)}")
+    needs = cov.get("needs")
+    if needs:
+        ran = [f"{n} {e['cases']}" for n, e in needs.items() if e["status"] == "ran"]
+        lines.append(f"  needs run ({len(ran)} of {len(needs)}), cases each: {', '.join(ran) or 'none'}")
+        for status in ("refused", "not expressible", "not run"):
+            these = [n for n, e in needs.items() if e["status"] == status]
+            if these:
+                lines.append(f"  {status} ({len(these)}): {', '.join(these)}")
+    return "\n".join(lines)
 
 
 def _inside_package(out: Path) -> bool:
@@ -266,53 +341,38 @@ def feature_table(results: dict[str, Any]) -> str:
 
 
 def failure_lines(results: dict[str, Any], repro_dir: Path) -> list[str]:
-    """One line per failing (function, feature): the first failure's cause and its repro file."""
-    seen: set[tuple[str, str]] = set()
+    """One line per distinct cause among the failures, with the features, dtypes and properties
+    it was found in and a reproducer; every recorded failure (one per function, property, feature,
+    dtype and cause) gets its own repro file."""
+    from attnspec.conformance.recorder import cause_kind, failure_cause
+
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for f in results.get("failures", []):
+        cause = f.get("cause") or failure_cause(f.get("message") or "")
+        groups.setdefault((f.get("function") or "", cause_kind(cause)), []).append({**f, "cause": cause})
     lines = []
-    for f in results.get("failures", []):
-        key = (f.get("function") or "", f.get("feature") or "")
-        if key in seen:
-            continue
-        seen.add(key)
-        message = f.get("message") or ""
-        head, _, snippet = message.partition("reproduce with:\n")
-        cause = _cause(head)
-        path = repro_dir / f"{len(seen):02d}-{key[0]}-{key[1]}-{f.get('dtype')}.py"
-        if snippet.strip():
-            repro_dir.mkdir(parents=True, exist_ok=True)
-            body = "\n".join(line[4:] if line.startswith("    ") else line for line in snippet.splitlines())
-            path.write_text(f"# {head.splitlines()[0] if head else key}\n{body}\n")
-            where = f"repro: {path}"
-        else:
-            where = "no reproducer (see the report)"
-        feature = key[1] if key[0] == "sdpa" else f"{key[0]}:{key[1]}"
-        lines.append(f"FAIL {feature} ({f.get('dtype')}, {f.get('property')}, {f.get('status')}): {cause}; {where}")
+    written = 0
+    for (function, kind), group in groups.items():
+        paths = []
+        for f in group:
+            head, _, snippet = (f.get("message") or "").partition("reproduce with:\n")
+            if snippet.strip():
+                written += 1
+                path = repro_dir / f"{written:02d}-{function}-{f.get('feature')}-{f.get('property')}-{f.get('dtype')}.py"
+                repro_dir.mkdir(parents=True, exist_ok=True)
+                body = "\n".join(line[4:] if line.startswith("    ") else line for line in snippet.splitlines())
+                path.write_text(f"# {head.splitlines()[0] if head else f.get('cause')}\n{body}\n")
+                paths.append(path)
+
+        def listed(field: str) -> str:
+            return ", ".join(dict.fromkeys(str(f.get(field)) for f in group))
+
+        where = (f"repro: {paths[0]}" + (f" (+{len(paths) - 1} more)" if len(paths) > 1 else "")) if paths \
+            else "no reproducer (see the report)"
+        fn = "" if function == "sdpa" else f"{function} "
+        lines.append(f"FAIL {fn}{kind}\n     {len(group)} failures; features: {listed('feature')}; dtypes: "
+                     f"{listed('dtype')}; properties: {listed('property')}\n     first: {group[0]['cause']}\n     {where}")
     return lines
-
-
-def cause_counts(results: dict[str, Any]) -> list[tuple[str, int]]:
-    """The distinct causes among the recorded failures, most frequent first (row lists dropped)."""
-    import re
-    from collections import Counter
-
-    counts: Counter[str] = Counter()
-    for f in results.get("failures", []):
-        head = (f.get("message") or "").partition("reproduce with:\n")[0]
-        for cause in _cause(head).split("; "):
-            cause = re.sub(r" visible row .*$", " visible rows", cause)
-            cause = re.sub(r" \(rows? .*?\)$", "", cause)
-            cause = re.sub(r"raised (\w+): .*", r"raised \1", cause)
-            if cause.startswith(("row with", "a hidden", "visible weights", "GQA", "raised")):
-                counts[cause] += 1
-    return counts.most_common()
-
-
-def _cause(head: str) -> str:
-    """The cause from a failure message's first line, else its first detail line."""
-    lines = [line.strip() for line in head.splitlines() if line.strip()]
-    if lines and lines[0].startswith("[") and ": " in lines[0] and len(lines) > 1 and lines[1].startswith("case: "):
-        return lines[0].split(": ", 1)[1]
-    return lines[1] if len(lines) > 1 else "see the report"
 
 
 # -- backends, conventions ------------------------------------------------------------------

@@ -1,0 +1,123 @@
+"""How much of the spec a run exercised: the coverage a verdict states beside its counts.
+
+A verdict of "conforms" on a run that exercised nothing is no verdict. `coverage(results)` reads
+a results JSON (`attnspec.conformance.recorder`) and says, per spec function, which of the needs
+of `attnspec.backends.conventions.NEEDS` (GQA, each rank, masks, causal alignments, variants...)
+ran to a verdict and in how many cases, which the implementation refused (the probe's reason),
+and which its convention cannot express. `gaps(cov)` lists what keeps a run from a verdict of
+conformance: the implementation never called successfully; a need its convention can express
+that never ran; a dtype asked for that never ran.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+__all__ = ["coverage", "gaps"]
+
+#: statuses of a case that ran to a verdict
+VERDICTS = ("passed", "failed", "deviation")
+
+
+def coverage(results: dict[str, Any], cases: list[dict[str, Any]] | None = None,
+             convention: Any = None) -> dict[str, Any]:
+    """{"functions": {fn: {"cases": n, "called": n}}, "needs": {need: {...}}, "dtypes": {...}}.
+
+    ``cases`` are the per-case records (the recorder's); without them only the rows are read, and
+    the needs are not known. ``convention``: the `Convention` a checked function is called by
+    (None for a backend). Each need: ``status`` one of ``ran`` (cases ran to a verdict),
+    ``refused`` (the implementation refused it: the probe's reason), ``not expressible`` (the
+    convention has no way to pass it: its reason), ``not run`` (expressible, not refused, and
+    still no case ran it); ``cases`` how many ran, ``declined`` how many it declined one by one.
+    """
+    functions: dict[str, dict[str, int]] = defaultdict(lambda: {"cases": 0, "called": 0})
+    dtypes: dict[str, Counter] = defaultdict(Counter)
+    for row in results.get("rows", []):
+        f = functions[row["function"]]
+        f["cases"] += row["run"]
+        if row["feature"] not in ("bad_input", "signature"):
+            f["called"] += sum(row.get(s, 0) for s in VERDICTS)
+            dtypes[row["dtype"]]["ran"] += sum(row.get(s, 0) for s in VERDICTS)
+            dtypes[row["dtype"]]["unsupported"] += row.get("unsupported", 0)
+    out: dict[str, Any] = {"functions": dict(functions), "dtypes": {d: dict(c) for d, c in dtypes.items()}}
+    for r in results.get("capabilities") or ():  # why the probe found a dtype unusable
+        if r["need"] == "dtype" and r["status"] != "ok":
+            out["dtypes"].setdefault(r["dtype"], {})["reason"] = f"{r['status']}: {r.get('reason') or r['status']}"
+    if cases is None:
+        return out
+    ran: Counter = Counter()
+    declined: Counter = Counter()
+    for c in cases:
+        for need in c.get("needs") or ():
+            if c["status"] in VERDICTS:
+                ran[need] += 1
+            elif c["status"] == "unsupported":
+                declined[need] += 1
+    needs: dict[str, dict[str, Any]] = {}
+    expressible, refused = _expressible(convention), _refused(results)
+    from attnspec.backends.conventions import NEEDS
+
+    for need in NEEDS:
+        entry: dict[str, Any] = {"cases": ran[need], "declined": declined[need]}
+        if ran[need]:
+            entry["status"] = "ran"
+        elif need in refused:
+            entry["status"], entry["reason"] = "refused", refused[need]
+        elif expressible is not None and need in expressible:
+            entry["status"], entry["reason"] = "not expressible", expressible[need]
+        else:
+            entry["status"] = "not run"
+        needs[need] = entry
+    out["needs"] = needs
+    return out
+
+
+def _expressible(conv: Any) -> dict[str, str] | None:
+    """need -> why ``conv`` cannot express it; None for a backend (it declares what it supports
+    case by case)."""
+    if conv is None:
+        return None
+    from attnspec.backends.conventions import NEEDS, Call
+
+    why = {}
+    for need in NEEDS:
+        reasons = conv.refusals(Call(frozenset({need}), 4, 4))
+        if reasons:
+            why[need] = "; ".join(reasons)
+    return why
+
+
+def _refused(results: dict[str, Any]) -> dict[str, str]:
+    """need -> the probe's reason, for each need the probe found the implementation refusing."""
+    found = {}
+    for r in results.get("capabilities") or ():
+        if r["need"] != "dtype" and r["status"] not in ("ok", "convention"):
+            found[r["need"]] = f"{r['status']}: {r.get('reason') or r['status']}"
+    return found
+
+
+def gaps(cov: dict[str, Any], dtypes: tuple[str, ...] | None = None, function_only: bool = True) -> list[str]:
+    """What keeps a run from a verdict of conformance, one line each (empty: nothing).
+
+    ``dtypes``: the dtypes the user asked for (each must have run); ``function_only``: the run
+    checked a plain function through a convention, so every need the convention can express must
+    have run (a registered backend declares its own support and is held to the first rule only).
+    """
+    lines = []
+    called = sum(f["called"] for f in cov["functions"].values())
+    if called == 0:
+        lines.append("the implementation was never called successfully: no case ran to a verdict")
+        return lines
+    for d in dtypes or ():
+        if not cov["dtypes"].get(d, {}).get("ran"):
+            why = cov["dtypes"].get(d, {}).get("reason")
+            lines.append(f"dtype {d}: no case ran" + (f" (probe: {why})" if why else ""))
+    if function_only and "needs" in cov:
+        for need, e in cov["needs"].items():
+            if e["status"] == "refused":
+                lines.append(f"{need}: refused by the function ({e['reason']})")
+            elif e["status"] == "not run":
+                lines.append(f"{need}: expressible by the convention, but no case ran it"
+                             + (f" ({e['declined']} declined)" if e["declined"] else ""))
+    return lines

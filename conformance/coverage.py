@@ -16,6 +16,8 @@ from typing import Any
 
 __all__ = ["coverage", "gaps"]
 
+#: needs that never come alone: a broadcast mask is a mask
+IMPLIED = {"mask_broadcast": ("mask",)}
 #: statuses of a case that ran to a verdict
 VERDICTS = ("passed", "failed", "deviation")
 
@@ -47,13 +49,15 @@ def coverage(results: dict[str, Any], cases: list[dict[str, Any]] | None = None,
     if cases is None:
         return out
     ran: Counter = Counter()
-    declined: Counter = Counter()
+    declined: Counter = Counter()  # cases with the need that were refused
+    by_function: Counter = Counter()  # ... by the function itself, not by its convention
     for c in cases:
         for need in c.get("needs") or ():
             if c["status"] in VERDICTS:
                 ran[need] += 1
             elif c["status"] == "unsupported":
                 declined[need] += 1
+                by_function[need] += "convention" not in (c.get("reason") or "")
     needs: dict[str, dict[str, Any]] = {}
     expressible, refused = _expressible(convention), _refused(results)
     from attnspec.backends.conventions import NEEDS
@@ -66,6 +70,11 @@ def coverage(results: dict[str, Any], cases: list[dict[str, Any]] | None = None,
             entry["status"], entry["reason"] = "refused", refused[need]
         elif expressible is not None and need in expressible:
             entry["status"], entry["reason"] = "not expressible", expressible[need]
+        elif declined[need] and not by_function[need]:
+            # every case drawn with it also asked for something the convention cannot express
+            # (flash's lengths-aligned causal comes with lengths): the suite's reach, not the function's
+            entry["status"] = "not reached"
+            entry["reason"] = "every case with it needed something else the convention cannot express"
         else:
             entry["status"] = "not run"
         needs[need] = entry
@@ -82,7 +91,7 @@ def _expressible(conv: Any) -> dict[str, str] | None:
 
     why = {}
     for need in NEEDS:
-        reasons = conv.refusals(Call(frozenset({need}), 4, 4))
+        reasons = conv.refusals(Call(frozenset({need, *IMPLIED.get(need, ())}), 4, 4))
         if reasons:
             why[need] = "; ".join(reasons)
     return why

@@ -237,9 +237,10 @@ def attention_core(
     G = p.group
     q5 = q.reshape(*q.shape[:-3], p.hkv, G, p.n, p.dk)  # (..., Hkv, G, n, dk)
     kt5 = np.swapaxes(k, -1, -2)[..., :, None, :, :]  # (..., Hkv, 1, dk, m)
-    s = rnd(q5 @ kt5)  # (..., Hkv, G, n, m)
-    s = s.reshape(*s.shape[:-4], p.hq, p.n, p.m)  # (..., Hq, n, m)
-    s = rnd(s * compute(p.scale))
+    with np.errstate(invalid="ignore", over="ignore"):  # a hidden key's NaN/inf: its logit is dropped below
+        s = rnd(q5 @ kt5)  # (..., Hkv, G, n, m)
+        s = s.reshape(*s.shape[:-4], p.hq, p.n, p.m)  # (..., Hq, n, m)
+        s = rnd(s * compute(p.scale))
     if p.softcap is not None:
         cap = compute(p.softcap)
         s = rnd(rnd(np.tanh(rnd(s / cap))) * cap)
@@ -290,6 +291,7 @@ def _weighted_values(w, v, vis, p: SDPAPlan, rnd) -> np.ndarray:
     v_bad = np.where(finite, 0, v)[..., bad_keys, :]  # (..., Hkv, s, dv), only non-finite parts
     v_bad = np.repeat(v_bad, G, axis=-3)  # (..., Hq, s, dv)
     w_bad = w[..., bad_keys]  # (..., Hq, n, s)
-    contrib = w_bad[..., :, :, None] * v_bad[..., None, :, :]  # (..., Hq, n, s, dv)
+    with np.errstate(invalid="ignore", over="ignore"):  # 0 * inf of a hidden key: dropped just below
+        contrib = w_bad[..., :, :, None] * v_bad[..., None, :, :]  # (..., Hq, n, s, dv)
     contrib = np.where(vis[..., bad_keys][..., None], contrib, 0)
     return out + contrib.sum(axis=-2)

@@ -259,7 +259,7 @@ def coverage_text(cov: dict[str, Any]) -> str:
     if needs:
         ran = [f"{n} {e['cases']}" for n, e in needs.items() if e["status"] == "ran"]
         lines.append(f"  needs run ({len(ran)} of {len(needs)}), cases each: {', '.join(ran) or 'none'}")
-        for status in ("refused", "not expressible", "not run"):
+        for status in ("refused", "not expressible", "not reached", "not run"):
             these = [n for n, e in needs.items() if e["status"] == status]
             if these:
                 lines.append(f"  {status} ({len(these)}): {', '.join(these)}")
@@ -341,9 +341,9 @@ def feature_table(results: dict[str, Any]) -> str:
 
 
 def failure_lines(results: dict[str, Any], repro_dir: Path) -> list[str]:
-    """One line per distinct cause among the failures, with the features, dtypes and properties
-    it was found in and a reproducer; every recorded failure (one per function, property, feature,
-    dtype and cause) gets its own repro file."""
+    """One line per distinct cause among the failures: ``FAIL features (dtypes; properties; count):
+    cause; repro: path``, the first failure's cause and reproducer; every recorded failure (one per
+    function, property, feature, dtype and cause) gets its own repro file."""
     from attnspec.conformance.recorder import cause_kind, failure_cause
 
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -367,11 +367,11 @@ def failure_lines(results: dict[str, Any], repro_dir: Path) -> list[str]:
         def listed(field: str) -> str:
             return ", ".join(dict.fromkeys(str(f.get(field)) for f in group))
 
-        where = (f"repro: {paths[0]}" + (f" (+{len(paths) - 1} more)" if len(paths) > 1 else "")) if paths \
-            else "no reproducer (see the report)"
-        fn = "" if function == "sdpa" else f"{function} "
-        lines.append(f"FAIL {fn}{kind}\n     {len(group)} failures; features: {listed('feature')}; dtypes: "
-                     f"{listed('dtype')}; properties: {listed('property')}\n     first: {group[0]['cause']}\n     {where}")
+        where = f"repro: {paths[0]}" if paths else "no reproducer (see the report)"
+        fn = "" if function == "sdpa" else f"{function}:"
+        count = f"{len(group)} failure{'s' * (len(group) > 1)}" + (f", {len(paths)} reproducers" if len(paths) > 1 else "")
+        lines.append(f"FAIL {fn}{listed('feature')} ({listed('dtype')}; {listed('property')}; {count}): "
+                     f"{group[0]['cause']}; {where}")
     return lines
 
 

@@ -32,15 +32,22 @@ from typing import Any, cast
 
 from attnspec._errors import SpecError
 from attnspec.backends._base import Backend, MHAArrays, Unsupported
-from attnspec.backends.conventions import CANONICAL, CONVENTIONS, NEEDS, Convention, get_convention, register_convention
+from attnspec.backends.conventions import (
+    CANONICAL,
+    CONVENTIONS,
+    NEEDS,
+    Convention,
+    get_convention,
+    register_convention,
+)
 from attnspec.backends.function import FunctionBackend, from_function
 
 __all__ = [
     "CANONICAL",
     "CONVENTIONS",
+    "ENTRY_POINT_GROUP",
     "NEEDS",
     "TARGET_PATH_ENV",
-    "ENTRY_POINT_GROUP",
     "Availability",
     "Backend",
     "Convention",

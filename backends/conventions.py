@@ -67,8 +67,8 @@ from attnspec.backends.authoring import (
 )
 from attnspec.spec._validate import SDPAPlan
 
-__all__ = ["CANONICAL", "CONVENTIONS", "NEEDS", "Call", "Convention", "call_needs", "canonical_inputs", "get_convention",
-           "register_convention"]
+__all__ = ["CANONICAL", "CONVENTIONS", "NEEDS", "Call", "Convention", "call_needs", "canonical_inputs",
+           "get_convention", "register_convention"]
 
 #: what a call can ask of an implementation, beyond its dtype: the names the probe and the
 #: conventions' refusals use
@@ -196,7 +196,7 @@ class Convention:
         passed = {_PASSED_OPTIONS[o] for o in keywords}
         new.variants = self.variants | passed
         # a class-level table in the built-ins: the new one is this instance's own
-        setattr(new, "cannot", {**{k: v for k, v in self.cannot.items() if k not in passed}, **(refuse or {})})
+        new.__dict__["cannot"] = {**{k: v for k, v in self.cannot.items() if k not in passed}, **(refuse or {})}
         if canonical is not None:
             new.canonical = canonical
         extra = "".join(f", {kw}=<{o}>" for o, kw in keywords.items())
@@ -422,7 +422,8 @@ class Tutorial(Convention):
             k, v = expand_kv_heads(k, p.group), expand_kv_heads(v, p.group)
         args = (q, k, v) if vis is None else (q, k, v, vis)
         result = fn(*args, **self.pass_keywords(p, options))
-        out, weights = (result[0], result[1]) if isinstance(result, (tuple, list)) and len(result) == 2 else (result, None)
+        pair = isinstance(result, (tuple, list)) and len(result) == 2
+        out, weights = (result[0], result[1]) if pair else (result, None)
         if self.canonical:
             out = unflatten_batch(p, out)
             if weights is not None:  # (B, Hq, n, m) -> the spec's weights shape

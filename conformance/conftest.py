@@ -96,7 +96,7 @@ def judge(attn_backend, attn_device, pytestconfig, request):
                 state.phase = "shrink"  # what Hypothesis runs from here on shrinks this failure
             raise AssertionError(verdict.message)
 
-    run.state = run_state  # type: ignore[attr-defined]
+    run.state = run_state
     return run
 
 

@@ -22,8 +22,9 @@ IMPLIED = {"mask_broadcast": ("mask",)}
 VERDICTS = ("passed", "failed", "deviation")
 
 
-def coverage(results: dict[str, Any], cases: list[dict[str, Any]] | None = None,
-             convention: Any = None) -> dict[str, Any]:
+def coverage(
+    results: dict[str, Any], cases: list[dict[str, Any]] | None = None, convention: Any = None
+) -> dict[str, Any]:
     """{"functions": {fn: {"cases": n, "called": n}}, "needs": {need: {...}}, "dtypes": {...}}.
 
     ``cases`` are the per-case records (the recorder's); without them only the rows are read, and
@@ -45,7 +46,9 @@ def coverage(results: dict[str, Any], cases: list[dict[str, Any]] | None = None,
     out: dict[str, Any] = {"functions": dict(functions), "dtypes": {d: dict(c) for d, c in dtypes.items()}}
     for r in results.get("capabilities") or ():  # why the probe found a dtype unusable
         if r["need"] == "dtype" and r["status"] != "ok":
-            out["dtypes"].setdefault(r["dtype"], {})["reason"] = f"{r['status']}: {r.get('reason') or r['status']}"
+            out["dtypes"].setdefault(r["dtype"], {})["reason"] = (
+                f"{r['status']}: {r.get('reason') or r['status']}"
+            )
     if cases is None:
         return out
     ran: Counter = Counter()
@@ -127,6 +130,8 @@ def gaps(cov: dict[str, Any], dtypes: tuple[str, ...] | None = None, function_on
             if e["status"] == "refused":
                 lines.append(f"{need}: refused by the function ({e['reason']})")
             elif e["status"] == "not run":
-                lines.append(f"{need}: expressible by the convention, but no case ran it"
-                             + (f" ({e['declined']} declined)" if e["declined"] else ""))
+                lines.append(
+                    f"{need}: expressible by the convention, but no case ran it"
+                    + (f" ({e['declined']} declined)" if e["declined"] else "")
+                )
     return lines

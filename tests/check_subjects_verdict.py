@@ -10,8 +10,6 @@ import math
 
 import numpy as np
 
-from attnspec.backends import get_convention
-
 
 def _attend(q, k, v, vis, scale, bias=None, softcap=None):
     """softmax over the visible keys only, in float64; an empty row gives 0."""
@@ -32,13 +30,25 @@ def _attend(q, k, v, vis, scale, bias=None, softcap=None):
     return terms.sum(axis=-2).astype(dtype)
 
 
-def _sdpa(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, tiled=False,
-          own_scale=False, softcap=None):
+def _sdpa(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    tiled=False,
+    own_scale=False,
+    softcap=None,
+):
     hq, hkv = query.shape[-3] if query.ndim > 2 else 1, key.shape[-3] if key.ndim > 2 else 1
     if hq != hkv:
         g = hq // hkv
-        key, value = ((np.tile(x, (1,) * (x.ndim - 3) + (g, 1, 1)) if tiled else np.repeat(x, g, axis=-3))
-                      for x in (key, value))
+        key, value = (
+            (np.tile(x, (1,) * (x.ndim - 3) + (g, 1, 1)) if tiled else np.repeat(x, g, axis=-3))
+            for x in (key, value)
+        )
     n, m = query.shape[-2], key.shape[-2]
     vis = np.tril(np.ones((n, m), bool)) if is_causal else np.ones((n, m), bool)
     bias = None
@@ -48,7 +58,9 @@ def _sdpa(query, key, value, attn_mask=None, is_causal=False, scale=None, enable
         bias = np.asarray(attn_mask, np.float64)
         vis = vis & (bias != -np.inf)
     d = query.shape[-1]
-    return _attend(query, key, value, vis, 1 / math.sqrt(d) if scale is None or own_scale else scale, bias, softcap)
+    return _attend(
+        query, key, value, vis, 1 / math.sqrt(d) if scale is None or own_scale else scale, bias, softcap
+    )
 
 
 def correct(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -67,8 +79,9 @@ def attention(q, k):
     return q
 
 
-def prefix_masks_only(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                      enable_gqa=False):
+def prefix_masks_only(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """A textbook valid_lens attention: only key-padding (prefix) masks; any other mask raises."""
     if attn_mask is not None:
         full = np.broadcast_to(attn_mask, attn_mask.shape[:-1] + (attn_mask.shape[-1],))
@@ -78,19 +91,26 @@ def prefix_masks_only(query, key, value, attn_mask=None, dropout_p=0.0, is_causa
     return _sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa)
 
 
-def four_d_only(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+def four_d_only(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """A library that unpacks four axes and takes full-size masks only (paddle's habit)."""
-    b, h, n, d = query.shape  # "too many values to unpack" on any other rank
+    b, h, n, _ = query.shape  # "too many values to unpack" on any other rank
     if attn_mask is not None and attn_mask.shape != (b, h, n, key.shape[-2]):
         raise ValueError(f"attn_mask must be (B, H, n, m), got {attn_mask.shape}")
     return _sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa)
 
 
-def capped(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-           softcap=None):
+def capped(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    softcap=None,
+):
     """torch's SDPA signature plus a logit softcap (cap * tanh(s / cap), before the mask)."""
     return _sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap=softcap)
-
-
-#: a convention of the user's own, named on the command line as check_subjects_verdict:CAPPED
-CAPPED = get_convention("torch_sdpa").extend("capped_sdpa", keywords={"softcap": "softcap"})

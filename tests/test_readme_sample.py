@@ -18,20 +18,27 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"
 BEGIN, END = "<!-- check-sample:begin -->", "<!-- check-sample:end -->"
-COMMAND = ["check", "examples/tutorial/seed_attention.py:fill_neg_1e9_nan_to_num", "--convention", "tutorial",
-           "--dtype", "float32"]
+COMMAND = [
+    "check",
+    "examples/tutorial/seed_attention.py:fill_neg_1e9_nan_to_num",
+    "--convention",
+    "tutorial",
+    "--dtype",
+    "float32",
+]
 
 
 def sample(out: Path) -> str:
     """The tool's output for the README: the command, then its summary from the first FAIL line."""
     tool = Path(sys.executable).with_name("attnspec")
-    proc = subprocess.run([str(tool), *COMMAND, "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
-                          timeout=900)
+    proc = subprocess.run(
+        [str(tool), *COMMAND, "--out", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=900
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     lines = proc.stderr.replace(str(out), "attnspec-report").splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("FAIL "))
     last = next(i for i, line in enumerate(lines) if line.startswith(("FAILS: ", "CONFORMS", "INCOMPLETE: ")))
-    body = [line for line in lines[first:last + 1] if line.strip()]
+    body = [line for line in lines[first : last + 1] if line.strip()]
     return "\n".join(["```", f"$ attnspec {' '.join(COMMAND)}", "...", *body, "```"])
 
 
@@ -45,4 +52,5 @@ def test_readme_sample_is_what_check_prints(tmp_path):
         return
     assert re.sub(r"\s+$", "", shown, flags=re.M) == got, (
         "README.md's sample output differs from what attnspec check prints; regenerate it with "
-        "ATTNSPEC_UPDATE_README=1 python -m pytest tests/test_readme_sample.py\n" + got)
+        "ATTNSPEC_UPDATE_README=1 python -m pytest tests/test_readme_sample.py\n" + got
+    )

@@ -26,9 +26,13 @@ COMMAND = [str(Path(sys.executable).with_name("attnspec"))]
 
 
 def check(*args: str, cwd: Path = HERE, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([*COMMAND, "check", *args], capture_output=True, text=True, env=env, timeout=timeout,
-                          cwd=cwd)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.run(
+        [*COMMAND, "check", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd
+    )
 
 
 def results_in(out: Path) -> dict[str, dict]:
@@ -42,10 +46,26 @@ RUNS = {
     "two_bugs": (f"{SUBJECTS}:two_bugs", *NUMPY, "--dtype", "float64", "-k", "matches_golden"),
     "prefix": (f"{SUBJECTS}:prefix_masks_only", *NUMPY, "--dtype", "float64", "-k", "matches_golden"),
     "four_d": (f"{SUBJECTS}:four_d_only", *NUMPY, "--dtype", "float64", "-k", "matches_golden"),
-    "four_d_canonical": (f"{SUBJECTS}:four_d_only", *NUMPY, "--canonical", "--dtype", "float64",
-                         "-k", "matches_golden"),
-    "user_convention": (f"{SUBJECTS}:capped", "--convention", f"{SUBJECTS}:CAPPED", "--arrays", "numpy",
-                        "--dtype", "float64", "-k", "variants_match_golden"),
+    "four_d_canonical": (
+        f"{SUBJECTS}:four_d_only",
+        *NUMPY,
+        "--canonical",
+        "--dtype",
+        "float64",
+        "-k",
+        "matches_golden",
+    ),
+    "user_convention": (
+        f"{SUBJECTS}:capped",
+        "--convention",
+        "check_subjects_convention:CAPPED",
+        "--arrays",
+        "numpy",
+        "--dtype",
+        "float64",
+        "-k",
+        "variants_match_golden",
+    ),
 }
 
 
@@ -59,7 +79,7 @@ def runs(tmp_path_factory):
 
 def test_a_function_that_cannot_be_called_is_not_conformant(runs):
     """Problem 1: `def attention(q, k)` through torch_sdpa was CONFORMS, exit 0."""
-    proc, out = runs["uncallable"]
+    proc, _ = runs["uncallable"]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "CONFORMS" not in proc.stderr and "\nINCOMPLETE: " in proc.stderr
     assert "never called successfully" in proc.stderr
@@ -73,8 +93,17 @@ def test_a_folder_named_attnspec_in_the_current_folder_shadows_nothing(tmp_path)
     clone = tmp_path / "attnspec"  # a namespace-package-shaped folder, as a clone of this repo is
     (clone / "examples").mkdir(parents=True)
     shutil.copy(HERE / f"{SUBJECTS}.py", clone / "examples" / "mine.py")
-    proc = check("attnspec/examples/mine.py:correct", *NUMPY, "--dtype", "float64", "-k", "matches_golden",
-                 "--out", str(tmp_path / "out"), cwd=tmp_path)
+    proc = check(
+        "attnspec/examples/mine.py:correct",
+        *NUMPY,
+        "--dtype",
+        "float64",
+        "-k",
+        "matches_golden",
+        "--out",
+        str(tmp_path / "out"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (results,) = results_in(tmp_path / "out").values()
     assert sum(r["passed"] for r in results["rows"]) > 20
@@ -86,11 +115,30 @@ def test_a_child_that_cannot_import_attnspec_stops_the_check_in_one_line(tmp_pat
     shadow = tmp_path / "shadow" / "attnspec"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('a broken copy of attnspec')\n")
-    code = ("import os, sys, attnspec.cli; os.environ['PYTHONPATH'] = sys.argv[1]; "
-            "sys.exit(attnspec.cli.main(sys.argv[2:]))")
-    proc = subprocess.run([sys.executable, "-c", code, str(shadow.parent), "check", "numpy", "--dtype", "float64",
-                           "-k", "matches_golden", "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    code = (
+        "import os, sys, attnspec.cli; os.environ['PYTHONPATH'] = sys.argv[1]; "
+        "sys.exit(attnspec.cli.main(sys.argv[2:]))"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            str(shadow.parent),
+            "check",
+            "numpy",
+            "--dtype",
+            "float64",
+            "-k",
+            "matches_golden",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("attnspec check:")]
     assert len(lines) == 1 and "a broken copy of attnspec" in lines[0], proc.stderr[-3000:]
@@ -107,14 +155,18 @@ def test_every_distinct_failure_is_recorded(runs):
     assert {"gqa", "scale"} <= failing, failing
     causes = [f["cause"] for f in results["failures"]]
     assert any("GQA heads tiled" in c for c in causes), causes
-    assert any(line.startswith("FAIL GQA heads tiled") for line in proc.stderr.splitlines()), proc.stderr[-3000:]
+    assert any(line.startswith("FAIL GQA heads tiled") for line in proc.stderr.splitlines()), proc.stderr[
+        -3000:
+    ]
 
 
 def test_result_files_are_named_by_the_subject(runs, tmp_path):
     """Problem 5: every MODULE:FN --arrays numpy check wrote conformance-numpy-cpu.json."""
     names = {name for key in ("correct", "two_bugs") for name in results_in(runs[key][1])}
-    assert names == {"conformance-check_subjects_verdict.correct_torch_sdpa-numpy-cpu.json",
-                     "conformance-check_subjects_verdict.two_bugs_torch_sdpa-numpy-cpu.json"}, names
+    assert names == {
+        "conformance-check_subjects_verdict.correct_torch_sdpa-numpy-cpu.json",
+        "conformance-check_subjects_verdict.two_bugs_torch_sdpa-numpy-cpu.json",
+    }, names
 
 
 def test_the_verdict_states_its_coverage(runs):
@@ -125,8 +177,22 @@ def test_the_verdict_states_its_coverage(runs):
     (results,) = results_in(out).values()
     needs = results["coverage"]["needs"]
     # torch_sdpa expresses these, and every one ran (the feature tour draws each feature once)
-    for need in ("gqa", "rank2", "rank3", "rank5", "mask", "mask_broadcast", "bias", "causal_upper_left",
-                 "causal_lower_right", "window", "q_lengths", "kv_lengths", "scale", "empty"):
+    for need in (
+        "gqa",
+        "rank2",
+        "rank3",
+        "rank5",
+        "mask",
+        "mask_broadcast",
+        "bias",
+        "causal_upper_left",
+        "causal_lower_right",
+        "window",
+        "q_lengths",
+        "kv_lengths",
+        "scale",
+        "empty",
+    ):
         assert needs[need]["status"] == "ran" and needs[need]["cases"] > 0, (need, needs[need])
     assert needs["return_weights"]["status"] == "not expressible"
     assert "needs run (" in proc.stderr and "not expressible" in proc.stderr
@@ -135,7 +201,7 @@ def test_the_verdict_states_its_coverage(runs):
 
 def test_a_refused_mask_shape_disables_only_itself(runs):
     """Problem 7: one refused probe (a non-prefix mask) turned off every explicit-mask case."""
-    proc, out = runs["prefix"]
+    _, out = runs["prefix"]
     (results,) = results_in(out).values()
     mask = [c for c in results["capabilities"] if c["need"] == "mask"]
     assert mask and mask[0]["status"] == "ok", mask
@@ -155,7 +221,9 @@ def test_canonical_inputs_for_a_library_that_takes_only_4d(runs):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (results,) = results_in(out).values()
     assert {c["status"] for c in results["capabilities"] if c["need"].startswith("rank")} == {"ok"}
-    assert all(results["coverage"]["needs"][n]["cases"] for n in ("rank2", "rank3", "rank5", "mask_broadcast"))
+    assert all(
+        results["coverage"]["needs"][n]["cases"] for n in ("rank2", "rank3", "rank5", "mask_broadcast")
+    )
 
 
 def test_a_convention_defined_in_the_users_module_carries_softcap(runs):

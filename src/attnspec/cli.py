@@ -138,12 +138,9 @@ def _absolute(target: str) -> str:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from attnspec.backends import load
+    from attnspec.backends import TARGET_PATH_ENV, load
     from attnspec.backends.probe import NO_DTYPE, probe_isolated
-    from attnspec.conformance.run import Interrupted, run_suite, slug, summary
-
-    from attnspec.backends import TARGET_PATH_ENV
-    from attnspec.conformance.run import ChildSetupError
+    from attnspec.conformance.run import ChildSetupError, Interrupted, run_suite, slug, summary
 
     # MODULE:FUNCTION resolves from here, as `python -m` does, but after the installed packages:
     # a folder here named like one (a clone called attnspec) cannot shadow it, here or in a child
@@ -352,24 +349,26 @@ def failure_lines(results: dict[str, Any], repro_dir: Path) -> list[str]:
         groups.setdefault((f.get("function") or "", cause_kind(cause)), []).append({**f, "cause": cause})
     lines = []
     written = 0
-    for (function, kind), group in groups.items():
+    for (function, _kind), group in groups.items():
         paths = []
         for f in group:
             head, _, snippet = (f.get("message") or "").partition("reproduce with:\n")
             if snippet.strip():
                 written += 1
-                path = repro_dir / f"{written:02d}-{function}-{f.get('feature')}-{f.get('property')}-{f.get('dtype')}.py"
+                name = f"{written:02d}-{function}-{f.get('feature')}-{f.get('property')}-{f.get('dtype')}.py"
+                path = repro_dir / name
                 repro_dir.mkdir(parents=True, exist_ok=True)
                 body = "\n".join(line[4:] if line.startswith("    ") else line for line in snippet.splitlines())
                 path.write_text(f"# {head.splitlines()[0] if head else f.get('cause')}\n{body}\n")
                 paths.append(path)
 
-        def listed(field: str) -> str:
+        def listed(field: str, group: list[dict[str, Any]] = group) -> str:
             return ", ".join(dict.fromkeys(str(f.get(field)) for f in group))
 
         where = f"repro: {paths[0]}" if paths else "no reproducer (see the report)"
         fn = "" if function == "sdpa" else f"{function}:"
-        count = f"{len(group)} failure{'s' * (len(group) > 1)}" + (f", {len(paths)} reproducers" if len(paths) > 1 else "")
+        count = f"{len(group)} failure{'s' * (len(group) > 1)}"
+        count += f", {len(paths)} reproducers" if len(paths) > 1 else ""
         lines.append(f"FAIL {fn}{listed('feature')} ({listed('dtype')}; {listed('property')}; {count}): "
                      f"{group[0]['cause']}; {where}")
     return lines

@@ -158,3 +158,69 @@ def test_flax_finite_mask_fill_is_observed_and_declared():
     entries, undeclared = check("flax-native", [answer])
     assert next(e for e in entries if e["id"] == "flax.finite-mask-fill")["status"] == "observed"
     assert undeclared == []
+
+
+def _ask(name, question_id):
+    from attnspec.backends.atlas.questions import ask
+
+    return ask(_backend(name), next(q for q in QUESTIONS if q.id == question_id))
+
+
+@pytest.mark.parametrize("name", ["onnx-ref-native", "onnxruntime-native"])
+def test_onnx_empty_row_is_zero_and_no_deviation(name):
+    # the operator's errata (onnx/onnx PR 8068): a row with no visible key is 0, as the spec says,
+    # so the atlas must not call it a deviation
+    for question in ("empty_row_mask", "empty_row_bias"):
+        answer = _ask(name, question)
+        assert answer["answer"] == "0"
+        entries, undeclared = check(name, [answer])
+        assert [e for e in entries if e["question"] == question] == [] and undeclared == []
+
+
+@pytest.mark.parametrize("name", ["onnx-ref-native", "onnxruntime-native"])
+def test_onnx_lower_right_causal_through_nonpad_kv_seqlen(name):
+    b = _backend(name)
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal(s) for s in ((1, 2, 2, 4), (1, 2, 5, 4), (1, 2, 5, 4)))
+    b.record_calls = True
+    out = b.sdpa(*(b.asarray(x, "float32") for x in (q, k, v)), causal="lower_right")
+    _, kwargs = b.last_call
+    assert kwargs["is_causal"] == 1 and list(kwargs["nonpad_kv_seqlen"]) == [5]  # offset m - n
+    from attnspec.spec import sdpa
+
+    golden = sdpa(*(x.astype(np.float32).astype(np.float64) for x in (q, k, v)), causal="lower_right")
+    assert np.allclose(b.to_numpy(out), golden, atol=1e-5)
+
+
+def test_onnx_reproducer_runs_without_attnspec(tmp_path):
+    import subprocess
+    import sys
+
+    answer = _ask("onnx-ref-native", "nan_hidden_value")
+    assert not [line for line in answer["reproducer"].splitlines() if "import" in line and "attnspec" in line]
+    script = tmp_path / "repro.py"
+    script.write_text(answer["reproducer"])
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "nan" in proc.stdout
+
+
+def test_paddle_causal_flag_adds_a_finite_fill():
+    answer = _ask("paddle-native", "causal_floor")
+    assert answer["answer"] == "hidden keys take the weight"
+    assert "is_causal=True" in answer["reproducer"]
+    entries, undeclared = check("paddle-native", [answer])
+    assert next(e for e in entries if e["id"] == "paddle.causal-fill-neg-1e4")["status"] == "observed"
+    assert undeclared == []
+
+
+def test_causal_floor_question_tells_a_finite_fill_from_the_spec():
+    from attnspec.spec import sdpa
+
+    question = next(q for q in QUESTIONS if q.id == "causal_floor")
+    q, k, v, opts = question.case()
+    case = (q, k, v, {**opts, "causal": "upper_left"})
+    assert question.classify(sdpa(*case[:3], causal="upper_left"), case) == "as the spec"
+    logits = q @ np.swapaxes(k, -1, -2) / 2 + np.triu(np.full((3, 3), -1e4), 1)  # paddle's CPU causal mask
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    assert question.classify((w / w.sum(-1, keepdims=True)) @ v, case) == "hidden keys take the weight"

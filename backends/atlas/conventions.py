@@ -6,6 +6,7 @@ it cannot express. Nothing here corrects a result.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import types
 from typing import Any, ClassVar
@@ -16,7 +17,7 @@ from attnspec.backends._base import Unsupported
 from attnspec.backends.authoring import additive_mask, attend_mask, flatten_mask, unflatten_batch
 from attnspec.backends.conventions import Call, Convention, Jax, TorchSDPA, _device, _first, flat_qkv
 
-__all__ = ["MLX", "Flax", "Flex", "HFEager", "HFSdpa", "Keras", "Pallas", "Tinygrad"]
+__all__ = ["MLX", "Flax", "Flex", "HFEager", "HFSdpa", "Keras", "Onnx", "Paddle", "Pallas", "Tinygrad"]
 
 
 def _only(options: dict[str, Any], *names: str) -> bool:
@@ -262,4 +263,90 @@ class Pallas(Convention):
         return unflatten_batch(p, out, layout="blhd"), None
 
 
-ATLAS_CONVENTIONS = {c.name: c for c in (MLX(), Tinygrad(), Keras(), Flax(), HFEager(), HFSdpa(), Flex(), Pallas())}
+class Onnx(Convention):
+    """ONNX's Attention operator as a one-node model (`attnspec.backends.atlas.onnx_attention`).
+
+    Its causal flag and window sit at query i + offset, where offset = nonpad_kv_seqlen - n (0
+    without it). So key lengths go in as ``nonpad_kv_seqlen`` (and causal and window, anchored
+    elsewhere then, join the mask), lower-right alignment is ``nonpad_kv_seqlen = m``, and query
+    lengths, which the operator has no input for, join the mask.
+    """
+
+    name = "onnx"
+    signature = ("Attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None) "
+                 "(ONNX opset 28, Attention-25) as a one-node model on (B, H, L, D) NumPy arrays; "
+                 "attributes is_causal (at i + nonpad_kv_seqlen - n), scale, softcap, left_window_size, "
+                 "right_window_size, qk_matmul_output_mode=3 (the weights); attn_mask bool (True = attend) "
+                 "or additive float")
+    arrays = "numpy"
+    cannot: ClassVar[dict[str, str | None]] = {}
+    causal_flag = "upper_left"  # no cache and no nonpad_kv_seqlen: offset 0
+    window_argument = True
+    variants = frozenset({"softcap"})  # the softcap attribute, applied before the mask as the spec does
+
+    def call(self, fn, lib, p, q, k, v, options):
+        qf, kf, vf = flat_qkv(p, q, k, v)  # (B, Hq, n, dk), (B, Hkv, m, dk), (B, Hkv, m, dv)
+        B = math.prod(p.batch)
+        attrs: dict[str, Any] = {}
+        inputs: dict[str, Any] = {}
+        if p.kv_lengths is not None:
+            inputs["nonpad_kv_seqlen"] = np.broadcast_to(p.kv_lengths, p.batch).reshape(B).astype(np.int64)  # (B,)
+            native = False  # the operator would anchor causal and window at i + kv_length - n
+        else:
+            native = True
+            if p.causal == "lower_right" and p.n != p.m:
+                inputs["nonpad_kv_seqlen"] = np.full((B,), p.m, np.int64)  # offset m - n: lower-right
+        if native and p.causal is not None:
+            attrs["is_causal"] = 1
+        if native and p.window is not None:
+            attrs["left_window_size"], attrs["right_window_size"] = p.window
+        if options.get("scale") is not None:
+            attrs["scale"] = p.scale
+        if p.softcap is not None:
+            attrs["softcap"] = p.softcap
+        if options.get("return_weights"):
+            attrs["qk_matmul_output_mode"] = 3  # post-softmax probabilities
+        rest = dataclasses.replace(p, kv_lengths=None)  # what joins the mask: kv lengths are an input
+        if options.get("bias") is not None:
+            mask = additive_mask(rest, options.get("mask"), options["bias"], structure=not native)
+        else:
+            mask = attend_mask(rest, options.get("mask"), structure=not native)
+        if mask is not None:
+            inputs["attn_mask"] = _full(p, mask)  # (B, Hq or 1, n, m)
+        result = fn(qf, kf, vf, **inputs, **attrs)
+        out = unflatten_batch(p, _first(result))  # (B, Hq, n, dv) -> spec's
+        if not options.get("return_weights"):
+            return out, None
+        return out, lib.reshape(result[1], p.weights_shape)  # (B, Hq, n, m) -> spec's
+
+
+class Paddle(Convention):
+    name = "paddle"
+    signature = ("paddle.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=None, "
+                 "dropout_p=0.0, is_causal=False, training=True, backend=None, scale=None, enable_gqa=True) "
+                 "on (B, L, H, D); is_causal upper-left and only alone (a mask given with it is ignored); "
+                 "attn_mask bool (True = attend) or additive float")
+    arrays = "paddle"
+    cannot: ClassVar[dict[str, str | None]] = {"return_weights": "returns no attention weights"}
+    causal_flag = "upper_left"
+
+    def call(self, fn, lib, p, q, k, v, options):
+        qf, kf, vf = flat_qkv(p, q, k, v, "blhd")  # (B, n, Hq, dk), (B, m, Hkv, dk), (B, m, Hkv, dv)
+        kw: dict[str, Any] = {}
+        if options.get("scale") is not None:
+            kw["scale"] = p.scale
+        square = p.n == p.m
+        if _only(options) and (p.causal == "upper_left" or (p.causal == "lower_right" and square)):
+            kw["is_causal"] = True  # alone: paddle ignores attn_mask when is_causal is set
+        elif options.get("bias") is not None:
+            kw["attn_mask"] = lib.asarray(_full(p, additive_mask(p, options.get("mask"), options["bias"])))
+        else:
+            vis = attend_mask(p, options.get("mask"))
+            if vis is not None:
+                kw["attn_mask"] = lib.asarray(_full(p, vis))  # (B, Hq or 1, n, m)
+        out = fn(qf, kf, vf, **kw)  # (B, n, Hq, dv); GQA by its default enable_gqa=True (h // G)
+        return unflatten_batch(p, out, layout="blhd"), None
+
+
+ATLAS_CONVENTIONS = {c.name: c for c in (MLX(), Tinygrad(), Keras(), Flax(), HFEager(), HFSdpa(), Flex(), Pallas(),
+                                           Onnx(), Paddle())}

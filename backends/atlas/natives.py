@@ -99,6 +99,45 @@ def pallas_flash_native() -> FunctionBackend:
     return backend
 
 
+def _onnx(fn, name: str) -> FunctionBackend:
+    import inspect
+
+    from attnspec.backends.atlas import onnx_attention
+
+    backend = _native(fn, "onnx", name, "numpy")
+    # the function only builds the one-node model and runs it: reproducers paste its module whole
+    backend.inline_source = inspect.getsource(onnx_attention)
+    return backend
+
+
+def onnx_ref_native() -> FunctionBackend:
+    from attnspec.backends.atlas.onnx_attention import reference_attention
+
+    return _onnx(reference_attention, "onnx-ref-native")
+
+
+def onnxruntime_native() -> FunctionBackend:
+    from attnspec.backends.atlas.onnx_attention import onnxruntime_attention
+
+    backend = _onnx(onnxruntime_attention, "onnxruntime-native")
+    # its CPU provider has no bfloat16 kernels ("Could not find an implementation for Add(14)");
+    # float64, which has no Attention kernel either, runs the operator's function body
+    backend.dtypes = ("float16", "float32", "float64")
+    return backend
+
+
+def paddle_native() -> FunctionBackend:
+    from paddle.nn.functional import scaled_dot_product_attention
+
+    from attnspec.backends.atlas.paddle_arrays import register
+
+    register()
+    backend = _native(scaled_dot_product_attention, "paddle", "paddle-native", "paddle")
+    # on the CPU paddle has no float16 or bfloat16 matmul kernel ("kernel `matmul` is not registered")
+    backend.dtypes = ("float32", "float64")
+    return backend
+
+
 def _tinygrad_compiler() -> None:
     """tinygrad's CPU device compiles with clang. Where there is none, the clang inside the
     ``ziglang`` wheel serves (as ``zig clang``; ``zig cc`` rejects tinygrad's target triple)."""
@@ -128,4 +167,8 @@ ATLAS = {
     "hf-sdpa-native": ("attnspec.backends.atlas.natives:hf_sdpa_native", ("transformers", "torch"), "atlas-hf"),
     "torch-flex-native": ("attnspec.backends.atlas.natives:torch_flex_native", ("torch",), "torch"),
     "pallas-flash-native": ("attnspec.backends.atlas.natives:pallas_flash_native", ("jax",), "jax"),
+    "onnx-ref-native": ("attnspec.backends.atlas.natives:onnx_ref_native", ("onnx",), "atlas-onnx"),
+    "onnxruntime-native": ("attnspec.backends.atlas.natives:onnxruntime_native", ("onnx", "onnxruntime"),
+                           "atlas-onnx"),
+    "paddle-native": ("attnspec.backends.atlas.natives:paddle_native", ("paddle",), "atlas-paddle"),
 }

@@ -107,6 +107,25 @@ def _floor_answer(out, case: Case) -> str:
     return "NaN" if np.isnan(got).any() else "differs"
 
 
+def _causal_floor() -> Case:
+    q, k, v = _qkv(n=3, m=3)
+    k[..., :, 0] = 0.0
+    k[..., 0, :] = np.eye(4)[0]  # key 0 is e0; keys 1 and 2 are orthogonal to it
+    q[..., 0, :] = -6e4 * np.eye(4)[0]  # query 0's one visible logit: -6e4 / sqrt(4) = -3e4; the hidden two: 0
+    return q, k, v, {"causal": "flag"}
+
+
+def _causal_floor_answer(out, case: Case) -> str:
+    """Query 0 sees key 0 alone, at logit -3e4: the spec gives it v[0]. A causal flag that adds
+    or fills a finite F > -3e4 (paddle's -1e4) hands hidden keys 1 and 2 the weight instead."""
+    got, golden, v = out[..., 0, :], _golden(case)[..., 0, :], case[2]
+    if _close(got, golden):
+        return "as the spec"
+    if _close(got, v[..., 1:, :].mean(axis=-2)):
+        return "hidden keys take the weight"
+    return "NaN" if np.isnan(got).any() else "differs"
+
+
 def _weights() -> Case:
     q, k, v = _qkv()
     return q, k, v, {"return_weights": True}
@@ -211,6 +230,11 @@ def _plain() -> Case:
     return q, k, v, {}
 
 
+def _scaled() -> Case:
+    q, k, v = _qkv()
+    return q, k, v, {"scale": 0.3}
+
+
 QUESTIONS = [
     Question("empty_row_mask", "row with no visible key (bool mask)", _empty_row_mask, _row_answer, "0"),
     Question("empty_row_bias", "row with no visible key (-inf bias)", _empty_row_bias, _row_answer, "0"),
@@ -228,7 +252,11 @@ QUESTIONS = [
     Question("kv_lengths", "key lengths", _kv_lengths, _matches, "as the spec"),
     Question("weights", "returned weights", _weights, _weights_answer, "returned, as the spec"),
     Question("finite_floor", "visible logits at finfo.min, a key masked", _finite_floor, _floor_answer, "as the spec"),
+    Question("causal_floor", "its causal flag, a visible logit at -3e4", _causal_floor, _causal_floor_answer,
+             "as the spec", "the framework's causal argument alone, n = m"),
     Question("float64", "float64 in, what comes out", _plain, lambda out, case: "", "float64, as the spec"),
+    # a scale float32 cannot hold (ONNX's attributes are float32): does the result keep float64's precision?
+    Question("float64_scale", "float64 in, scale 0.3", _scaled, lambda out, case: "", "float64, as the spec"),
 ]
 
 
@@ -253,12 +281,16 @@ QUESTION_TAGS = {
     "dk_ne_dv": {"dk_ne_dv"},
     "finite_floor": {"finite_floor"},
     "float64": {"float64"},
+    "float64_scale": {"float64", "scale"},
 }
+
+#: the questions asked in float64, answered by what comes out (`_float64`)
+FLOAT64_QUESTIONS = frozenset({"float64", "float64_scale"})
 
 
 def ask(backend: Backend, question: Question, dtype: str = "float32") -> dict[str, Any]:
     """One question through ``backend``: {"id", "answer", "spec", "reproducer"}; never raises."""
-    if question.id == "float64":
+    if question.id in FLOAT64_QUESTIONS:
         dtype = "float64"
         if dtype not in getattr(backend, "dtypes", (dtype,)):
             return {"id": question.id, "title": question.title, "answer": "n/a: no float64 here",
@@ -268,8 +300,9 @@ def ask(backend: Backend, question: Question, dtype: str = "float32") -> dict[st
     if opts.get("causal") == "flag":
         convention = getattr(backend, "convention", None)
         flag = convention.causal_flag if convention is not None else "upper_left"  # torch-/jax-native: is_causal
-        if flag is None:
-            return {"id": question.id, "title": question.title, "answer": "no causal flag", "spec": question.spec,
+        if flag is None:  # a question the spec answers cannot be asked: n/a, not a difference
+            answer = "n/a: no causal flag" if question.spec else "no causal flag"
+            return {"id": question.id, "title": question.title, "answer": answer, "spec": question.spec,
                     "reproducer": ""}
         opts = {**opts, "causal": flag}
     q, k, v = (x.astype(dtype).astype(np.float64) for x in (q, k, v))  # the values the backend sees
@@ -285,7 +318,7 @@ def ask(backend: Backend, question: Question, dtype: str = "float32") -> dict[st
     except Exception as e:  # a refusal is an answer
         answer = f"raises {type(e).__name__}"
     else:
-        if question.id == "float64":
+        if question.id in FLOAT64_QUESTIONS:
             repro = reproducer(backend) if getattr(backend, "last_call", None) else ""
             return {"id": question.id, "title": question.title, "answer": _float64(backend, result, case),
                     "spec": question.spec, "reproducer": repro}
@@ -325,11 +358,15 @@ def _literal(backend, x) -> str:
         return f"mx.array({np_expr})"
     if lib == "tinygrad":
         return f"Tensor({np_expr})"
+    if lib == "paddle":
+        if dtype == "bfloat16":
+            return f"paddle.to_tensor({np_expr}.astype(np.float32)).astype('bfloat16')"
+        return f"paddle.to_tensor({np_expr})"
     return np_expr
 
 
 _IMPORTS = {"torch": "import torch", "jax": "import jax.numpy as jnp", "mlx": "import mlx.core as mx",
-            "tinygrad": "from tinygrad import Tensor", "numpy": ""}
+            "tinygrad": "from tinygrad import Tensor", "paddle": "import paddle", "numpy": ""}
 
 
 def _value(backend, x) -> str:
@@ -349,7 +386,8 @@ def reproducer(backend) -> str:
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     head, _, rest = qualname.partition(".")
     lines = [*backend.preamble, "import numpy as np, ml_dtypes, types", _IMPORTS.get(backend.arrays.name, "")]
-    lines.append(f"from {module} import {head}")
+    inline = getattr(backend, "inline_source", None)  # the module that builds the framework's call, pasted
+    lines.append(inline if inline else f"from {module} import {head}")
     lines.append(f"fn = {qualname}" if rest else f"fn = {head}")
     call = [_value(backend, a) for a in args] + [f"{k}={_value(backend, v)}" for k, v in kwargs.items()]
     lines.append("out = fn(\n    " + ",\n    ".join(call) + ",\n)")
@@ -371,6 +409,15 @@ def run(name: str) -> dict[str, Any]:
     return {"schema": "attnspec.atlas/1", "backend": name, "implementation": describe, "answers": answers}
 
 
+def _atlas_versions(name: str) -> dict[str, str]:
+    """The versions of the modules an atlas backend needs (`attnspec.backends.atlas.natives.ATLAS`),
+    which the kit's own list of frameworks may not name (onnx, onnxruntime, paddle)."""
+    from attnspec.backends.atlas.natives import ATLAS
+
+    modules = ATLAS.get(name, ("", ()))[1]
+    return {m: str(getattr(sys.modules[m], "__version__", "?")) for m in modules if m in sys.modules}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m attnspec.backends.atlas.questions",
                                  description=__doc__.splitlines()[0])
@@ -380,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.backend)
     from attnspec._results import framework_versions, write_json_atomic
 
-    result["environment"] = {"frameworks": framework_versions()}
+    result["environment"] = {"frameworks": {**framework_versions(), **_atlas_versions(args.backend)}}
     write_json_atomic(args.out, result)
     for a in result["answers"]:
         flag = "" if a["answer"] == a["spec"] or not a["spec"] else "   <- differs from the spec"

@@ -10,15 +10,20 @@ three fixed cases (`with_corners`) besides its drawn ones:
 - ``corner_hidden_nonfinite``: keys beyond ``kv_lengths`` holding NaN and inf, next to the same.
 
 A backend that takes no bias (a mask-only function) refuses those three, so each property then
-runs the mask-only twins of the last two (`MASK_ONLY`) in their place: rows hidden by the mask
-alone and by ``q_lengths``; NaN and inf keys hidden by the mask and by ``kv_lengths``. The finite
-floor has no twin: without a bias the floor logits would come from q.k, and the tolerance rule
-charges the rounding of eps * |q.k| (it cannot know such a product is exact), which at those sizes
-allows more error than any leak causes.
+runs their mask-only twins (`MASK_ONLY`) in their place: floor rows whose logits come from q.k
+(`mask_only_floor`); rows hidden by the mask alone and by ``q_lengths``; NaN and inf keys hidden
+by the mask and by ``kv_lengths``. The floor twin's logits are exact (powers of two), but the
+tolerance rule charges the rounding of eps * |q.k| (it cannot know a product is exact), one
+allowance per case grown by the deepest level, so it holds only the levels whose leak the rule
+resolves, decided by computing the golden, its allowed error and the output under the fill each
+level catches (`mask_only_floor_levels`): -2**14 and -2**20 in float32 (they catch -1e4 and -1e6
+fills; -1e9 would need a level whose allowance exceeds any leak), -2**30 too in float64, none in
+float16 and bfloat16, where the twin is the same case without floor rows and without the
+``finite_floor`` tag.
 
 They are apart so that a backend's declared deviation for one rule (say, empty rows give
-mean(V)) does not excuse a failure of another in the same case; so only the first carries the
-``finite_floor`` tag and its rows (a backend declaring a finite mask fill, as jax.nn does, is
+mean(V)) does not excuse a failure of another in the same case; so only the first (and its twin)
+carries the ``finite_floor`` tag and floor rows (a backend declaring a finite mask fill, as jax.nn does, is
 still held to empty rows and hidden NaN keys by the other two). The floor rows have visible keys
 at the bottom of the dtype's finite range: the query row is zero, so each logit is
 its bias alone, and the biases of the row's visible keys are one of
@@ -45,7 +50,7 @@ import numpy as np
 #: the fixed cases
 CORNERS = ("corner_finite_floor", "corner_empty_rows", "corner_hidden_nonfinite")
 #: their twins without a bias, run where a backend refuses the first (`with_corners`)
-MASK_ONLY = ("corner_empty_rows_mask_only", "corner_hidden_nonfinite_mask_only")
+MASK_ONLY = ("corner_finite_floor_mask_only", "corner_empty_rows_mask_only", "corner_hidden_nonfinite_mask_only")
 _N = _M = 8  # rows and keys: n, m of the corner cases
 _FLOOR_ROWS = (1, 2, 3, 4)  # rows whose visible keys sit at a floor level
 
@@ -122,11 +127,17 @@ def corner_case(kind: str, dtype: str):
 
 def mask_only_case(kind: str, dtype: str):
     """The mask-only twin ``kind`` (one of `MASK_ONLY`) in ``dtype``: no bias, keys hidden by the
-    mask and lengths only, drawn q and k (logits of a few units)."""
+    mask and lengths only, drawn q and k (logits of a few units; the floor twin's are built,
+    `mask_only_floor`)."""
     from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
 
     if kind not in MASK_ONLY:
         raise ValueError(f"mask_only_case: kind={kind!r}, expected one of {MASK_ONLY}")
+    if kind == "corner_finite_floor_mask_only":
+        q, k, v, options = mask_only_floor(dtype, mask_only_floor_levels(dtype))
+        tags = {kind, dtype} | ({"finite_floor"} if mask_only_floor_levels(dtype) else set())
+        _tag_visibility(tags, q, k, v, options)
+        return SDPACase(kind, dtype, q, k, v, options, frozenset(tags), 19)
     _, q, k, v, j, mask = _drawn(23 + MASK_ONLY.index(kind))
     options: dict[str, Any] = {"mask": mask}
     if kind == "corner_empty_rows_mask_only":
@@ -146,6 +157,99 @@ def mask_only_case(kind: str, dtype: str):
     tags = {kind, dtype}
     _tag_visibility(tags, q, k, v, options)
     return SDPACase(kind, dtype, q, k, v, options, frozenset(tags), 19)
+
+
+#: the finite mask fills the mask-only floor tries to catch, each by a floor level at or below it
+MASK_ONLY_FILLS = ("-1e4", "-1e6", "-1e9", "-0.7 * finfo.max", "finfo.min")
+#: a level is kept where the leak of the fill it catches is at least this many times `allowed`
+FLOOR_MARGIN = 2.0
+_B = 7  # floor keys have k[0] = -2**_B; a floor row at level -2**p has q[0] = 2**(p + 1 - _B)
+_FLOOR_KEYS, _HIDDEN_KEYS = (0, 1, 2, 3), (4, 5, 6, 7)  # k[0] = -2**_B, and k[0] = 0
+
+
+def mask_only_floor(dtype: str, levels: tuple[float, ...]):
+    """q, k, v and options of the mask-only floor twin with floor levels ``levels`` (powers of two,
+    <= 0; none gives the same case with no floor rows): (2, 2, 8, 4), dk = 4, so scale = 0.5.
+
+    Floor row r gets q = [2**(p + 1 - _B), 0, 0, 0] for its level -2**p and sees only keys 0-3,
+    whose k[0] = -2**_B: each logit is 0.5 * q[0] * k[0] = -2**p exactly in any dtype that holds
+    the factors. The keys hidden from it (4-7: by the mask, and in batch 1 keys 6, 7 by
+    ``kv_lengths`` alone) have k[0] = 0, so under a finite fill F their logit is F whether F
+    replaces it or is added to it. Visible values are +1, hidden -1: hidden keys that take the
+    weight move the row by up to 2. The other rows have q[0] = 0 (logits of a few units) and the
+    mask of `_drawn`.
+    """
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES
+
+    _, q, k, v, j, drawn = _drawn(29)
+    mask = np.broadcast_to(drawn, (2, 1, _N, _M)).copy()  # (B, 1, n, m): batch 1 differs below
+    floor = list(_FLOOR_ROWS) if levels else []
+    q[..., 0] = 0.0
+    for i, r in enumerate(floor):
+        p = round(np.log2(-levels[i % len(levels)]))
+        q[..., r, :] = 0.0
+        q[..., r, 0] = 2.0 ** (p + 1 - _B)
+        mask[:, :, r] = np.isin(j, _FLOOR_KEYS)
+        mask[1, :, r, 6:] = True  # hidden by kv_lengths alone
+    k[..., _FLOOR_KEYS, 0] = -(2.0 ** _B)
+    k[..., _HIDDEN_KEYS, 0] = 0.0
+    v[..., _FLOOR_KEYS, :] = 1.0
+    v[..., _HIDDEN_KEYS, :] = -1.0
+    options: dict[str, Any] = {"mask": mask, "kv_lengths": np.array([_M, 6], dtype=np.int64)}
+    npdt = NP_DTYPES[dtype]
+    return q.astype(npdt), k.astype(npdt), v.astype(npdt), options
+
+
+@functools.cache
+def mask_only_floor_levels(dtype: str) -> tuple[float, ...]:
+    """The floor levels of the mask-only twin in ``dtype``, decided by computation.
+
+    For each fill F of `MASK_ONLY_FILLS` (finite in ``dtype``), shallowest first, the level is
+    the power of two at or below it, -2**ceil(log2 |F|). It is kept if, with it and the levels
+    kept before, every level's row under its fill (F in place of the hidden keys' logits) is off
+    the golden by at least `FLOOR_MARGIN` times the case's allowed error (`attnspec.spec.tolerance`:
+    one number per case, grown by the deepest level through L). The first level that fails ends
+    the list: a deeper one only grows L.
+    """
+    from attnspec.backends._compare import sdpa_golden
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES
+
+    fi = ml_dtypes.finfo(NP_DTYPES[dtype])
+    fills = {"-1e4": -1e4, "-1e6": -1e6, "-1e9": -1e9, "-0.7 * finfo.max": -0.7 * float(fi.max),
+             "finfo.min": float(fi.min)}
+    kept: list[tuple[float, float]] = []  # (level, the fill it catches)
+    for name in MASK_ONLY_FILLS:
+        fill = fills[name]
+        p = int(np.ceil(np.log2(-fill)))
+        if fill < float(fi.min) or p + 1 >= fi.maxexp or any(lv <= -(2.0 ** p) for lv, _ in kept):
+            break  # the fill or the level's factors overflow the dtype, or a kept level catches it
+        trial = [*kept, (-(2.0 ** p), fill)]
+        levels = tuple(lv for lv, _ in trial)
+        q, k, v, options = mask_only_floor(dtype, levels)
+        golden = sdpa_golden(q, k, v, **options)
+        if not np.isfinite(golden.allowed_out):
+            break
+        for i, (lv, f) in enumerate(trial):
+            rows = [r for n, r in enumerate(_FLOOR_ROWS) if n % len(trial) == i]
+            leak = np.abs(_filled(q, k, v, options, f) - golden.out)[..., rows, :].max()
+            if not leak >= FLOOR_MARGIN * golden.allowed_out:
+                return tuple(lv for lv, _ in kept)
+        kept = trial
+    return tuple(lv for lv, _ in kept)
+
+
+def _filled(q, k, v, options, fill: float) -> np.ndarray:
+    """sdpa of the floor twin with ``fill`` in place of each hidden key's logit, rounded to the
+    inputs' dtype, (B, H, n, dv): what a backend masking with that fill returns."""
+    from attnspec.conformance.hypothesis_helpers import case_plan, full_visibility
+
+    plan, _ = case_plan(q, k, v, options)
+    vis = full_visibility(plan, options)  # (B, H, n, m)
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    s = np.where(vis, plan.scale * (q64 @ np.swapaxes(k64, -1, -2)), fill)  # (B, H, n, m)
+    w = np.exp(s - s.max(axis=-1, keepdims=True))
+    out = (w / w.sum(axis=-1, keepdims=True)) @ v64  # (B, H, n, dv)
+    return out.astype(q.dtype).astype(np.float64)
 
 
 class Corner:

@@ -50,7 +50,11 @@ import numpy as np
 #: the fixed cases
 CORNERS = ("corner_finite_floor", "corner_empty_rows", "corner_hidden_nonfinite")
 #: their twins without a bias, run where a backend refuses the first (`with_corners`)
-MASK_ONLY = ("corner_finite_floor_mask_only", "corner_empty_rows_mask_only", "corner_hidden_nonfinite_mask_only")
+MASK_ONLY = (
+    "corner_finite_floor_mask_only",
+    "corner_empty_rows_mask_only",
+    "corner_hidden_nonfinite_mask_only",
+)
 _N = _M = 8  # rows and keys: n, m of the corner cases
 _FLOOR_ROWS = (1, 2, 3, 4)  # rows whose visible keys sit at a floor level
 
@@ -191,7 +195,7 @@ def mask_only_floor(dtype: str, levels: tuple[float, ...]):
         q[..., r, 0] = 2.0 ** (p + 1 - _B)
         mask[:, :, r] = np.isin(j, _FLOOR_KEYS)
         mask[1, :, r, 6:] = True  # hidden by kv_lengths alone
-    k[..., _FLOOR_KEYS, 0] = -(2.0 ** _B)
+    k[..., _FLOOR_KEYS, 0] = -(2.0**_B)
     k[..., _HIDDEN_KEYS, 0] = 0.0
     v[..., _FLOOR_KEYS, :] = 1.0
     v[..., _HIDDEN_KEYS, :] = -1.0
@@ -215,15 +219,20 @@ def mask_only_floor_levels(dtype: str) -> tuple[float, ...]:
     from attnspec.conformance.hypothesis_helpers import NP_DTYPES
 
     fi = ml_dtypes.finfo(NP_DTYPES[dtype])
-    fills = {"-1e4": -1e4, "-1e6": -1e6, "-1e9": -1e9, "-0.7 * finfo.max": -0.7 * float(fi.max),
-             "finfo.min": float(fi.min)}
+    fills = {
+        "-1e4": -1e4,
+        "-1e6": -1e6,
+        "-1e9": -1e9,
+        "-0.7 * finfo.max": -0.7 * float(fi.max),
+        "finfo.min": float(fi.min),
+    }
     kept: list[tuple[float, float]] = []  # (level, the fill it catches)
     for name in MASK_ONLY_FILLS:
         fill = fills[name]
         p = int(np.ceil(np.log2(-fill)))
-        if fill < float(fi.min) or p + 1 >= fi.maxexp or any(lv <= -(2.0 ** p) for lv, _ in kept):
+        if fill < float(fi.min) or p + 1 >= fi.maxexp or any(lv <= -(2.0**p) for lv, _ in kept):
             break  # the fill or the level's factors overflow the dtype, or a kept level catches it
-        trial = [*kept, (-(2.0 ** p), fill)]
+        trial = [*kept, (-(2.0**p), fill)]
         levels = tuple(lv for lv, _ in trial)
         q, k, v, options = mask_only_floor(dtype, levels)
         golden = sdpa_golden(q, k, v, **options)
@@ -303,7 +312,11 @@ class Tour:
         if build is not None:
             return build(self)
         s = getattr(strategy, "wrapped_strategy", strategy)
-        if self.armed is not None and type(s).__name__ == "SampledFromStrategy" and tuple(s.elements) == self.armed:
+        if (
+            self.armed is not None
+            and type(s).__name__ == "SampledFromStrategy"
+            and tuple(s.elements) == self.armed
+        ):
             self.armed, self.chosen = None, True
             return self.feature
         return _seeded(s, self.rng)
@@ -324,7 +337,9 @@ def _seeded(s, rng: np.random.Generator) -> Any:
     if name == "IntegersStrategy":
         lo = s.start if s.start is not None else 0
         hi = s.end if s.end is not None else lo + 100
-        return int(rng.integers(lo, min(hi, 2**63 - 2) + 1)) if hi - lo < 2**62 else int(rng.integers(0, 2**32))
+        return (
+            int(rng.integers(lo, min(hi, 2**63 - 2) + 1)) if hi - lo < 2**62 else int(rng.integers(0, 2**32))
+        )
     if name == "ListStrategy":
         return [_seeded(s.element_strategy, rng) for _ in range(s.min_size)]
     if name == "PermutationStrategy":

@@ -43,7 +43,11 @@ def _attend(q, k, v, vis, bias=None, fill=None, add=False, zero_hidden_values=Fa
         else:
             s = np.where(vis, s, s + fill if add else fill)
         w = np.exp(s - s.max(axis=-1, keepdims=True))
-        w = np.nan_to_num(w / w.sum(axis=-1, keepdims=True)) if fill is None else w / w.sum(axis=-1, keepdims=True)
+        w = (
+            np.nan_to_num(w / w.sum(axis=-1, keepdims=True))
+            if fill is None
+            else w / w.sum(axis=-1, keepdims=True)
+        )
         vals = np.where(zero_hidden_values & ~vis[..., None], 0.0, v64[..., None, :, :])  # (B, H, n, m, dv)
         out = (w[..., None] * vals).sum(axis=-2)
     if empty_zero:
@@ -66,7 +70,9 @@ def test_onnx_nan_from_hidden_keys_in_an_empty_row_is_a_leak_not_an_empty_row():
     vis = np.broadcast_to(mask, (1, 1, 3, 4))
     got = _attend(q, k, v, vis)  # weights 0 for hidden keys (all of row 0's), and 0 * NaN = NaN
     causes = _causes(q, k, v, got, mask=mask)
-    assert causes[0].startswith("a hidden key's NaN/inf reached row with no visible key: expected 0, got NaN"), causes
+    assert causes[0].startswith(
+        "a hidden key's NaN/inf reached row with no visible key: expected 0, got NaN"
+    ), causes
     assert not any(c.startswith("row with no visible key") for c in causes), causes
     assert any(c.startswith("a hidden key's NaN/inf reached visible row") for c in causes), causes
 
@@ -80,7 +86,8 @@ def test_an_empty_row_with_finite_hidden_keys_that_is_nan_keeps_the_empty_row_ca
     with np.errstate(invalid="ignore"):
         got = _attend(q, k, v, vis, fill=-np.inf)
     assert _causes(q, k, v, got, mask=mask) == [
-        "row with no visible key: expected 0, got NaN (rows (0, 0, 0) of (*batch, Hq, n))"]
+        "row with no visible key: expected 0, got NaN (rows (0, 0, 0) of (*batch, Hq, n))"
+    ]
 
 
 def test_ort_row_whose_only_visible_key_sits_at_finfo_min_says_it_came_out_0():
@@ -96,7 +103,8 @@ def test_ort_row_whose_only_visible_key_sits_at_finfo_min_says_it_came_out_0():
     causes = _causes(q, k, v, got, mask=mask, bias=bias)
     assert len(causes) == 1 and causes[0].startswith(
         "row with a visible key came out 0, as a row with no visible key would: its visible keys "
-        "(logits up to -3.4e+38) were treated as hidden (rows (0, 0, 0)"), causes
+        "(logits up to -3.4e+38) were treated as hidden (rows (0, 0, 0)"
+    ), causes
 
 
 def test_paddle_causal_fill_minus_1e4_below_the_visible_logits_names_the_fill():
@@ -109,8 +117,10 @@ def test_paddle_causal_fill_minus_1e4_below_the_visible_logits_names_the_fill():
     vis = np.broadcast_to(np.tril(np.ones((4, 4), bool)), (1, 1, 4, 4))
     got = _attend(q, k, v, vis, fill=-1e4)
     causes = _causes(q, k, v, got, causal="upper_left")
-    assert causes == ["hidden keys took weight there, as under a finite mask fill of -1e4 replacing their "
-                      "logits (rows (0, 0, 0), (0, 0, 1), (0, 0, 2) of (*batch, Hq, n))"], causes
+    assert causes == [
+        "hidden keys took weight there, as under a finite mask fill of -1e4 replacing their "
+        "logits (rows (0, 0, 0), (0, 0, 1), (0, 0, 2) of (*batch, Hq, n))"
+    ], causes
 
 
 def test_fill_minus_1e4_below_visible_logits_just_above_it_is_named():
@@ -123,7 +133,8 @@ def test_fill_minus_1e4_below_visible_logits_just_above_it_is_named():
     got = _attend(q, k, v, vis, fill=-1e4)
     causes = _causes(q, k, v, got, causal="upper_left")
     assert len(causes) == 1 and causes[0].startswith(
-        "hidden keys took weight there, as under a finite mask fill of -1e4 replacing their logits"), causes
+        "hidden keys took weight there, as under a finite mask fill of -1e4 replacing their logits"
+    ), causes
 
 
 def test_fill_minus_1e6_is_named_and_told_from_minus_1e4():
@@ -137,8 +148,10 @@ def test_fill_minus_1e6_is_named_and_told_from_minus_1e4():
     vis = np.broadcast_to(mask, (1, 1, 3, 4))
     got = _attend(q, k, v, vis, bias=bias, fill=-1e6)
     causes = _causes(q, k, v, got, mask=mask, bias=bias)
-    assert causes == ["hidden keys took weight there, as under a finite mask fill of -1e6 replacing their "
-                      "logits (rows (0, 0, 1), (0, 0, 2) of (*batch, Hq, n))"], causes
+    assert causes == [
+        "hidden keys took weight there, as under a finite mask fill of -1e6 replacing their "
+        "logits (rows (0, 0, 1), (0, 0, 2) of (*batch, Hq, n))"
+    ], causes
 
 
 def test_textbook_minus_1e9_fill_gives_mean_v_in_an_empty_row():
@@ -147,7 +160,8 @@ def test_textbook_minus_1e9_fill_gives_mean_v_in_an_empty_row():
     mask = np.array([[0, 0, 0, 0], [1, 1, 0, 1]], bool)
     got = _attend(q, k, v, np.broadcast_to(mask, (1, 1, 2, 4)), fill=-1e9)
     assert _causes(q, k, v, got, mask=mask) == [
-        "row with no visible key: expected 0, got mean(V) over all keys (rows (0, 0, 0) of (*batch, Hq, n))"]
+        "row with no visible key: expected 0, got mean(V) over all keys (rows (0, 0, 0) of (*batch, Hq, n))"
+    ]
 
 
 def test_hidden_nan_reaching_a_visible_row_is_named():
@@ -157,7 +171,9 @@ def test_hidden_nan_reaching_a_visible_row_is_named():
     v[..., 2, 1] = np.nan
     with np.errstate(invalid="ignore"):
         got = _attend(q, k, v, np.broadcast_to(mask, (1, 1, 2, 4)), fill=-1e9)
-    assert _causes(q, k, v, got, mask=mask) == ["a hidden key's NaN/inf reached visible row (0, 0, 0), (0, 0, 1)"]
+    assert _causes(q, k, v, got, mask=mask) == [
+        "a hidden key's NaN/inf reached visible row (0, 0, 0), (0, 0, 1)"
+    ]
 
 
 @pytest.mark.parametrize("floor", [False, True], ids=["plain_logits", "logits_below_minus_1e4"])
@@ -181,9 +197,18 @@ def test_patched_minus_1e9_fill_on_the_corner_is_named_with_zeroed_values():
     case = corner_case("corner_finite_floor", "float32")
     plan, _ = case_plan(case.q, case.k, case.v, case.options)
     vis = full_visibility(plan, case.options)
-    got = _attend(case.q, case.k, case.v, vis, bias=case.options["bias"], fill=-1e9, zero_hidden_values=True,
-                  empty_zero=True)
+    got = _attend(
+        case.q,
+        case.k,
+        case.v,
+        vis,
+        bias=case.options["bias"],
+        fill=-1e9,
+        zero_hidden_values=True,
+        empty_zero=True,
+    )
     causes = _causes(case.q, case.k, case.v, got, **case.options)
     assert len(causes) == 1 and causes[0].startswith(
         "hidden keys took weight there, as under a finite mask fill of -1e9 replacing their logits, their values "
-        "zeroed (rows "), causes
+        "zeroed (rows "
+    ), causes

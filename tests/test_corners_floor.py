@@ -30,11 +30,11 @@ HERE = Path(__file__).parent
 def test_levels_are_those_the_tolerance_resolves():
     """float32 keeps the levels that catch -1e4 and -1e6 fills, float64 -1e9's too; in float16 and
     bfloat16 the allowed error at -2**14 already exceeds any leak, so they keep none."""
-    assert mask_only_floor_levels("float32") == (-2.0**14, -2.0**20)
-    assert mask_only_floor_levels("float64") == (-2.0**14, -2.0**20, -2.0**30)
+    assert mask_only_floor_levels("float32") == (-(2.0**14), -(2.0**20))
+    assert mask_only_floor_levels("float64") == (-(2.0**14), -(2.0**20), -(2.0**30))
     assert mask_only_floor_levels("float16") == mask_only_floor_levels("bfloat16") == ()
     # the next level of float32 would hide every leak: allowed grows past the largest (2)
-    q, k, v, options = mask_only_floor("float32", (-2.0**14, -2.0**20, -2.0**30))
+    q, k, v, options = mask_only_floor("float32", (-(2.0**14), -(2.0**20), -(2.0**30)))
     assert sdpa_golden(q, k, v, **options).allowed_out > 2
 
 
@@ -62,8 +62,14 @@ def test_the_twin_is_a_valid_case_with_exact_floor_logits(dtype):
 
 def check(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "attnspec", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=HERE)
+    return subprocess.run(
+        [sys.executable, "-m", "attnspec", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=HERE,
+    )
 
 
 SUBJECTS = ("correct", "fill_minus_1e4", "fill_minus_1e6")
@@ -75,8 +81,20 @@ def runs(tmp_path_factory):
 
     def one(name):
         out = tmp / name
-        proc = check("check", f"check_subjects_floor.py:{name}", "--convention", "tutorial", "--arrays", "numpy",
-                     "--dtype", "float32", "-k", "matches_golden", "--out", str(out))
+        proc = check(
+            "check",
+            f"check_subjects_floor.py:{name}",
+            "--convention",
+            "tutorial",
+            "--arrays",
+            "numpy",
+            "--dtype",
+            "float32",
+            "-k",
+            "matches_golden",
+            "--out",
+            str(out),
+        )
         (path,) = (out / "results").glob("conformance-*.json")
         return proc, json.loads(path.read_text())
 
@@ -85,7 +103,11 @@ def runs(tmp_path_factory):
 
 
 def _floor_rows(results):
-    return [r for r in results["rows"] if r["feature"] == "corner_finite_floor_mask_only" and r["function"] == "sdpa"]
+    return [
+        r
+        for r in results["rows"]
+        if r["feature"] == "corner_finite_floor_mask_only" and r["function"] == "sdpa"
+    ]
 
 
 def test_a_correct_mask_only_function_passes_the_floor(runs):
@@ -102,5 +124,5 @@ def test_a_finite_fill_fails_the_floor_named_by_its_fill(runs, name, fill):
     assert [(r["dtype"], r["failed"]) for r in _floor_rows(results)] == [("float32", 1)], _floor_rows(results)
     (failure,) = [f for f in results["failures"] if f["feature"] == "corner_finite_floor_mask_only"]
     assert failure["cause"].startswith(
-        f"hidden keys took weight there, as under a finite mask fill of {fill} replacing or added to their logits"), \
-        failure["cause"]
+        f"hidden keys took weight there, as under a finite mask fill of {fill} replacing or added to their logits"
+    ), failure["cause"]

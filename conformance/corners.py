@@ -138,10 +138,10 @@ def mask_only_case(kind: str, dtype: str):
     if kind not in MASK_ONLY:
         raise ValueError(f"mask_only_case: kind={kind!r}, expected one of {MASK_ONLY}")
     if kind == "corner_finite_floor_mask_only":
-        q, k, v, options = mask_only_floor(dtype, mask_only_floor_levels(dtype))
+        q, k, v, floor_options = mask_only_floor(dtype, mask_only_floor_levels(dtype))
         tags = {kind, dtype} | ({"finite_floor"} if mask_only_floor_levels(dtype) else set())
-        _tag_visibility(tags, q, k, v, options)
-        return SDPACase(kind, dtype, q, k, v, options, frozenset(tags), 19)
+        _tag_visibility(tags, q, k, v, floor_options)
+        return SDPACase(kind, dtype, q, k, v, floor_options, frozenset(tags), 19)
     _, q, k, v, j, mask = _drawn(23 + MASK_ONLY.index(kind))
     options: dict[str, Any] = {"mask": mask}
     if kind == "corner_empty_rows_mask_only":

@@ -40,12 +40,14 @@ def results_in(out: Path) -> dict[str, dict]:
 
 
 NUMPY = ("--convention", "torch_sdpa", "--arrays", "numpy")
+#: one dtype and one property: the quick selection most runs here use
+QUICK = ("--dtype", "float64", "-k", "matches_golden")
 RUNS = {
     "uncallable": (f"{SUBJECTS}:attention", "--convention", "torch_sdpa"),
     "correct": (f"{SUBJECTS}:correct", *NUMPY, "--dtype", "float64"),
-    "two_bugs": (f"{SUBJECTS}:two_bugs", *NUMPY, "--dtype", "float64", "-k", "matches_golden"),
-    "prefix": (f"{SUBJECTS}:prefix_masks_only", *NUMPY, "--dtype", "float64", "-k", "matches_golden"),
-    "four_d": (f"{SUBJECTS}:four_d_only", *NUMPY, "--dtype", "float64", "-k", "matches_golden"),
+    "two_bugs": (f"{SUBJECTS}:two_bugs", *NUMPY, *QUICK),
+    "prefix": (f"{SUBJECTS}:prefix_masks_only", *NUMPY, *QUICK),
+    "four_d": (f"{SUBJECTS}:four_d_only", *NUMPY, *QUICK),
     "four_d_canonical": (
         f"{SUBJECTS}:four_d_only",
         *NUMPY,
@@ -96,10 +98,7 @@ def test_a_folder_named_attnspec_in_the_current_folder_shadows_nothing(tmp_path)
     proc = check(
         "attnspec/examples/mine.py:correct",
         *NUMPY,
-        "--dtype",
-        "float64",
-        "-k",
-        "matches_golden",
+        *QUICK,
         "--out",
         str(tmp_path / "out"),
         cwd=tmp_path,
@@ -127,10 +126,7 @@ def test_a_child_that_cannot_import_attnspec_stops_the_check_in_one_line(tmp_pat
             str(shadow.parent),
             "check",
             "numpy",
-            "--dtype",
-            "float64",
-            "-k",
-            "matches_golden",
+            *QUICK,
             "--out",
             str(tmp_path / "out"),
         ],
@@ -155,9 +151,12 @@ def test_every_distinct_failure_is_recorded(runs):
     assert {"gqa", "scale"} <= failing, failing
     causes = [f["cause"] for f in results["failures"]]
     assert any("GQA heads tiled" in c for c in causes), causes
-    assert any(line.startswith("FAIL GQA heads tiled") for line in proc.stderr.splitlines()), proc.stderr[
-        -3000:
-    ]
+    # one FAIL line per distinct cause: "FAIL features (dtypes; properties; count): cause; repro: path"
+    fail_lines = [line for line in proc.stderr.splitlines() if line.startswith("FAIL ")]
+    assert any(line.startswith("FAIL gqa ") and "): GQA heads tiled" in line for line in fail_lines), (
+        fail_lines
+    )
+    assert any(line.startswith("FAIL scale ") for line in fail_lines), fail_lines
 
 
 def test_result_files_are_named_by_the_subject(runs, tmp_path):

@@ -238,10 +238,15 @@ def canonical_inputs(p: SDPAPlan, lib: ArrayLibrary, q: Any, k: Any, v: Any,
     """q, k, v as (B, H, L, d) and a mask (NumPy, broadcasting to the call) as the full-size
     (B, Hq, n, m) array on q's device, for a convention with canonical inputs."""
     qf, kf, vf = flat_qkv(p, q, k, v)
-    if mask is not None:
-        full = np.broadcast_to(np.asarray(flatten_mask(p, mask)), (math.prod(p.batch), p.hq, p.n, p.m))
-        mask = lib.asarray(np.ascontiguousarray(full), device=_device(lib, q))
-    return qf, kf, vf, mask
+    return qf, kf, vf, None if mask is None else full_mask(p, lib, flatten_mask(p, mask), _device(lib, q))
+
+
+def full_mask(p: SDPAPlan, lib: ArrayLibrary, mask: Any, device: str | None) -> Any:
+    """A (B, Hq or 1, n, m) mask (NumPy or ``lib``'s) as the full-size (B, Hq, n, m) array of
+    ``lib`` on ``device``: no size-1 axis left for the function to broadcast."""
+    full = np.broadcast_to(lib.to_numpy(mask) if lib.is_array(mask) else np.asarray(mask),
+                           (math.prod(p.batch), p.hq, p.n, p.m))
+    return lib.asarray(np.ascontiguousarray(full), device=device)
 
 
 def _device(lib: ArrayLibrary, x: Any) -> str | None:
@@ -395,8 +400,7 @@ class Jax(Convention):
         if options.get("scale") is not None:
             kw["scale"] = p.scale
         if self.canonical and kw.get("mask") is not None:  # (B, 1, n, m) -> (B, Hq, n, m)
-            kw["mask"] = lib.asarray(np.ascontiguousarray(np.broadcast_to(
-                lib.to_numpy(kw["mask"]), (math.prod(p.batch), p.hq, p.n, p.m))), device=dev)
+            kw["mask"] = full_mask(p, lib, kw["mask"], dev)
         out = _first(fn(qf, kf, vf, **kw, **self.pass_keywords(p, options)))  # (B, n, Hq, dv)
         return unflatten_batch(p, out, layout="blhd"), None
 

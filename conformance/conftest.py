@@ -42,7 +42,7 @@ def judge(attn_backend, attn_device, pytestconfig, request):
     name = rec.backend_name
     deviations = declared_deviations(name, attn_backend)
 
-    state = run_state = JudgeState()
+    state = JudgeState()
 
     def run(function: str, prop: str, case, body, feature_case: dict | None = None) -> None:
         base = {"function": function, "property": prop, "feature": case.feature, "dtype": case.dtype,
@@ -96,7 +96,7 @@ def judge(attn_backend, attn_device, pytestconfig, request):
                 state.phase = "shrink"  # what Hypothesis runs from here on shrinks this failure
             raise AssertionError(verdict.message)
 
-    run.state = run_state
+    run.state = state
     return run
 
 

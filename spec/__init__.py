@@ -5,6 +5,7 @@ Every decision where frameworks disagree is listed in ``spec/README.md`` with it
 
 from attnspec._errors import SpecError
 from attnspec.spec.blocked import sdpa_blocked
+from attnspec.spec.clauses import CLAUSES, SPEC_VERSION
 from attnspec.spec.grads import sdpa_vjp
 from attnspec.spec.grads_lsh import lsh_attention_vjp
 from attnspec.spec.grads_mha import mha_vjp
@@ -24,6 +25,8 @@ from attnspec.spec.sdpa import sdpa
 from attnspec.spec.sdpa_loops import sdpa_loops
 
 __all__ = [
+    "CLAUSES",
+    "SPEC_VERSION",
     "MHAParams",
     "SpecError",
     "causal_mask",

@@ -1,0 +1,246 @@
+"""The spec's version and its labelled clauses: a stable id for every rule the spec decides.
+
+The spec is versioned apart from the package (`SPEC_VERSION`, semantic versioning): a change of
+what any function returns for some input is a new minor version at least (a new major one if an
+input that conformed stops conforming); a change of wording or of the kit's code is none.
+``spec/CHANGELOG.md`` records each semantic change with the version that made it.
+
+Every rule has a clause id (`CLAUSES`), ``function.rule`` in lower case, never reused once
+published. The semantics page (``spec/README.md``, "Clauses") lists them with the decision they
+label; every conformance property states the clauses it checks (`PROPERTY_CLAUSES`), every case
+the clauses its options exercise (`case_clauses`), and every failure names a clause beside its
+cause (`failure_clauses`). Bundles of conformance vectors carry both the version and each case's
+clauses, so a kernel judged without Python reports failures in the same words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CLAUSES", "PROPERTY_CLAUSES", "SPEC_VERSION", "Clause", "case_clauses", "clause", "failure_clauses",
+           "property_clauses"]
+
+#: the version of the semantics (not of the package): see spec/CHANGELOG.md
+SPEC_VERSION = "1.0.0"
+
+
+@dataclass(frozen=True)
+class Clause:
+    id: str
+    title: str
+    where: str  # the section or decision of spec/README.md that states it
+
+
+def _clauses(*rows: tuple[str, str, str]) -> dict[str, Clause]:
+    return {cid: Clause(cid, title, where) for cid, title, where in rows}
+
+
+CLAUSES: dict[str, Clause] = _clauses(
+    # sdpa: the definition and its decisions (spec/README.md, "Decisions")
+    ("sdpa.definition", "softmax over the visible keys of scale * q.k, weights times v", "sdpa"),
+    ("sdpa.visibility", "a hidden key is absent: weight exactly 0, whatever its logit or fill", "sdpa, visibility table"),
+    ("sdpa.mask", "a boolean mask is True where a key may be attended, broadcast to (..., Hq, n, m)", "sdpa, visibility table"),
+    ("sdpa.empty_row", "a query row with no visible key outputs 0 (weights 0)", "decision 1"),
+    ("sdpa.hidden_nonfinite", "NaN or inf in a hidden key or value never reaches an output", "decision 2"),
+    ("sdpa.visible_nonfinite", "NaN or inf in a visible input propagates (IEEE)", "decision 3"),
+    ("sdpa.causal.upper_left", "causal upper-left: key j visible from query i iff j <= i", "decision 4"),
+    ("sdpa.causal.lower_right", "causal lower-right: j <= i + m - n", "decision 4"),
+    ("sdpa.causal.lower_right_lengths", "causal on each sequence's actual lengths", "decision 17"),
+    ("sdpa.window", "window (left, right) around the causal anchor, counting keys besides the query's own",
+     "decisions 5, 19"),
+    ("sdpa.gqa", "query head h reads kv head h // (Hq // Hkv)", "decision 6"),
+    ("sdpa.scale", "scale multiplies q.k; default 1 / sqrt(dk)", "decision 7"),
+    ("sdpa.bias", "an additive bias; -inf in it hides the key exactly as a mask does", "decision 8"),
+    ("sdpa.lengths", "kv_lengths hide keys j >= length; q_lengths empty rows i >= length", "sdpa, visibility table"),
+    ("sdpa.broadcast", "leading batch dims broadcast; rank 2 is one head", "sdpa, shapes"),
+    ("sdpa.output_dtype", "outputs in the inputs' dtype (lse float32, float64 for float64), on their device",
+     "decisions 9, 10, 15"),
+    ("sdpa.zero_sizes", "n = 0 gives an empty output, m = 0 zeros", "decision 11"),
+    ("sdpa.softcap", "softcap * tanh(t / softcap) before bias, ALiBi and masking", "decision 12"),
+    ("sdpa.alibi", "-slope_h * |i' - j| with the causal/window anchor", "decision 13"),
+    ("sdpa.sinks", "one extra logit per head in the denominator, zero value, not in the weights", "decision 14"),
+    ("sdpa.lse", "lse = log(sum exp(s) + exp(sink)); -inf for an empty row without a sink", "decision 15"),
+    ("sdpa.segments", "visible only when segment ids are equal and >= 0", "decision 16"),
+    ("sdpa.dropout", "weights * keep / (1 - p) with the given mask; lse unchanged", "decision 18"),
+    ("sdpa.weights", "returned weights: the softmax (after dropout), rows sum to 1 or to 0", "sdpa"),
+    ("sdpa.bad_input", "bad input raises SpecError naming the argument", "Bad input"),
+    ("sdpa.tiled", "sdpa_blocked equals sdpa, tile by tile", "sdpa_blocked"),
+    ("sdpa.deterministic", "two identical calls give bit-identical results", "conformance"),
+    # gradients
+    ("sdpa_vjp.definition", "the analytic backward of out (dq, dk, dv, dbias, dsinks)", "sdpa_vjp"),
+    ("sdpa_vjp.empty_row", "rows with no visible key give zero, finite gradients", "sdpa_vjp"),
+    ("sdpa_vjp.hidden_keys", "hidden keys get exactly zero dk and dv", "sdpa_vjp"),
+    ("sdpa_vjp.variants", "softcap's derivative, dropout's factor, the sinks' gradient", "sdpa_vjp"),
+    # mha
+    ("mha.definition", "project, split heads, sdpa per head, merge, output projection", "mha"),
+    ("mha.empty_row", "a row with no visible key gives b_o", "mha"),
+    ("mha.kv_heads", "grouped kv heads map like sdpa's GQA", "mha"),
+    ("mha.variants", "every sdpa variant passes through unchanged", "mha"),
+    ("mha_vjp.definition", "gradients of inputs and parameters; d_b_k exactly 0", "mha_vjp"),
+    # lsh
+    ("lsh.definition", "Reformer shared-QK attention with the given rotations, step by step", "lsh_attention"),
+    ("lsh.rounds", "rounds combine by their logsumexp; one round of 2C keys is full attention", "lsh_attention"),
+    ("lsh.dedup", "dedup=True is an exact softmax over the union of a query's windows", "lsh_attention"),
+    ("lsh.causal", "with causal=True, values at later positions never reach earlier rows", "lsh_attention"),
+    ("lsh.padding", "positions >= kv_length change neither buckets nor outputs; padded rows 0", "lsh_attention"),
+    ("lsh_vjp.definition", "gradients with buckets constant; padded positions get exactly 0", "lsh_attention_vjp"),
+    # judging
+    ("tolerance.rule", "|result - golden| <= 4 * err_ref + eps * V * (1 + sqrt(m) + 2 sqrt(dk) L)", "The tolerance rule"),
+    ("tolerance.nonfinite", "a non-finite expected element must match exactly (NaN for NaN, same-signed inf)",
+     "The tolerance rule"),
+)
+
+
+def clause(cid: str) -> Clause:
+    """The clause ``cid``; a `KeyError` naming the known ones otherwise."""
+    try:
+        return CLAUSES[cid]
+    except KeyError:
+        raise KeyError(f"unknown clause {cid!r}; known: {', '.join(CLAUSES)}") from None
+
+
+#: (function, property) -> the clauses the property checks on every case (the case adds its own)
+PROPERTY_CLAUSES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("sdpa", "matches_golden"): ("sdpa.definition", "tolerance.rule", "tolerance.nonfinite", "sdpa.output_dtype"),
+    ("sdpa", "weights_rows"): ("sdpa.weights", "sdpa.empty_row", "tolerance.rule"),
+    ("sdpa", "masked_keys_are_absent"): ("sdpa.visibility", "sdpa.hidden_nonfinite", "tolerance.rule"),
+    ("sdpa", "key_permutation"): ("sdpa.definition", "sdpa.visibility", "tolerance.rule"),
+    ("sdpa", "deterministic"): ("sdpa.deterministic",),
+    ("sdpa", "bad_input"): ("sdpa.bad_input",),
+    ("sdpa", "signature"): ("sdpa.bad_input",),
+    ("sdpa", "long"): ("sdpa.definition", "tolerance.rule"),
+    ("sdpa", "variants_match_golden"): ("sdpa.definition", "tolerance.rule", "tolerance.nonfinite", "sdpa.output_dtype"),
+    ("sdpa", "softcap_before_bias"): ("sdpa.softcap",),
+    ("sdpa", "alibi_anchor"): ("sdpa.alibi",),
+    ("sdpa", "sink_share"): ("sdpa.sinks",),
+    ("sdpa", "segment_permutation"): ("sdpa.segments",),
+    ("sdpa", "dropout_keep_all"): ("sdpa.dropout",),
+    ("sdpa", "dropout_drawn"): ("sdpa.dropout",),
+    ("sdpa_blocked", "matches_golden"): ("sdpa.tiled", "tolerance.rule"),
+    ("sdpa_vjp", "matches_golden"): ("sdpa_vjp.definition", "tolerance.rule", "tolerance.nonfinite"),
+    ("sdpa_vjp", "variants_match_golden"): ("sdpa_vjp.definition", "sdpa_vjp.variants", "tolerance.rule"),
+    ("sdpa_vjp", "empty_rows_zero_and_finite"): ("sdpa_vjp.empty_row",),
+    ("sdpa_vjp", "masked_keys_get_zero"): ("sdpa_vjp.hidden_keys",),
+    ("sdpa_vjp", "deterministic"): ("sdpa.deterministic",),
+    ("mha", "matches_golden"): ("mha.definition", "tolerance.rule", "tolerance.nonfinite"),
+    ("mha", "variants_match_golden"): ("mha.definition", "mha.variants", "tolerance.rule"),
+    ("mha", "kv_head_mapping"): ("mha.kv_heads", "sdpa.gqa"),
+    ("mha", "head_split_merge"): ("mha.definition",),
+    ("mha", "deterministic"): ("sdpa.deterministic",),
+    ("mha", "bad_input"): ("sdpa.bad_input",),
+    ("mha_vjp", "matches_golden"): ("mha_vjp.definition", "tolerance.rule"),
+    ("mha_vjp", "empty_rows_zero_and_finite"): ("mha_vjp.definition", "sdpa_vjp.empty_row"),
+    ("mha_vjp", "masked_keys_get_zero"): ("mha_vjp.definition", "sdpa_vjp.hidden_keys"),
+    ("mha_vjp", "deterministic"): ("sdpa.deterministic",),
+    ("lsh_attention", "matches_golden"): ("lsh.definition", "tolerance.rule"),
+    ("lsh_attention", "one_round_is_full"): ("lsh.rounds",),
+    ("lsh_attention", "one_key_tiles"): ("lsh.definition",),
+    ("lsh_attention", "dedup_union"): ("lsh.dedup",),
+    ("lsh_attention", "causal_values"): ("lsh.causal",),
+    ("lsh_attention", "padded_absent"): ("lsh.padding",),
+    ("lsh_attention", "deterministic"): ("sdpa.deterministic",),
+    ("lsh_attention", "bad_input"): ("sdpa.bad_input",),
+    ("lsh_attention_vjp", "matches_golden"): ("lsh_vjp.definition", "tolerance.rule"),
+    ("lsh_attention_vjp", "padded_zero_and_finite"): ("lsh_vjp.definition", "lsh.padding"),
+    ("lsh_attention_vjp", "deterministic"): ("sdpa.deterministic",),
+}
+
+
+def property_clauses(function: str, prop: str) -> tuple[str, ...]:
+    """The clauses property ``prop`` of ``function`` checks on every case (its function's
+    definition when the pair is not listed)."""
+    found = PROPERTY_CLAUSES.get((function, prop))
+    if found is not None:
+        return found
+    guess = function.replace("lsh_attention", "lsh") + ".definition"
+    return (guess,) if guess in CLAUSES else ("sdpa.definition",)
+
+
+#: option name -> the clause a case that uses it exercises
+_OPTION_CLAUSES = {
+    "mask": "sdpa.mask",
+    "bias": "sdpa.bias",
+    "window": "sdpa.window",
+    "scale": "sdpa.scale",
+    "q_lengths": "sdpa.lengths",
+    "kv_lengths": "sdpa.lengths",
+    "softcap": "sdpa.softcap",
+    "alibi_slopes": "sdpa.alibi",
+    "sinks": "sdpa.sinks",
+    "q_segment_ids": "sdpa.segments",
+    "dropout_mask": "sdpa.dropout",
+    "return_lse": "sdpa.lse",
+    "return_weights": "sdpa.weights",
+}
+#: case tag -> clause
+_TAG_CLAUSES = {
+    "no_visible_row": "sdpa.empty_row",
+    "masked_nonfinite": "sdpa.hidden_nonfinite",
+    "gqa": "sdpa.gqa",
+    "mqa": "sdpa.gqa",
+    "finite_floor": "sdpa.visibility",
+    "bias_neg_inf": "sdpa.bias",
+    "empty": "sdpa.zero_sizes",
+    "rank2": "sdpa.broadcast",
+    "batch_broadcast": "sdpa.broadcast",
+}
+
+
+def case_clauses(options: Mapping[str, Any], tags: Iterable[str] = (), function: str = "sdpa") -> tuple[str, ...]:
+    """The clauses a case exercises beyond its function's definition, from its options (a mask,
+    a causal alignment, a variant...) and tags (a row with no visible key, a hidden NaN...), in
+    `CLAUSES` order. For mha and the vjps the sdpa clauses apply through the per-head call."""
+    found = set()
+    for name, value in options.items():
+        if value is None or value is False or (name == "dropout_p" and not value):
+            continue
+        if name in _OPTION_CLAUSES:
+            found.add(_OPTION_CLAUSES[name])
+        if name == "causal":
+            found.add(f"sdpa.causal.{value}" if f"sdpa.causal.{value}" in CLAUSES else "sdpa.definition")
+    for tag in tags:
+        if tag in _TAG_CLAUSES:
+            found.add(_TAG_CLAUSES[tag])
+    if function in ("mha", "mha_vjp") and "sdpa.empty_row" in found:
+        found.add("mha.empty_row")
+    if function == "sdpa_vjp" and "sdpa.empty_row" in found:
+        found.add("sdpa_vjp.empty_row")
+    if function == "sdpa_vjp" and "sdpa.hidden_nonfinite" in found:
+        found.add("sdpa_vjp.hidden_keys")
+    if function in ("lsh_attention", "lsh_attention_vjp"):
+        lsh = {"causal": "lsh.causal", "kv_lengths": "lsh.padding", "dedup": "lsh.dedup"}
+        found = {cid for name, cid in lsh.items() if options.get(name) not in (None, False)}
+    return tuple(c for c in CLAUSES if c in found)
+
+
+#: how a cause begins (`attnspec.conformance.causes.CAUSE_PREFIXES`, and the judge's) -> the clause it breaks
+_CAUSE_CLAUSES = (
+    ("row with no visible key", "sdpa.empty_row"),
+    ("row with a visible key came out 0", "sdpa.visibility"),
+    ("a hidden key's NaN/inf reached", "sdpa.hidden_nonfinite"),
+    ("hidden keys took weight", "sdpa.visibility"),
+    ("GQA heads tiled", "sdpa.gqa"),
+    ("visible weights leak to hidden keys", "sdpa.visibility"),
+    ("out.shape", "sdpa.broadcast"),
+    ("out.dtype", "sdpa.output_dtype"),
+    ("out.device", "sdpa.output_dtype"),
+    ("lse.dtype", "sdpa.output_dtype"),
+    ("returned no lse", "sdpa.lse"),
+)
+
+
+def failure_clauses(cause: str, function: str, prop: str, case_clause_ids: Iterable[str] = ()) -> tuple[str, ...]:
+    """The clauses a failure breaks: the one its cause names when the cause is rule-specific (an
+    empty row, a hidden NaN, tiled GQA heads...), else those of the property and the case (what
+    was exercised; the failure is somewhere in them)."""
+    for prefix, cid in _CAUSE_CLAUSES:
+        if cause.startswith(prefix):
+            if function in ("mha", "mha_vjp") and cid == "sdpa.empty_row":
+                return ("mha.empty_row",)
+            if function == "sdpa_vjp" and cid == "sdpa.empty_row":
+                return ("sdpa_vjp.empty_row",)
+            return (cid,)
+    ids = dict.fromkeys((*property_clauses(function, prop), *case_clause_ids))
+    return tuple(c for c in ids if c in CLAUSES)

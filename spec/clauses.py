@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CLAUSES", "PROPERTY_CLAUSES", "SPEC_VERSION", "Clause", "case_clauses", "clause", "failure_clauses",
-           "property_clauses"]
+__all__ = ["CLAUSES", "PROPERTY_CLAUSES", "SPEC_VERSION", "Clause", "case_clauses", "clause", "clause_label",
+           "failure_clauses", "property_clauses"]
 
 #: the version of the semantics (not of the package): see spec/CHANGELOG.md
 SPEC_VERSION = "1.0.0"
@@ -244,3 +244,12 @@ def failure_clauses(cause: str, function: str, prop: str, case_clause_ids: Itera
             return (cid,)
     ids = dict.fromkeys((*property_clauses(function, prop), *case_clause_ids))
     return tuple(c for c in ids if c in CLAUSES)
+
+
+def clause_label(ids: Iterable[str]) -> str:
+    """How a message names clauses beside a cause: ``[clause sdpa.empty_row]``,
+    ``[clauses sdpa.mask, sdpa.window]``; empty for none."""
+    ids = list(dict.fromkeys(ids))
+    if not ids:
+        return ""
+    return f"[clause{'s' * (len(ids) > 1)} {', '.join(ids)}]"

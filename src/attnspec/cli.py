@@ -4,6 +4,7 @@
     attnspec check NAME | MODULE:Class                [--profile P] [--dtype D ...] [--out DIR]
     attnspec backends                                  every known backend, installed or not and why
     attnspec conventions                               the calling conventions and their signatures
+    attnspec vectors export|verify|run ...             conformance vectors for any language (VECTORS.md)
 
 ``check`` probes what the implementation accepts, runs the conformance suite on it through the
 crash-isolating runner, prints a feature x dtype table and one line per failing feature (with
@@ -83,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     backends.set_defaults(run=_backends)
     conventions = sub.add_parser("conventions", help="list the calling conventions and their signatures")
     conventions.set_defaults(run=_conventions)
+    from attnspec.conformance.vectors_cli import add_parser as add_vectors
+
+    add_vectors(sub, UsageError)
     return ap
 
 

@@ -64,8 +64,10 @@ def write_bytes(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None 
         dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
         code = _CODES.get(np.dtype(dt))
         if code is None:
-            raise TypeError(f"write: tensor {name!r} has dtype {a.dtype}, expected one of "
-                            f"{', '.join(str(d) for d in DTYPES.values())}")
+            raise TypeError(
+                f"write: tensor {name!r} has dtype {a.dtype}, expected one of "
+                f"{', '.join(str(d) for d in DTYPES.values())}"
+            )
         raw = np.ascontiguousarray(a, dtype=dt).tobytes()
         header[name] = {"dtype": code, "shape": list(a.shape), "data_offsets": [offset, offset + len(raw)]}
         chunks.append(raw)
@@ -77,7 +79,9 @@ def write_bytes(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None 
     return struct.pack("<Q", len(text)) + text + b"".join(chunks)
 
 
-def write(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> bytes:
+def write(
+    path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
+) -> bytes:
     """Write ``tensors`` to ``path`` (see `write_bytes`); returns the bytes written."""
     data = write_bytes(tensors, metadata)
     with open(path, "wb") as f:
@@ -95,34 +99,48 @@ def read(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> tuple[dict[str,
     with open(where, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         if n > MAX_HEADER or n > size - 8:
-            raise TensorFileError(f"{where}: header length {n} exceeds "
-                                  f"{'the file' if n > size - 8 else f'the limit of {MAX_HEADER} bytes'}"
-                                  f" ({size} bytes)")
+            raise TensorFileError(
+                f"{where}: header length {n} exceeds "
+                f"{'the file' if n > size - 8 else f'the limit of {MAX_HEADER} bytes'}"
+                f" ({size} bytes)"
+            )
         raw = f.read(n)
         data_size = size - 8 - n
         if data_size > max_bytes:
-            raise TensorFileError(f"{where}: {data_size} bytes of tensor data, more than the limit of {max_bytes}")
+            raise TensorFileError(
+                f"{where}: {data_size} bytes of tensor data, more than the limit of {max_bytes}"
+            )
         header = _parse_header(where, raw)
         metadata = header.pop("__metadata__", None) or {}
-        if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                     for k, v in metadata.items()):
+        if not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+        ):
             raise TensorFileError(f"{where}: __metadata__ must be an object of strings")
-        entries = sorted(((name, _entry(where, name, e)) for name, e in header.items()), key=lambda x: x[1][2])
+        entries = sorted(
+            ((name, _entry(where, name, e)) for name, e in header.items()), key=lambda x: x[1][2]
+        )
         expect = 0
         for name, (_, _, begin, end) in entries:
             if begin != expect:
-                raise TensorFileError(f"{where}: tensor {name!r} begins at byte {begin} of the data, expected {expect}"
-                                      " (tensors must be contiguous, without gaps or overlap)")
+                raise TensorFileError(
+                    f"{where}: tensor {name!r} begins at byte {begin} of the data, expected {expect}"
+                    " (tensors must be contiguous, without gaps or overlap)"
+                )
             expect = end
         if expect != data_size:
-            raise TensorFileError(f"{where}: the header declares {expect} bytes of tensor data, the file holds "
-                                  f"{data_size}")
+            raise TensorFileError(
+                f"{where}: the header declares {expect} bytes of tensor data, the file holds {data_size}"
+            )
         body = f.read(data_size)
     if len(body) != data_size:
         raise TensorFileError(f"{where}: truncated while reading ({len(body)} of {data_size} bytes)")
     tensors = {}
     for name, (dt, shape, begin, end) in entries:
-        tensors[name] = np.frombuffer(body, dtype=dt, count=math.prod(shape), offset=begin).reshape(shape).copy()
+        if dt == DTYPES["BOOL"] and (np.frombuffer(body, np.uint8, end - begin, begin) > 1).any():
+            raise TensorFileError(f"{where}: tensor {name!r} is BOOL but holds bytes other than 0 and 1")
+        tensors[name] = (
+            np.frombuffer(body, dtype=dt, count=math.prod(shape), offset=begin).reshape(shape).copy()
+        )
     return tensors, metadata
 
 
@@ -130,7 +148,9 @@ def _parse_header(where: str, raw: bytes) -> dict[str, Any]:
     try:
         header = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError, RecursionError) as e:
-        raise TensorFileError(f"{where}: the header is not valid UTF-8 JSON ({str(e).splitlines()[0][:120]})") from None
+        raise TensorFileError(
+            f"{where}: the header is not valid UTF-8 JSON ({str(e).splitlines()[0][:120]})"
+        ) from None
     if not isinstance(header, dict):
         raise TensorFileError(f"{where}: the header is a JSON {type(header).__name__}, expected an object")
     return header
@@ -144,22 +164,36 @@ def _entry(where: str, name: str, e: Any) -> tuple[np.dtype, tuple[int, ...], in
     """(dtype, shape, begin, end) of one header entry, each checked."""
     what = f"{where}: tensor {name!r}"
     if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
-        raise TensorFileError(f"{what}: expected an object with exactly dtype, shape and data_offsets, got {_short(e)}")
+        raise TensorFileError(
+            f"{what}: expected an object with exactly dtype, shape and data_offsets, got {_short(e)}"
+        )
     code, shape, offsets = e["dtype"], e["shape"], e["data_offsets"]
     if code not in DTYPES:
         raise TensorFileError(f"{what}: dtype {_short(code)} is not one of {', '.join(DTYPES)}")
-    if (not isinstance(shape, list) or len(shape) > MAX_RANK
-            or not all(type(s) is int and 0 <= s < 2**40 for s in shape)):
-        raise TensorFileError(f"{what}: shape {_short(shape)} must be a list of at most {MAX_RANK} "
-                              "non-negative integers")
-    if (not isinstance(offsets, list) or len(offsets) != 2
-            or not all(type(o) is int and 0 <= o < 2**62 for o in offsets) or offsets[1] < offsets[0]):
-        raise TensorFileError(f"{what}: data_offsets {_short(offsets)} must be [begin, end] with 0 <= begin <= end")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_RANK
+        or not all(type(s) is int and 0 <= s < 2**40 for s in shape)
+    ):
+        raise TensorFileError(
+            f"{what}: shape {_short(shape)} must be a list of at most {MAX_RANK} non-negative integers"
+        )
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(type(o) is int and 0 <= o < 2**62 for o in offsets)
+        or offsets[1] < offsets[0]
+    ):
+        raise TensorFileError(
+            f"{what}: data_offsets {_short(offsets)} must be [begin, end] with 0 <= begin <= end"
+        )
     dt = DTYPES[code]
     nbytes = math.prod(shape) * dt.itemsize
     if nbytes != offsets[1] - offsets[0]:
-        raise TensorFileError(f"{what}: shape {shape} of {code} needs {nbytes} bytes, data_offsets span "
-                              f"{offsets[1] - offsets[0]}")
+        raise TensorFileError(
+            f"{what}: shape {shape} of {code} needs {nbytes} bytes, data_offsets span "
+            f"{offsets[1] - offsets[0]}"
+        )
     return dt, tuple(shape), offsets[0], offsets[1]
 
 

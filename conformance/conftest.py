@@ -8,8 +8,9 @@ import pytest
 
 from attnspec import SpecError
 from attnspec.backends import Unsupported
-from attnspec.conformance.pytest_helpers import resolve_backend
+from attnspec.conformance.pytest_helpers import label_clauses, resolve_backend
 from attnspec.conformance.recorder import case_key, declared_deviations, dev_id
+from attnspec.spec.clauses import case_clauses, property_clauses
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +37,11 @@ def attn_device(attn_backend, pytestconfig):
 
 @pytest.fixture
 def judge(attn_backend, attn_device, pytestconfig, request):
-    """Run one case through ``body`` and record its verdict; undeclared failures raise."""
+    """Run one case through ``body`` and record its verdict; undeclared failures raise.
+
+    Every record names the clauses of the spec its case exercises (the property's and those of
+    the case's options and tags), and every failure message names, at the end of its first line,
+    the clauses it breaks (`label_clauses`): here, once, whichever test wrote the message."""
     rec = pytestconfig._attn_recorder
     nodeid = request.node.nodeid
     name = rec.backend_name
@@ -48,6 +53,10 @@ def judge(attn_backend, attn_device, pytestconfig, request):
         base = {"function": function, "property": prop, "feature": case.feature, "dtype": case.dtype,
                 "tags": sorted(case.tags), "shapes": {k: list(v) for k, v in case.shapes.items()},
                 "phase": state.phase}
+        # the clauses the case exercises: what the property checks on every case, and what its
+        # options (a mask, an alignment, a variant) and tags (an empty row, a hidden NaN) add
+        case_ids = case_clauses(getattr(case, "options", None) or {}, getattr(case, "tags", ()), function)
+        base["clauses"] = list(dict.fromkeys((*property_clauses(function, prop), *case_ids)))
         # whether the implementation itself is called (bad input stops at validation, the signature
         # test inspects), and what the call asks of it: the verdict's coverage
         base["called"] = not (feature_case or {}).get("no_call") and not (feature_case or {}).get("bad_input")
@@ -82,6 +91,8 @@ def judge(attn_backend, attn_device, pytestconfig, request):
         if verdict.status == "failed" and applicable:
             # every declared deviation whose conditions the case meets is credited with it
             verdict.status, verdict.deviation_id = "deviation", ",".join(dev_id(d) for d in applicable)
+        if verdict.status == "failed":
+            verdict.message = label_clauses(verdict.message, function, prop, case_ids)[0]
         worst = verdict.worst
         rec.record(nodeid, {
             **base, "status": verdict.status, "reason": verdict.reason, "deviation_id": verdict.deviation_id,

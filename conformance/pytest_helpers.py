@@ -2,7 +2,7 @@
 
 A failure message names backend, function, feature, dtype and shapes, the largest error and
 where it is, the share of elements out of tolerance, the budget used, and a Python snippet that
-reproduces the call.
+reproduces the call; its first line ends with the clauses of the spec it breaks (`label_clauses`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from attnspec.conformance.hypothesis_helpers import SDPACase
 from attnspec.spec.tolerance import Comparison
 
 __all__ = ["Golden", "Verdict", "bad_input_verdict", "call_sdpa", "check_metadata", "failure_message", "golden_for",
-           "repro", "resolve_backend", "to_backend"]
+           "label_clauses", "repro", "resolve_backend", "to_backend"]
 
 
 @dataclass
@@ -171,6 +171,24 @@ def failure_message(backend_name: str, prop: str, case: SDPACase, device: str | 
     lines.append("  reproduce with:")
     lines += ["    " + line for line in repro(backend_name, case, device, fn, **extra).splitlines()]
     return "\n".join(lines)
+
+
+def label_clauses(message: str, function: str, prop: str, case_clause_ids=()) -> tuple[str, tuple[str, ...]]:
+    """The failure message with the clauses its failure breaks named at the end of its first line,
+    beside its cause (``... expected 0, got NaN [clause sdpa.empty_row]``), and those clauses.
+
+    The suite's judge labels every failure once, whatever wrote its message: the clauses are the
+    one the cause names when it is rule-specific, else the property's and the case's
+    (`attnspec.spec.clauses.failure_clauses`). A message already labelled keeps its label."""
+    from attnspec.conformance.recorder import failure_cause
+    from attnspec.spec.clauses import clause_label, failure_clauses, split_label
+
+    first, nl, rest = message.partition("\n")
+    _, ids = split_label(first)
+    if ids:
+        return message, ids
+    ids = failure_clauses(failure_cause(message), function, prop, case_clause_ids)
+    return f"{first} {clause_label(ids)}{nl}{rest}" if ids else message, ids
 
 
 def comparison_lines(comparisons: dict) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any
 import attnspec
 from attnspec._results import framework_versions, git_state, write_json_atomic
 from attnspec.conformance.profiles import PROFILE_EXAMPLES
+from attnspec.spec.clauses import SPEC_VERSION, clause_label, failure_clauses, split_label
 
 STATUSES = ("passed", "failed", "unsupported", "deviation", "crashed", "timeout")
 
@@ -119,8 +120,12 @@ class Recorder:
             failure_key = (*key, cause_kind(cause))
             if r["status"] in ("failed", "crashed", "timeout") and failure_key not in failed_keys:
                 failed_keys.add(failure_key)
+                clauses = record_failure_clauses(r, cause)
+                if not split_label(cause)[1]:  # a crash or a hang: no message, the case's clauses
+                    cause = f"{cause} {clause_label(clauses)}".strip()
                 failures.append({k: r.get(k) for k in ("function", "property", "feature", "dtype", "status")}
-                                | {"cause": cause, "message": r.get("message", ""), "repro": r.get("repro", "")})
+                                | {"cause": cause, "clauses": list(clauses),
+                                   "message": r.get("message", ""), "repro": r.get("repro", "")})
         observed: dict[str, int] = defaultdict(int)
         for r in self.records:
             for did in (r.get("deviation_id") or "").split(","):
@@ -142,6 +147,7 @@ class Recorder:
             deviations.append(entry)
         results = {
             "schema": "attnspec.conformance/1",
+            "spec_version": SPEC_VERSION,
             "backend": self.backend_name,
             "device": self.device,
             "device_name": device_name(self.backend, self.device),
@@ -186,19 +192,39 @@ class Recorder:
 
 def failure_cause(message: str) -> str:
     """The cause a failure message gives on its first line (``[backend] fn prop: CAUSE`` followed by
-    a ``case:`` line), else its first detail line, else its first line."""
+    a ``case:`` line), else its first detail line, else its first line; with the clause label that
+    ends the first line (``[clause sdpa.empty_row]``, `attnspec.spec.clauses.clause_label`) after
+    it, so wherever the cause is shown the clause is named beside it."""
     head = message.partition("reproduce with:\n")[0]
     lines = [line.strip() for line in head.splitlines() if line.strip()]
+    label = ""
+    if lines:
+        lines[0], ids = split_label(lines[0])
+        label = f" {clause_label(ids)}" if ids else ""
     if len(lines) > 1 and lines[0].startswith("[") and ": " in lines[0] and lines[1].startswith("case: "):
-        return lines[0].split(": ", 1)[1]
-    return lines[1] if len(lines) > 1 else (lines[0] if lines else "no message")
+        return lines[0].split(": ", 1)[1] + label
+    return (lines[1] if len(lines) > 1 else (lines[0] if lines else "no message")) + label
+
+
+def record_failure_clauses(rec: dict[str, Any], cause: str) -> tuple[str, ...]:
+    """The clauses a recorded failure breaks: those its message's first line names (the judge's
+    label), else, for a case that crashed or hung or a record from before the labels, the ones
+    `attnspec.spec.clauses.failure_clauses` gives for its cause and the case's clauses."""
+    first = (rec.get("message") or "").partition("\n")[0]
+    ids = split_label(first)[1]
+    if ids:
+        return ids
+    return failure_clauses(split_label(cause)[0], rec.get("function") or "", rec.get("property") or "",
+                           rec.get("clauses") or ())
 
 
 def cause_kind(cause: str) -> str:
-    """A cause with its particulars (rows, indices, numbers, exception text) taken out, so the same
-    rule broken on other rows or values counts as one kind."""
+    """A cause with its particulars (rows, indices, numbers, exception text) and its clause label
+    taken out, so the same rule broken on other rows or values, or in cases that exercise other
+    clauses, counts as one kind."""
     import re
 
+    cause = split_label(cause)[0]
     kinds = []
     for part in cause.split("; "):
         part = re.sub(r"raised (\w+): .*", r"raised \1", part)

@@ -1,9 +1,12 @@
 """The spec's version and its labelled clauses: a stable id for every rule the spec decides.
 
-The spec is versioned apart from the package (`SPEC_VERSION`, semantic versioning): a change of
-what any function returns for some input is a new minor version at least (a new major one if an
-input that conformed stops conforming); a change of wording or of the kit's code is none.
-``spec/CHANGELOG.md`` records each semantic change with the version that made it.
+The spec is versioned apart from the package (`SPEC_VERSION`, semantic versioning): a change
+that can make a conforming result stop conforming (another result for an input already accepted,
+a tighter tolerance, a clause removed or redefined) is a new major version; one that says more and
+changes no verdict given (a new variant, a defined result where `SpecError` was raised, a looser
+tolerance, a new clause) a minor one; a corrected clause title a patch; a change of wording or of
+the kit's code none. ``spec/CHANGELOG.md`` records each semantic change with the version that
+made it, and the policy.
 
 Every rule has a clause id (`CLAUSES`), ``function.rule`` in lower case, never reused once
 published. The semantics page (``spec/README.md``, "Clauses") lists them with the decision they
@@ -15,12 +18,13 @@ clauses, so a kernel judged without Python reports failures in the same words.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["CLAUSES", "PROPERTY_CLAUSES", "SPEC_VERSION", "Clause", "case_clauses", "clause", "clause_label",
-           "failure_clauses", "property_clauses"]
+           "failure_clauses", "property_clauses", "split_label"]
 
 #: the version of the semantics (not of the package): see spec/CHANGELOG.md
 SPEC_VERSION = "1.0.0"
@@ -40,8 +44,10 @@ def _clauses(*rows: tuple[str, str, str]) -> dict[str, Clause]:
 CLAUSES: dict[str, Clause] = _clauses(
     # sdpa: the definition and its decisions (spec/README.md, "Decisions")
     ("sdpa.definition", "softmax over the visible keys of scale * q.k, weights times v", "sdpa"),
-    ("sdpa.visibility", "a hidden key is absent: weight exactly 0, whatever its logit or fill", "sdpa, visibility table"),
-    ("sdpa.mask", "a boolean mask is True where a key may be attended, broadcast to (..., Hq, n, m)", "sdpa, visibility table"),
+    ("sdpa.visibility", "a hidden key is absent: weight exactly 0, whatever its logit or fill",
+     "sdpa, visibility table"),
+    ("sdpa.mask", "a boolean mask is True where a key may be attended, broadcast to (..., Hq, n, m)",
+     "sdpa, visibility table"),
     ("sdpa.empty_row", "a query row with no visible key outputs 0 (weights 0)", "decision 1"),
     ("sdpa.hidden_nonfinite", "NaN or inf in a hidden key or value never reaches an output", "decision 2"),
     ("sdpa.visible_nonfinite", "NaN or inf in a visible input propagates (IEEE)", "decision 3"),
@@ -87,7 +93,8 @@ CLAUSES: dict[str, Clause] = _clauses(
     ("lsh.padding", "positions >= kv_length change neither buckets nor outputs; padded rows 0", "lsh_attention"),
     ("lsh_vjp.definition", "gradients with buckets constant; padded positions get exactly 0", "lsh_attention_vjp"),
     # judging
-    ("tolerance.rule", "|result - golden| <= 4 * err_ref + eps * V * (1 + sqrt(m) + 2 sqrt(dk) L)", "The tolerance rule"),
+    ("tolerance.rule", "|result - golden| <= 4 * err_ref + eps * V * (1 + sqrt(m) + 2 sqrt(dk) L)",
+     "The tolerance rule"),
     ("tolerance.nonfinite", "a non-finite expected element must match exactly (NaN for NaN, same-signed inf)",
      "The tolerance rule"),
 )
@@ -111,7 +118,8 @@ PROPERTY_CLAUSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("sdpa", "bad_input"): ("sdpa.bad_input",),
     ("sdpa", "signature"): ("sdpa.bad_input",),
     ("sdpa", "long"): ("sdpa.definition", "tolerance.rule"),
-    ("sdpa", "variants_match_golden"): ("sdpa.definition", "tolerance.rule", "tolerance.nonfinite", "sdpa.output_dtype"),
+    ("sdpa", "variants_match_golden"): ("sdpa.definition", "tolerance.rule", "tolerance.nonfinite",
+                                        "sdpa.output_dtype"),
     ("sdpa", "softcap_before_bias"): ("sdpa.softcap",),
     ("sdpa", "alibi_anchor"): ("sdpa.alibi",),
     ("sdpa", "sink_share"): ("sdpa.sinks",),
@@ -119,6 +127,7 @@ PROPERTY_CLAUSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("sdpa", "dropout_keep_all"): ("sdpa.dropout",),
     ("sdpa", "dropout_drawn"): ("sdpa.dropout",),
     ("sdpa_blocked", "matches_golden"): ("sdpa.tiled", "tolerance.rule"),
+    ("sdpa_blocked", "one_key_tiles"): ("sdpa.tiled", "tolerance.rule"),
     ("sdpa_vjp", "matches_golden"): ("sdpa_vjp.definition", "tolerance.rule", "tolerance.nonfinite"),
     ("sdpa_vjp", "variants_match_golden"): ("sdpa_vjp.definition", "sdpa_vjp.variants", "tolerance.rule"),
     ("sdpa_vjp", "empty_rows_zero_and_finite"): ("sdpa_vjp.empty_row",),
@@ -232,16 +241,21 @@ _CAUSE_CLAUSES = (
 
 
 def failure_clauses(cause: str, function: str, prop: str, case_clause_ids: Iterable[str] = ()) -> tuple[str, ...]:
-    """The clauses a failure breaks: the one its cause names when the cause is rule-specific (an
-    empty row, a hidden NaN, tiled GQA heads...), else those of the property and the case (what
-    was exercised; the failure is somewhere in them)."""
-    for prefix, cid in _CAUSE_CLAUSES:
-        if cause.startswith(prefix):
-            if function in ("mha", "mha_vjp") and cid == "sdpa.empty_row":
-                return ("mha.empty_row",)
-            if function == "sdpa_vjp" and cid == "sdpa.empty_row":
-                return ("sdpa_vjp.empty_row",)
-            return (cid,)
+    """The clauses a failure breaks: those its cause names when the cause is rule-specific (an
+    empty row, a hidden NaN, tiled GQA heads...; each of its "; "-separated parts may name one),
+    else those of the property and the case (what was exercised; the failure is somewhere in them)."""
+    named = []
+    for part in cause.split("; "):
+        for prefix, cid in _CAUSE_CLAUSES:
+            if part.startswith(prefix):
+                if function in ("mha", "mha_vjp") and cid == "sdpa.empty_row":
+                    cid = "mha.empty_row"
+                elif function == "sdpa_vjp" and cid == "sdpa.empty_row":
+                    cid = "sdpa_vjp.empty_row"
+                named.append(cid)
+                break
+    if named:
+        return tuple(dict.fromkeys(named))
     ids = dict.fromkeys((*property_clauses(function, prop), *case_clause_ids))
     return tuple(c for c in ids if c in CLAUSES)
 
@@ -253,3 +267,16 @@ def clause_label(ids: Iterable[str]) -> str:
     if not ids:
         return ""
     return f"[clause{'s' * (len(ids) > 1)} {', '.join(ids)}]"
+
+
+#: a label (`clause_label`) at the end of a line
+_LABEL = re.compile(r"\s*\[clauses? ([a-z0-9_.]+(?:, [a-z0-9_.]+)*)\]\s*$")
+
+
+def split_label(line: str) -> tuple[str, tuple[str, ...]]:
+    """A line without the clause label that ends it, and the ids the label names (none when the
+    line has no label): how a reader of a failure message (the recorder, the CLI) finds them."""
+    found = _LABEL.search(line)
+    if not found:
+        return line, ()
+    return line[: found.start()], tuple(found.group(1).split(", "))

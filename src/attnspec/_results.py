@@ -1,8 +1,9 @@
 """Writing results JSON: the atomic write and the environment stamp every results file carries.
 
 Every producer of results (the conformance runner and recorder, the benchmark harness, the copy
-task, the LSH quality study, the atlas' questions) writes through here; `attnspec.reports` reads
-and validates what they wrote (`attnspec.reports._io`, schemas in `reports/SCHEMA.md`).
+task, the LSH quality study, the atlas' questions) writes through here and stamps its environment
+with `framework_versions` (the spec's version among them); `attnspec.reports` reads and
+validates what they wrote (`attnspec.reports._io`, schemas in `reports/SCHEMA.md`).
 """
 
 from __future__ import annotations
@@ -66,13 +67,20 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
 FRAMEWORKS = ("numpy", "ml_dtypes", "torch", "jax", "jaxlib", "array-api-compat", "array-api-strict",
               "cupy-cuda12x", "cupy-cuda13x", "hypothesis", "mlx", "tinygrad", "keras", "flax",
               "transformers", "reformer-pytorch")
+#: the entry of `framework_versions` that holds the spec's version
+SPEC_KEY = "attnspec.spec"
 
 
 def framework_versions() -> dict[str, str]:
-    """Installed versions of the frameworks a results file depends on."""
+    """Installed versions of the frameworks a results file depends on, and of the semantics it was
+    judged against (``attnspec.spec``: `attnspec.spec.clauses.SPEC_VERSION`, versioned apart from
+    the package): every producer stamps its environment with these, so every results file says
+    which version of the spec its numbers and verdicts are about."""
     from importlib import metadata
 
-    out = {}
+    from attnspec.spec.clauses import SPEC_VERSION
+
+    out = {SPEC_KEY: SPEC_VERSION}
     for name in FRAMEWORKS:
         try:
             out[name] = metadata.version(name)

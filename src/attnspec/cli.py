@@ -222,7 +222,11 @@ def _check(args: argparse.Namespace) -> int:
     if refused_dtypes and not args.dtype:
         print(f"dtypes not run: {', '.join(refused_dtypes)} (the probe found the function refusing them; "
               "--dtype asks for them explicitly)", file=sys.stderr)
-    print(f"\n{verdict}: {s['text']}\nreport: {out / 'index.md'}\nresults: {results_path}", file=sys.stderr)
+    # the version of the semantics the verdict is about (spec/CHANGELOG.md), once
+    from attnspec.spec.clauses import SPEC_VERSION
+
+    print(f"\n{verdict}: {s['text']}\nspec: {SPEC_VERSION}\nreport: {out / 'index.md'}\nresults: {results_path}",
+          file=sys.stderr)
     return 1 if s["bad"] or missing else 0
 
 
@@ -343,13 +347,18 @@ def feature_table(results: dict[str, Any]) -> str:
 
 def failure_lines(results: dict[str, Any], repro_dir: Path) -> list[str]:
     """One line per distinct cause among the failures: ``FAIL features (dtypes; properties; count):
-    cause; repro: path``, the first failure's cause and reproducer; every recorded failure (one per
-    function, property, feature, dtype and cause) gets its own repro file."""
+    cause [clause ...]; repro: path``, the first failure's cause with the clauses of the spec it
+    breaks, and its reproducer; every recorded failure (one per function, property, feature, dtype
+    and cause) gets its own repro file. Causes that differ only in the clauses of their cases (a
+    numerical difference in a masked case and in a causal one) share a line."""
     from attnspec.conformance.recorder import cause_kind, failure_cause
+    from attnspec.spec.clauses import clause_label, split_label
 
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for f in results.get("failures", []):
         cause = f.get("cause") or failure_cause(f.get("message") or "")
+        if f.get("clauses") and not split_label(cause)[1]:
+            cause = f"{cause} {clause_label(f['clauses'])}"
         groups.setdefault((f.get("function") or "", cause_kind(cause)), []).append({**f, "cause": cause})
     lines = []
     written = 0

@@ -132,7 +132,7 @@ _CHECKS = {
 # field -> (kind, required)
 _TOP = {"schema": ("str", True), "backend": ("str", True), "device": ("str", True),
         "device_name": ("str?", False), "environment": ("dict", False), "rows": ("list", True)}
-_CONF_TOP = {**_TOP, "failures": ("list", False), "deviations": ("list", False)}
+_CONF_TOP = {**_TOP, "failures": ("list", False), "deviations": ("list", False), "spec_version": ("str", False)}
 _BENCH_TOP = {**_TOP, "matmul_tflops": ("dict", False), "targets": ("list", False)}
 _CONF_ROW = {
     "function": ("str", True), "property": ("str", False), "feature": ("str", True),
@@ -141,8 +141,8 @@ _CONF_ROW = {
     **{k: ("num?", False) for k in ("max_abs_err", "max_rel_err", "max_budget_used")},
     "unsupported_reasons": ("list", False), "deviation_ids": ("list", False),
 }
-_FAILURE = {k: ("str?", False) for k in ("function", "property", "feature", "dtype", "status",
-                                          "message", "repro")}
+_FAILURE = {**{k: ("str?", False) for k in ("function", "property", "feature", "dtype", "status", "cause",
+                                             "message", "repro")}, "clauses": ("list", False)}
 _DEVIATION = {"id": ("str", True), "status": ("str", True), "observed": ("int?", False),
               "exercised": ("int?", False)}
 _BENCH_ROW = {

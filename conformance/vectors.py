@@ -41,7 +41,20 @@ from attnspec.spec.clauses import (
     property_clauses,
 )
 
-__all__ = ["FORMAT", "PROFILE_CASES", "Bundle", "BundleError", "export", "families", "load", "run", "verify"]
+__all__ = [
+    "FORMAT",
+    "PROFILE_CASES",
+    "Bundle",
+    "BundleError",
+    "VectorCase",
+    "export",
+    "families",
+    "load",
+    "run",
+    "verify",
+    "write_output",
+    "write_unsupported",
+]
 
 FORMAT = "attnspec.vectors/1"
 #: cases per feature and dtype in each profile (the suite's profiles, `attnspec.conformance.profiles`)
@@ -465,6 +478,12 @@ class Bundle:
     def cases(self) -> list[dict[str, Any]]:
         return list(self.manifest["cases"])
 
+    def read_cases(self) -> Iterator[VectorCase]:
+        """Every case of the bundle, read from its file: ``case.id``, ``case.inputs`` (NumPy arrays
+        by spec name), ``case.options`` (plain JSON), ``case.expected``."""
+        for entry in self.cases:
+            yield self.case(entry)
+
     def case(self, entry: dict[str, Any]) -> VectorCase:
         """The case of a manifest entry, read from its file (already hash-checked by `load`)."""
         tensors, _ = tensorfile.read(self.path / entry["file"])
@@ -484,6 +503,36 @@ class Bundle:
             expected,
             entry.get("property", "matches_golden"),
         )
+
+
+def write_output(outputs: str | os.PathLike, case_id: str, arrays: dict[str, Any]) -> Path:
+    """Write one case's outputs (name -> array: NumPy, or anything with ``__array__``; torch
+    tensors are moved to the CPU) as ``OUTPUTS/ID.safetensors``, the file `verify` reads."""
+    converted = {}
+    for name, a in arrays.items():
+        if hasattr(a, "detach"):  # a torch tensor: bfloat16 has no NumPy view, go through float32
+            a = a.detach().cpu()
+            dtype = str(a.dtype).removeprefix("torch.")
+            a = a.float().numpy().astype(_np_dtype(dtype)) if dtype == "bfloat16" else a.numpy()
+        converted[name] = np.asarray(a)
+    path = Path(outputs) / f"{case_id}.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensorfile.write(path, converted)
+    return path
+
+
+def write_unsupported(outputs: str | os.PathLike, case_id: str, reason: str) -> Path:
+    """Declare that the implementation does not support case ``case_id``: ``OUTPUTS/ID.unsupported``."""
+    path = Path(outputs) / f"{case_id}.unsupported"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(reason.replace("\n", " ") + "\n", encoding="utf-8")
+    return path
+
+
+def _np_dtype(name: str) -> np.dtype:
+    from attnspec.spec._dtypes import numpy_dtype
+
+    return numpy_dtype(name)
 
 
 def load(path: str | os.PathLike, check_files: bool = True) -> list[Bundle]:
@@ -831,21 +880,17 @@ def message(
     bundle: Path,
     outputs: Path,
 ) -> str:
-    """A failure message as the suite writes one: cause and clause first, then the case, the
-    problems, the comparisons, and where its inputs and output are."""
+    """A failure message as the suite writes one: cause and clause first (the case there when
+    no cause is known), then the case, the problems, the comparisons, and where its inputs and
+    output are."""
     from attnspec.conformance.pytest_helpers import comparison_lines
 
     first = (causes or problems or [""])[0]
-    clauses = failure_clauses(first, case.function, case.prop, case.clauses)
-    label = clause_label(clauses)
-    head = f"[{name}] {case.function} {case.prop}: " + (f"{first} {label}" if first else label)
-    shapes = " ".join(
-        f"{n}{tuple(a.shape)}" for n, a in case.inputs.items() if n in ("q", "k", "v", "x", "query")
-    )
-    lines = [
-        head,
-        f"  case: {case.id} feature={case.feature} dtype={case.dtype} {shapes} options={case.options}",
-    ]
+    label = clause_label(failure_clauses(first, case.function, case.prop, case.clauses))
+    shapes = " ".join(f"{n}{tuple(a.shape)}" for n, a in case.inputs.items() if n in family_shapes(case))
+    described = f"{case.id} feature={case.feature} dtype={case.dtype} {shapes} options={case.options}"
+    head = f"[{name}] {case.function} {case.prop}: "
+    lines = [f"{head}{first} {label}", f"  case: {described}"] if first else [f"{head}{described} {label}"]
     lines += [f"  {p}" for p in (causes[1:] + problems if causes else problems[1:])]
     lines += comparison_lines(comparisons)
     lines.append("  reproduce with:")
@@ -853,6 +898,12 @@ def message(
     lines.append(f"    # the implementation's output: {outputs / (case.id + '.safetensors')}")
     lines.append(f"    attnspec vectors verify {bundle} {outputs} --name {name} --case {re.escape(case.id)}")
     return "\n".join(lines)
+
+
+def family_shapes(case: VectorCase) -> tuple[str, ...]:
+    """The inputs a message shows the shapes of: the positional arrays of the case's function."""
+    fam = _FAMILIES.get(case.function)
+    return fam.positional if fam else ("q", "k", "v")
 
 
 def finite_or_none(x: float | None) -> float | None:

@@ -180,6 +180,9 @@ def _verify(args: argparse.Namespace) -> int:
     s = summary(results)
     ran = sum(b["passed"] + b["failed"] for b in rows)
     verdict = "FAILS" if s["bad"] else "INCOMPLETE" if (missing or ran == 0) else "CONFORMS"
+    declared = sum(b["unsupported"] for b in rows)
+    if verdict == "CONFORMS" and declared:
+        verdict += f" (on the {ran} of {ran + declared} cases it ran; {declared} declared unsupported)"
     if verdict == "INCOMPLETE" and ran == 0:
         print("attnspec vectors verify: no case ran to a verdict", file=sys.stderr)
     print(f"\n{verdict}: {s['text']}\nreport: {out / 'index.md'}\nresults: {path}", file=sys.stderr)

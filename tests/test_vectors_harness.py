@@ -1,0 +1,74 @@
+"""The README's GPU harness for conformance vectors: the block shown is the file, and it runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HARNESS = ROOT / "examples" / "vectors-harness" / "harness.py"
+
+
+def test_readme_shows_the_harness_file():
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(
+        r"<!-- vectors-harness:begin -->\n```python\n(.*?)```\n<!-- vectors-harness:end -->", readme, re.S
+    )
+    assert block, "README.md has no vectors-harness block"
+    assert block.group(1) == HARNESS.read_text()
+    assert len(HARNESS.read_text().splitlines()) <= 25
+
+
+def _attnspec(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "attnspec", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_harness_runs_and_verifies(tmp_path):
+    pytest.importorskip("torch")
+    bundle, outputs = tmp_path / "vectors", tmp_path / "outputs"
+    assert (
+        _attnspec(
+            "vectors",
+            "export",
+            "--out",
+            str(bundle),
+            "--function",
+            "sdpa",
+            "--dtype",
+            "float32",
+            "--dtype",
+            "bfloat16",
+        ).returncode
+        == 0
+    )
+    run = subprocess.run(
+        [sys.executable, str(HARNESS), str(bundle), str(outputs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DEVICE": "cpu"},
+    )
+    assert run.returncode == 0, run.stderr
+    written = list(outputs.glob("*.safetensors"))
+    declared = list(outputs.glob("*.unsupported"))
+    assert written and declared and len(written) + len(declared) == 2 * 126
+    verify = _attnspec(
+        "vectors",
+        "verify",
+        str(bundle),
+        str(outputs),
+        "--name",
+        "torch-sdpa",
+        "--out",
+        str(tmp_path / "report"),
+    )
+    assert verify.returncode == 0, verify.stderr[-3000:]
+    assert f"CONFORMS (on the {len(written)} of {2 * 126} cases it ran" in verify.stderr
+    assert (tmp_path / "report" / "results" / "conformance-torch-sdpa-vectors.json").is_file()

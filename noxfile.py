@@ -208,6 +208,22 @@ def bench(session: nox.Session, backend: str) -> None:
 
 
 @nox.session
+def vectors_c(session: nox.Session) -> None:
+    """Check the C99 sdpa of examples/c-sdpa on exported conformance vectors (#26), and its -1e9 twin.
+
+    Builds both binaries with the system C compiler ($CC, else cc) into build/c-sdpa, exports the
+    dev profile's sdpa vectors in all four dtypes, runs both on every bundle, and verifies: the
+    correct build must CONFORM (exit 0), the -1e9 fill twin must FAIL (exit 1) naming
+    sdpa.empty_row. ``nox -s vectors_c -- --dtype float32`` narrows the dtypes (options go to
+    examples/c-sdpa/check.py, the one copy of the check, which tests/test_vectors_c.py runs too).
+    """
+    if not shutil.which(os.environ.get("CC", "cc")):
+        session.error("no C compiler: set CC or install cc")
+    install(session, ".[test]")  # export draws its cases with the suite's generators (hypothesis)
+    session.run("python", "examples/c-sdpa/check.py", "--work", "build/c-sdpa", *session.posargs)
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """Train the copy-task example through torch's and JAX's mha (seconds), then render."""
     install(session, ".[torch,jax,report]")

@@ -45,3 +45,25 @@ def compute_dtype_name(dtype: str) -> str:
     log-sum-exp is returned in this precision too.
     """
     return "float64" if dtype == "float64" else "float32"
+
+
+def round_to(x: np.ndarray, dtype: np.dtype | str) -> np.ndarray:
+    """``x`` (float64) rounded once, to nearest even, to ``dtype``: decision 9's one rounding.
+
+    NumPy's casts are correctly rounded for float16 and float32, but ml_dtypes casts float64 to
+    bfloat16 through float32, which rounds twice: 1 + 2**-8 + 2**-40 becomes 1, not the nearest
+    bfloat16 1 + 2**-7. So bfloat16 goes through float32 rounded to *odd* (truncate, then set the
+    last bit when inexact): float32 keeps 16 more bits than bfloat16, so that rounding holds the
+    sticky information and the final float32 -> bfloat16 cast rounds correctly (overflow to inf,
+    subnormals and NaN included)."""
+    dt = numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+    if dt != NUMPY_DTYPES["bfloat16"]:
+        return np.asarray(x).astype(dt)
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = x.astype(np.float32)
+        beyond = np.abs(t.astype(np.float64)) > np.abs(x)  # rounded away from zero: step back
+        t = np.where(beyond, np.nextafter(t, np.float32(0)), t)
+        inexact = np.isfinite(x) & (t.astype(np.float64) != x)
+        bits = t.view(np.uint32) | inexact.astype(np.uint32)
+    return bits.view(np.float32).astype(dt)

@@ -8,6 +8,7 @@ from collections import Counter
 
 import numpy as np
 
+from attnspec.spec._dtypes import round_to
 from attnspec.spec._validate import numpy_info
 from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, validate_lsh
 
@@ -81,7 +82,7 @@ def _lsh_attention_loops(
             top = max(lses)
             round_w = [math.exp(s - top) for s in lses]
             out[b + (i,)] = sum(rw / sum(round_w) * o for rw, o in zip(round_w, outs))
-    out = out.astype(x.dtype)
+    out = round_to(out, x.dtype)
     return (out, all_buckets) if return_buckets else out
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnspec._errors import SpecError
-from attnspec.spec._dtypes import FLOAT_DTYPES, compute_dtype_name
+from attnspec.spec._dtypes import FLOAT_DTYPES, compute_dtype_name, round_to
 
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 CAUSAL_CHOICES = ("upper_left", "lower_right", "lower_right_lengths")
@@ -118,9 +118,9 @@ def finish(plan: SDPAPlan, out, weights, dtype, return_weights: bool, lse=None):
     (*batch, Hq, n) to the plan's lse dtype; each is reshaped as the plan says (rank-2 q: no head
     axis).
     """
-    results = [out.astype(dtype, copy=False).reshape(plan.out_shape)]
+    results = [round_to(out, dtype).reshape(plan.out_shape)]
     if return_weights:
-        results.append(weights.astype(dtype, copy=False).reshape(plan.weights_shape))
+        results.append(round_to(weights, dtype).reshape(plan.weights_shape))
     if plan.return_lse:
         results.append(np.asarray(lse).astype(plan.lse_dtype).reshape(plan.lse_shape))
     return results[0] if len(results) == 1 else tuple(results)

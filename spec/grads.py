@@ -36,6 +36,7 @@ import dataclasses
 import numpy as np
 
 from attnspec._errors import SpecError
+from attnspec.spec._dtypes import round_to
 from attnspec.spec._validate import NO_EXTRAS, SDPAExtras, SDPAPlan, numpy_info
 from attnspec.spec.masks import visibility
 from attnspec.spec.sdpa import _identity, _validate, _with_head, attention_core
@@ -98,7 +99,7 @@ def sdpa_vjp(
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # NaN and inf are handled
         grads = _sdpa_grads(plan, q, k, v, d_out, mask, bias, extras)
     shapes = [x.shape for x in (q, k, v)] + [x.shape for x in (bias, sinks) if x is not None]
-    return tuple(g.astype(q.dtype).reshape(shape) for g, shape in zip(grads, shapes))
+    return tuple(round_to(g, q.dtype).reshape(shape) for g, shape in zip(grads, shapes))
 
 
 def _check_d_out(fn: str, plan: SDPAPlan, d_out: object) -> None:

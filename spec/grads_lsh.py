@@ -35,6 +35,7 @@ import math
 import numpy as np
 
 from attnspec._errors import SpecError
+from attnspec.spec._dtypes import round_to
 from attnspec.spec._lsh_core import NORM_EPS, SELF_LOGIT, _rotated, _weighted_values, _window_counts
 from attnspec.spec._validate import numpy_info
 from attnspec.spec.grads import _sum_to, _visible_matmul
@@ -93,8 +94,8 @@ def lsh_attention_vjp(
         buckets = np.argmax(_rotated(x64, rotations.astype(np.float64)), axis=-1)  # (B, nh, L)
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             dx, dv = _lsh_grads(p, x64, v64, dO, kv, buckets)
-    dx = _sum_to(dx.reshape(*p.batch, L, p.d), x.shape).astype(x.dtype)
-    dv = _sum_to(dv.reshape(*p.batch, L, p.dv), v.shape).astype(x.dtype)
+    dx = round_to(_sum_to(dx.reshape(*p.batch, L, p.d), x.shape), x.dtype)
+    dv = round_to(_sum_to(dv.reshape(*p.batch, L, p.dv), v.shape), x.dtype)
     return dx, dv
 
 

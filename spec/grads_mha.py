@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnspec._errors import SpecError
+from attnspec.spec._dtypes import round_to
 from attnspec.spec._validate import numpy_info
 from attnspec.spec.grads import sdpa_vjp
 from attnspec.spec.mha import MHAParams, _project, _validate, in_float64, merge_heads, split_heads
@@ -124,19 +125,19 @@ def mha_vjp(
         }
         d_b = {"b_q": _row_sum(dq), "b_k": np.zeros(params.kv_dim), "b_v": _row_sum(dv), "b_o": _row_sum(dO)}
     d_params = MHAParams(**{
-        name: d_w[name].astype(getattr(params, name).dtype) for name in d_w
+        name: round_to(d_w[name], getattr(params, name).dtype) for name in d_w
     }, **{
-        name: None if getattr(params, name) is None else d_b[name].astype(getattr(params, name).dtype)
+        name: None if getattr(params, name) is None else round_to(d_b[name], getattr(params, name).dtype)
         for name in d_b
     })
     inputs = (query, key, value)
-    result = [g.reshape(x.shape).astype(x.dtype) for g, x in zip(d_inputs, inputs)]
+    result = [round_to(g.reshape(x.shape), x.dtype) for g, x in zip(d_inputs, inputs)]
     result.append(d_params)
     extra = list(grads[3:])  # sdpa_vjp's dbias, then dsinks (H,)
     if bias is not None:
-        result.append(extra.pop(0).astype(bias.dtype))
+        result.append(round_to(extra.pop(0), bias.dtype))
     if sinks is not None:
-        result.append(extra.pop(0).astype(sinks.dtype))
+        result.append(round_to(extra.pop(0), sinks.dtype))
     return tuple(result)
 
 

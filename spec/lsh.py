@@ -85,6 +85,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnspec._errors import SpecError
+from attnspec.spec._dtypes import round_to
 from attnspec.spec._lsh_core import NORM_EPS, SELF_LOGIT, _lsh_core, _rotated
 from attnspec.spec._validate import (
     FLOAT_DTYPES,
@@ -313,7 +314,7 @@ def lsh_attention(
     else:
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             out, eff = _lsh_core(p, x64, v64, kv, buckets)
-    out = out.astype(x.dtype).reshape(*p.batch, L, p.dv)
+    out = round_to(out, x.dtype).reshape(*p.batch, L, p.dv)
     if not return_buckets:
         return out
     return out, eff.astype(np.int64).reshape(*p.batch, p.n_hashes, L)

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from attnspec._errors import SpecError
+from attnspec.spec._dtypes import round_to
 from attnspec.spec._validate import FLOAT_DTYPES, ArrayInfo, SDPAPlan, is_int, numpy_info, validate_sdpa
 from attnspec.spec.mha_params import MHAParams, ParamDims, _check_heads, check_param_infos
 from attnspec.spec.sdpa import sdpa
@@ -253,9 +254,9 @@ def mha(
     result = sdpa(q, k, v, mask=mask, return_weights=True, return_lse=return_lse,
                   **in_float64(bias=bias, **options))  # (..., H, n, hd), (..., H, n, m)[, (..., H, n)]
     out = _project(merge_heads(result[0]), params.w_o, params.b_o)  # (..., n, E)
-    results = [out.astype(query.dtype)]
+    results = [round_to(out, query.dtype)]
     if return_weights:
-        results.append(result[1].astype(query.dtype))  # (..., H, n, m)
+        results.append(round_to(result[1], query.dtype))  # (..., H, n, m)
     if return_lse:
         results.append(result[2].astype(plan.lse_dtype))  # (..., H, n)
     return results[0] if len(results) == 1 else tuple(results)

@@ -205,10 +205,11 @@ class SDPAVectors(Family):
     def corners(self, dtype: str) -> list[VectorCase]:
         from attnspec.conformance.corners import CORNERS, MASK_ONLY, corner_case
 
-        return [
+        found = [
             self._vector(corner_case(kind, dtype).with_options(return_weights=True))
             for kind in (*CORNERS, *MASK_ONLY)
         ]
+        return found + [self._vector(c) for c in atlas_cases(dtype)]
 
     def _vector(self, case: Any) -> VectorCase:
         from attnspec.backends._compare import sdpa_golden
@@ -295,6 +296,107 @@ class SDPAVectors(Family):
         return case_needs(self._spec_case(case))
 
 
+def atlas_cases(dtype: str) -> list[Any]:
+    """The atlas' questions (`attnspec.backends.atlas.questions`) as sdpa cases of ``dtype``:
+    float32 holds the questions asked in float32, float64 those about float64; the questions
+    about a framework's own causal flag have no place in data that names its alignment."""
+    from attnspec.backends.atlas.questions import FLOAT64_QUESTIONS, QUESTIONS
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
+
+    found = []
+    for question in QUESTIONS:
+        if dtype != ("float64" if question.id in FLOAT64_QUESTIONS else "float32"):
+            continue
+        q, k, v, opts = question.case()
+        if opts.get("causal") == "flag":
+            continue
+        npdt = NP_DTYPES[dtype]
+        q, k, v = (x.astype(npdt) for x in (q, k, v))
+        opts = {
+            n: x.astype(npdt) if isinstance(x, np.ndarray) and x.dtype.kind == "f" else x
+            for n, x in opts.items()
+        }
+        tags = {f"atlas_{question.id}", dtype}
+        _tag_visibility(tags, q, k, v, opts)
+        found.append(SDPACase(f"atlas_{question.id}", dtype, q, k, v, opts, frozenset(tags), 0))
+    return found
+
+
+def atlas_answers(bundles: list[Bundle], outputs: Path, name: str) -> dict[str, Any]:
+    """The atlas document (schema ``attnspec.atlas/1``, as `attnspec.backends.atlas.questions`
+    writes one) of the outputs of the bundles' atlas cases: each question answered from the
+    output its case got, "n/a: ..." where the case was declared unsupported or not run."""
+    from attnspec.backends.atlas.questions import QUESTIONS
+
+    cases = {}
+    for b in bundles:
+        for entry in b.cases:
+            if entry["feature"].startswith("atlas_"):
+                cases[entry["feature"].removeprefix("atlas_")] = (b, entry)
+    answers = []
+    for question in QUESTIONS:
+        if question.id in cases:
+            b, entry = cases[question.id]
+            answer = _atlas_answer(question, b.case(entry), outputs)
+            answers.append(
+                {
+                    "id": question.id,
+                    "title": question.title,
+                    "answer": answer,
+                    "spec": question.spec,
+                    "reproducer": f"attnspec vectors verify {b.path} {outputs} --name {name} "
+                    f"--case {entry['id']}",
+                }
+            )
+    return {
+        "schema": "attnspec.atlas/1",
+        "backend": name,
+        "answers": answers,
+        "implementation": {
+            "function": f"{name}: an outside implementation, judged from its outputs",
+            "convention": "conformance vectors (attnspec vectors verify)",
+        },
+    }
+
+
+def _atlas_answer(question: Any, case: VectorCase, outputs: Path) -> str:
+    from attnspec.backends.atlas.questions import FLOAT64_QUESTIONS
+
+    stem = outputs / case.id
+    if stem.with_name(case.id + ".unsupported").exists():
+        return f"n/a: {_small_text(stem.with_name(case.id + '.unsupported'))[:160]}"
+    if stem.with_name(case.id + ".error").exists():
+        return "raises"
+    path = stem.with_name(case.id + ".safetensors")
+    if not path.exists():
+        return "n/a: not run"
+    got, _ = _read_output(path, case)
+    if got is None or "out" not in got:
+        return "malformed output"
+    with np.errstate(all="ignore"):
+        out = got["out"].astype(np.float64)
+        if question.id in FLOAT64_QUESTIONS:
+            if got["out"].dtype != np.float64:
+                return f"returns {got['out'].dtype.name}"
+            err = float(np.nanmax(np.abs(out - case.expected["out"].golden), initial=0.0))
+            if err < 1e-12:
+                return "float64, as the spec"
+            return (
+                "float64 dtype, float32 precision inside" if err < 1e-5 else f"float64 dtype, error {err:.1e}"
+            )
+        opts: dict[str, Any] = {
+            n: a.astype(np.float64) if a.dtype.kind == "f" else a
+            for n, a in case.inputs.items()
+            if n not in ("q", "k", "v")
+        }
+        opts.update({k: tuple(v) if isinstance(v, list) else v for k, v in case.options.items()})
+        qkv = tuple(case.inputs[n].astype(np.float64) for n in ("q", "k", "v"))
+        result = (
+            (out, got["weights"].astype(np.float64)) if "weights" in got and question.id == "weights" else out
+        )
+        return str(question.classify(result, (*qkv, opts)))
+
+
 _FAMILIES: dict[str, Family] = {"sdpa": SDPAVectors()}
 
 
@@ -337,13 +439,13 @@ def _metadata(case: VectorCase) -> dict[str, str]:
 
 
 def _tensors(case: VectorCase) -> dict[str, np.ndarray]:
-    from attnspec.spec._dtypes import numpy_dtype
+    from attnspec.spec._dtypes import round_to
 
     tensors = dict(case.inputs)
     for name, e in case.expected.items():
         tensors[f"expected.{name}"] = e.golden.astype(np.float64)
         with np.errstate(all="ignore"):
-            tensors[f"expected.{name}.rounded"] = e.golden.astype(numpy_dtype(e.dtype))
+            tensors[f"expected.{name}.rounded"] = round_to(e.golden, e.dtype)  # once, to nearest even
         if e.zero_rows is not None and e.zero_rows.any():
             tensors[f"zero_rows.{name}"] = e.zero_rows
         nan = np.isnan(e.golden)

@@ -62,6 +62,11 @@ def add_parser(sub: Any, usage_error: type[Exception]) -> None:
     ve.add_argument("--out", default="attnspec-vectors-report", help="where results JSON and report go")
     ve.add_argument("--device", default="external", help="the device the outputs came from (for the report)")
     ve.add_argument("--case", default=None, metavar="REGEX", help="only the cases whose id matches")
+    ve.add_argument(
+        "--atlas",
+        action="store_true",
+        help="also answer the atlas' questions from the atlas cases' outputs (atlas-NAME.json)",
+    )
     ve.set_defaults(run=_verify)
 
     ru = vsub.add_parser("run", help="write a backend's or a function's outputs for a bundle")
@@ -151,6 +156,16 @@ def _verify(args: argparse.Namespace) -> int:
         raise _USAGE_ERROR(str(e)) from None
     path = out / "results" / f"conformance-{slug(args.name)[:100]}-vectors.json"
     write_json_atomic(path, results)
+    if args.atlas:
+        from attnspec.conformance.vectors import atlas_answers
+
+        doc = atlas_answers(bundles, outputs, args.name)
+        doc["environment"] = {"frameworks": {}, "spec_version": results["spec_version"]}
+        write_json_atomic(out / "results" / f"atlas-{slug(args.name)[:100]}.json", doc)
+        for a in doc["answers"]:
+            differs = a["spec"] and a["answer"] != a["spec"] and not a["answer"].startswith("n/a")
+            differs = "   <- differs from the spec" if differs else ""
+            print(f"atlas: {a['title']:40} {a['answer']}{differs}", file=sys.stderr)
     _render(out)
     print(feature_table(results), file=sys.stderr)
     for line in failure_lines(results, out / "repro"):

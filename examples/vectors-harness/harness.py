@@ -2,6 +2,7 @@
 import os
 import sys
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -17,7 +18,7 @@ for bundle in load(bundle_dir):
             continue
         dtype = getattr(torch, case.dtype)  # float64 holds every input exactly; then the case's dtype
         q, k, v = (torch.from_numpy(case.inputs[n].astype("float64")).to(device, dtype) for n in "qkv")
-        mask = torch.from_numpy(case.inputs["mask"]).to(device) if "mask" in case.inputs else None
+        mask = torch.from_numpy(np.atleast_2d(case.inputs["mask"])).to(device) if "mask" in case.inputs else None
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=o.get(
             "scale"), is_causal=o.get("causal") == "upper_left", enable_gqa=q.shape[-3] != k.shape[-3])
         write_output(outputs, case.id, {"out": out})

@@ -54,7 +54,7 @@ def validate(
     if isinstance(instance, str):
         if "maxLength" in schema and len(instance) > schema["maxLength"]:
             raise SchemaError(f"{path}: longer than {schema['maxLength']} characters")
-        if "pattern" in schema and not re.search(schema["pattern"], instance):
+        if "pattern" in schema and not re.search(_ecma(schema["pattern"]), instance):
             raise SchemaError(f"{path}: {_short(instance)} does not match {schema['pattern']}")
     if _is(instance, "number"):
         if "minimum" in schema and instance < schema["minimum"]:
@@ -84,6 +84,14 @@ def validate(
                 raise SchemaError(f"{path}: unexpected key {_short(key)}")
             elif isinstance(extra, dict):
                 validate(value, extra, root, f"{path}.{key}")
+
+
+def _ecma(pattern: str) -> str:
+    """A pattern as JSON Schema means it (ECMA-262): a final ``$`` matches at the very end only,
+    where Python's also matches before a final newline ("a.safetensors\\n" would pass)."""
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        return pattern[:-1] + r"\Z"
+    return pattern
 
 
 def _short(x: Any) -> str:

@@ -168,7 +168,7 @@ def _entry(where: str, name: str, e: Any) -> tuple[np.dtype, tuple[int, ...], in
             f"{what}: expected an object with exactly dtype, shape and data_offsets, got {_short(e)}"
         )
     code, shape, offsets = e["dtype"], e["shape"], e["data_offsets"]
-    if code not in DTYPES:
+    if not isinstance(code, str) or code not in DTYPES:
         raise TensorFileError(f"{what}: dtype {_short(code)} is not one of {', '.join(DTYPES)}")
     if (
         not isinstance(shape, list)

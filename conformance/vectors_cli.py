@@ -53,7 +53,7 @@ def add_parser(sub: Any, usage_error: type[Exception]) -> None:
         choices=FLOAT_DTYPES,
         help="a dtype (repeatable; default all four)",
     )
-    ex.set_defaults(run=_export)
+    ex.set_defaults(run=_with_suite(_export))
 
     ve = vsub.add_parser("verify", help="judge outputs an implementation wrote for a bundle")
     ve.add_argument("bundle", help="a bundle folder (manifest.json) or an export folder (index.json)")
@@ -67,7 +67,7 @@ def add_parser(sub: Any, usage_error: type[Exception]) -> None:
         action="store_true",
         help="also answer the atlas' questions from the atlas cases' outputs (atlas-NAME.json)",
     )
-    ve.set_defaults(run=_verify)
+    ve.set_defaults(run=_with_suite(_verify))
 
     ru = vsub.add_parser("run", help="write a backend's or a function's outputs for a bundle")
     ru.add_argument("target", help="a backend NAME, MODULE:Class, or MODULE:FUNCTION with --convention")
@@ -79,7 +79,25 @@ def add_parser(sub: Any, usage_error: type[Exception]) -> None:
     ru.add_argument("--arrays", default=None, help="the array library the function takes")
     ru.add_argument("--device", default=None, help="device (default: the backend's first)")
     ru.add_argument("--case", default=None, metavar="REGEX", help="only the cases whose id matches")
-    ru.set_defaults(run=_run)
+    ru.set_defaults(run=_with_suite(_run))
+
+
+def _with_suite(command: Any) -> Any:
+    """``command``, with a missing dependency of the suite's cases said in one line: the vectors
+    are drawn and judged by the conformance suite's code, which needs the ``test`` extra."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(command(args))
+        except ModuleNotFoundError as e:
+            if e.name not in ("hypothesis", "pytest"):
+                raise
+            raise _USAGE_ERROR(
+                f"needs {e.name}, which the conformance suite's cases are built with: "
+                "pip install 'attnspec[test]'"
+            ) from None
+
+    return run
 
 
 def _bundles(path: str) -> list:

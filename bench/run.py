@@ -21,6 +21,8 @@ case of the same implementation reached in this run; at the matmul rate before t
 The "full" grid and ``--targets-only`` also time the target shapes (never skipped for time) and
 evaluate `targets.TARGETS`; they appear in no other grid, except that the "lsh" grid (LSH
 against full attention as L doubles, B=1 H=1 d=64) holds the LSH target's cases and evaluates it.
+``--targets-only`` on numpy also measures the conformance vector bundles (`attnspec.bench.vectors`:
+size, export time, verify throughput), recorded under "vectors" and with their targets.
 
 Timings on a machine shared with other work are noise: read ``min_s``/``max_s`` beside the median.
 """
@@ -41,6 +43,7 @@ import attnspec
 from attnspec._errors import SpecError
 from attnspec._results import framework_versions, git_state, write_json_atomic
 from attnspec.bench import targets as bench_targets
+from attnspec.bench import vectors as bench_vectors
 from attnspec.bench.grid import (
     GRIDS,
     IMPLEMENTATIONS,
@@ -157,6 +160,9 @@ def run_bench(
                if grid in ("full", "lsh") or targets_only else [])
     if grid == "lsh" and not targets_only:  # only the targets whose cases this grid holds
         targets = [t for t in targets if "not run in this invocation" not in str(t.get("detail"))]
+    # conformance vectors (#26): bundle size, export time and verify throughput, with the numpy targets
+    vectors = bench_vectors.run_vectors(log=say) if targets_only and be.name == bench_vectors.BACKEND else None
+    targets += vectors["targets"] if vectors else []
     for t in targets:
         say(f"target {t['name']}: {t['detail']}")
     return {
@@ -179,6 +185,7 @@ def run_bench(
         "rows": rows,
         "skipped": _group_skips(skipped.values()),
         "targets": targets,
+        **({"vectors": {k: vectors[k] for k in ("definitions", "figures")}} if vectors else {}),
     }
 
 

@@ -276,6 +276,27 @@ def suite_throughput(results: Results) -> list[str]:
                    "first result (s)", "", "date", "commit"], rows, "lllllrrrrrlll")]
 
 
+def vectors_throughput(results: Results) -> list[str]:
+    """The conformance vector bundles (`attnspec.bench.vectors`): one row per bench run and profile."""
+    rows = []
+    for doc in sorted(results.bench, key=bench_key):
+        for f in (doc.get("vectors") or {}).get("figures") or []:
+            rows.append([doc["backend"], doc["device"], f.get("profile"), f.get("function"),
+                         ", ".join(f.get("dtypes") or []), f.get("cases"), num(f.get("size_mb")),
+                         num(f.get("export_s")), num(f.get("verify_s")), num(f.get("verify_cases_per_s")),
+                         f"{f.get('passed')}/{f.get('cases')}", f"`{doc['_file']}`"])
+    if not rows:
+        return []
+    return ["", "## Conformance vectors", "",
+            "`attnspec vectors export` of the sdpa bundles (all four dtypes) and `attnspec vectors verify` of",
+            "the numpy backend's outputs for them (`python -m attnspec.bench.vectors`, run by `nox -s bench`",
+            "with the numpy targets). Size: every file written, MB of 10^6 bytes. Verify: median seconds of",
+            "loading the bundles (schema, hashes) and judging every output, report not included. Goals: at most",
+            "25 MB, export at most 60 s, verify at least 2000 cases/s (the Targets table above).", "",
+            table(["backend", "device", "profile", "function", "dtypes", "cases", "MB", "export (s)",
+                   "verify (s)", "verify cases/s", "passed", "results file"], rows, "lllllrrrrrrl")]
+
+
 def performance_page(results: Results, plots: Plots | None = None,
                      lsh_plot: tuple[str, str] | None = None) -> str:
     """The Markdown of ``performance.md``; ``plots`` maps a bench run's key to its figures."""
@@ -292,6 +313,7 @@ def performance_page(results: Results, plots: Plots | None = None,
         "", "## Machines", "", _machines(results),
         "", "## Targets", "", _targets(results),
         *suite_throughput(results),
+        *vectors_throughput(results),
     ]
     for doc in sorted(results.bench, key=bench_key):
         title = run_label(doc) + (f" — {doc['device_name']}" if doc.get("device_name") else "")

@@ -355,11 +355,6 @@ def test_a_missing_outputs_folder_exits_2(bundle, tmp_path):
     assert "the outputs folder does not exist" in line, line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jsonschema_lite's pattern uses re.search, whose $ matches before a final newline (ECMA-262's "
-    "does not), so a file name ending in a newline passes the schema; its error then spans two lines",
-)
 def test_a_file_name_ending_in_a_newline_is_a_schema_error(bundle, numpy_outputs, tmp_path):
     folder = tmp_path / "sdpa-float32"
     shutil.copytree(bundle, folder)
@@ -573,12 +568,6 @@ def test_verify_of_malformed_outputs_fails_them_without_a_crash_or_a_large_alloc
     assert (counts["failed"], counts["passed"], counts["not_run"]) == (len(spoiled), n - len(spoiled), 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="tensorfile._entry hashes the header's dtype: a JSON list there raises TypeError, which "
-    "verify's _read_output does not catch, so one hostile output crashes the whole verify",
-)
 def test_an_output_whose_dtype_is_a_list_is_a_failed_case(bundle, manifest, numpy_outputs, tmp_path):
     for e in manifest["cases"][:3]:
         shutil.copy(numpy_outputs / f"{e['id']}.safetensors", tmp_path)
@@ -656,3 +645,30 @@ def test_no_output_at_all_is_incomplete(bundle, manifest, tmp_path, kind):
     assert p.returncode == 1, p.stderr[-3000:]
     assert "attnspec vectors verify: no case ran to a verdict" in p.stderr
     assert "\nINCOMPLETE: " in p.stderr
+
+
+# -- the benchmark (nox -s bench) ------------------------------------------------------------
+
+
+def test_vectors_benchmark_figures_targets_and_rendering():
+    from attnspec.bench import vectors as bench_vectors
+    from attnspec.reports._io import Results
+    from attnspec.reports.performance import vectors_throughput
+
+    doc = bench_vectors.run_vectors(("dev",), repeats=1)
+    (f,) = doc["figures"]
+    assert f["cases"] == f["passed"] == f["outputs_written"] and f["failed"] == f["not_run"] == 0
+    assert 0 < f["size_mb"] == f["size_bytes"] / 1e6 and f["export_s"] > 0
+    assert f["verify_cases_per_s"] == pytest.approx(f["cases"] / f["verify_s"])
+    assert [t["name"] for t in doc["targets"]] == [
+        f"vectors dev: {what}" for _, _, _, what in bench_vectors.TARGETS.values()
+    ]
+    assert all(
+        isinstance(t["met"], bool) and t["detail"].startswith(("met", "missed")) for t in doc["targets"]
+    )
+    slow = bench_vectors.targets([{**f, "verify_cases_per_s": 1000.0}])[2]
+    assert slow["met"] is False and slow["detail"].startswith("missed by 1e+03 cases/s")
+    bench = {"backend": "numpy", "device": "cpu", "_file": "bench-numpy-cpu-targets.json", "vectors": doc}
+    lines = vectors_throughput(Results(Path("."), bench=[bench]))
+    assert "## Conformance vectors" in lines
+    assert any(line.startswith("| numpy ") and "| dev " in line for line in lines[-1].splitlines())

@@ -29,7 +29,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["DTYPES", "MAX_HEADER", "TensorFileError", "read", "write", "write_bytes"]
+__all__ = ["DTYPES", "MAX_HEADER", "TensorFileError", "parse", "read", "write", "write_bytes"]
 
 #: safetensors dtype code -> NumPy dtype (little-endian)
 DTYPES: dict[str, np.dtype] = {
@@ -94,53 +94,55 @@ def read(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> tuple[dict[str,
     (module docstring); `TensorFileError` for anything malformed, `OSError` if it cannot be read."""
     where = os.fspath(path)
     size = os.path.getsize(where)
+    if size > 8 + MAX_HEADER + max_bytes:  # nothing valid is this large: not read at all
+        raise TensorFileError(f"{where}: {size} bytes, more than a header and {max_bytes} bytes of tensor data")
+    with open(where, "rb") as f:
+        data = f.read(size)
+    return parse(data, where, max_bytes)
+
+
+def parse(
+    data: bytes, where: str = "<bytes>", max_bytes: int = MAX_BYTES
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """(tensors, metadata) of a safetensors file's bytes, checked as `read` checks a file."""
+    size = len(data)
     if size < 8:
         raise TensorFileError(f"{where}: {size} bytes, too short for a safetensors header (at least 8)")
-    with open(where, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > MAX_HEADER or n > size - 8:
-            raise TensorFileError(
-                f"{where}: header length {n} exceeds "
-                f"{'the file' if n > size - 8 else f'the limit of {MAX_HEADER} bytes'}"
-                f" ({size} bytes)"
-            )
-        raw = f.read(n)
-        data_size = size - 8 - n
-        if data_size > max_bytes:
-            raise TensorFileError(
-                f"{where}: {data_size} bytes of tensor data, more than the limit of {max_bytes}"
-            )
-        header = _parse_header(where, raw)
-        metadata = header.pop("__metadata__", None) or {}
-        if not isinstance(metadata, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
-        ):
-            raise TensorFileError(f"{where}: __metadata__ must be an object of strings")
-        entries = sorted(
-            ((name, _entry(where, name, e)) for name, e in header.items()), key=lambda x: x[1][2]
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > MAX_HEADER or n > size - 8:
+        raise TensorFileError(
+            f"{where}: header length {n} exceeds "
+            f"{'the file' if n > size - 8 else f'the limit of {MAX_HEADER} bytes'}"
+            f" ({size} bytes)"
         )
-        expect = 0
-        for name, (_, _, begin, end) in entries:
-            if begin != expect:
-                raise TensorFileError(
-                    f"{where}: tensor {name!r} begins at byte {begin} of the data, expected {expect}"
-                    " (tensors must be contiguous, without gaps or overlap)"
-                )
-            expect = end
-        if expect != data_size:
+    data_size = size - 8 - n
+    if data_size > max_bytes:
+        raise TensorFileError(f"{where}: {data_size} bytes of tensor data, more than the limit of {max_bytes}")
+    header = _parse_header(where, data[8 : 8 + n])
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise TensorFileError(f"{where}: __metadata__ must be an object of strings")
+    entries = sorted(((name, _entry(where, name, e)) for name, e in header.items()), key=lambda x: x[1][2])
+    expect = 0
+    for name, (_, _, begin, end) in entries:
+        if begin != expect:
             raise TensorFileError(
-                f"{where}: the header declares {expect} bytes of tensor data, the file holds {data_size}"
+                f"{where}: tensor {name!r} begins at byte {begin} of the data, expected {expect}"
+                " (tensors must be contiguous, without gaps or overlap)"
             )
-        body = f.read(data_size)
-    if len(body) != data_size:
-        raise TensorFileError(f"{where}: truncated while reading ({len(body)} of {data_size} bytes)")
+        expect = end
+    if expect != data_size:
+        raise TensorFileError(
+            f"{where}: the header declares {expect} bytes of tensor data, the file holds {data_size}"
+        )
+    body = memoryview(data)[8 + n :]
     tensors = {}
     for name, (dt, shape, begin, end) in entries:
         if dt == DTYPES["BOOL"] and (np.frombuffer(body, np.uint8, end - begin, begin) > 1).any():
             raise TensorFileError(f"{where}: tensor {name!r} is BOOL but holds bytes other than 0 and 1")
-        tensors[name] = (
-            np.frombuffer(body, dtype=dt, count=math.prod(shape), offset=begin).reshape(shape).copy()
-        )
+        tensors[name] = np.frombuffer(body, dtype=dt, count=math.prod(shape), offset=begin).reshape(shape).copy()
     return tensors, metadata
 
 

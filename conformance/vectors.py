@@ -18,6 +18,7 @@ VECTORS.md and ``vectors.schema.json``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -572,6 +573,8 @@ def export(
 class Bundle:
     path: Path
     manifest: dict[str, Any]
+    #: file name -> the bytes `load` read and hash-checked (a case is then parsed from them, not read again)
+    data: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     @property
     def function(self) -> str:
@@ -589,7 +592,9 @@ class Bundle:
 
     def case(self, entry: dict[str, Any]) -> VectorCase:
         """The case of a manifest entry, read from its file (already hash-checked by `load`)."""
-        tensors, _ = tensorfile.read(self.path / entry["file"])
+        raw = self.data.get(entry["file"])
+        where = str(self.path / entry["file"])
+        tensors, _ = tensorfile.parse(raw, where) if raw is not None else tensorfile.read(where)
         inputs = {n: tensors[n] for n in entry["inputs"]}
         expected = {}
         for name, o in entry["outputs"].items():
@@ -683,8 +688,16 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+@functools.lru_cache(maxsize=1)
+def _manifest_check() -> Any:
+    """The shipped schema, compiled once (`jsonschema_lite.compile_schema`)."""
+    from attnspec.conformance.jsonschema_lite import compile_schema
+
+    return compile_schema(json.loads(SCHEMA_FILE.read_text()))
+
+
 def _load_one(folder: Path, check_files: bool) -> Bundle:
-    from attnspec.conformance.jsonschema_lite import SchemaError, validate
+    from attnspec.conformance.jsonschema_lite import SchemaError
 
     mpath = folder / "manifest.json"
     if not mpath.is_file():
@@ -693,7 +706,7 @@ def _load_one(folder: Path, check_files: bool) -> Bundle:
     if isinstance(manifest, dict) and manifest.get("format") not in (None, FORMAT):
         raise BundleError(f"{mpath}: format {manifest.get('format')!r}; this attnspec reads {FORMAT}")
     try:
-        validate(manifest, json.loads(SCHEMA_FILE.read_text()))
+        _manifest_check()(manifest, "$")
     except SchemaError as e:
         raise BundleError(f"{mpath}: does not match the bundle schema: {e}") from None
     if content_hash(manifest) != manifest["content_sha256"]:
@@ -707,6 +720,7 @@ def _load_one(folder: Path, check_files: bool) -> Bundle:
             f"({', '.join(_FAMILIES)})"
         )
     seen = set()
+    data: dict[str, bytes] = {}
     for e in manifest["cases"]:
         if e["id"] in seen:
             raise BundleError(f"{mpath}: case id {e['id']!r} appears twice")
@@ -718,9 +732,11 @@ def _load_one(folder: Path, check_files: bool) -> Bundle:
             raise BundleError(f"{f}: listed in the manifest but missing")
         if f.stat().st_size != e["bytes"]:
             raise BundleError(f"{f}: {f.stat().st_size} bytes, the manifest says {e['bytes']}")
-        if hashlib.sha256(f.read_bytes()).hexdigest() != e["sha256"]:
+        raw = f.read_bytes()
+        if hashlib.sha256(raw).hexdigest() != e["sha256"]:
             raise BundleError(f"{f}: SHA-256 does not match the manifest: the file was altered or corrupted")
-    return Bundle(folder, manifest)
+        data[e["file"]] = raw
+    return Bundle(folder, manifest, data)
 
 
 # -- producing outputs with a backend --------------------------------------------------------

@@ -183,6 +183,8 @@ def bench(session: nox.Session, backend: str) -> None:
     session.run("python", "-m", "attnspec.bench.run", "--backend", backend, *harness_args,
                 env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     if not harness_args and backend in TARGET_BACKENDS:  # the quick grid holds no target shape
+        # numpy's targets include the conformance vectors, drawn by the suite's strategies (hypothesis)
+        install(session, package(["test", *BACKENDS[backend]]))
         session.run("python", "-m", "attnspec.bench.run", "--backend", backend, "--targets-only",
                     "--out", f"reports/results/bench-{backend}-cpu-targets.json",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})

@@ -43,7 +43,7 @@ def _is(value: Any, kind: str) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind == "boolean":
         return isinstance(value, bool)
-    return isinstance(value, {"object": dict, "array": list, "string": str, "null": type(None)}[kind])
+    return isinstance(value, _PY_TYPES[kind])
 
 
 def validate(instance: Any, schema: dict[str, Any]) -> None:

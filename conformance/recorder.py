@@ -40,7 +40,7 @@ class Recorder:
         self.records: list[dict[str, Any]] = []
         self.backend = None
         self.backend_name = ""
-        self.device = None
+        self.device: str | None = None
         self.started = time.time()
         self.deviation_exercised: dict[str, int] = defaultdict(int)
         self.first_result_at: float | None = None  # the first case's journal time (replayed runs)

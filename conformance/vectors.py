@@ -113,7 +113,11 @@ class Family:
 
     name = ""
     positional: tuple[str, ...] = ()
-    features: tuple[str, ...] = ()
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The features a profile draws cases of, each its count of cases."""
+        return ()
 
     def draw(self, feature: str, dtype: str, seed: int, index: int) -> VectorCase:
         raise NotImplementedError
@@ -182,8 +186,8 @@ class SDPAVectors(Family):
     name = "sdpa"
     positional = ("q", "k", "v")
 
-    @property  # type: ignore[override]
-    def features(self) -> tuple[str, ...]:  # type: ignore[override]
+    @property
+    def features(self) -> tuple[str, ...]:
         from attnspec.conformance.hypothesis_helpers import SDPA_FEATURES, VARIANT_FEATURES
 
         return (*SDPA_FEATURES, *VARIANT_FEATURES)
@@ -223,10 +227,13 @@ class SDPAVectors(Family):
             g = sdpa_golden(case.q, case.k, case.v, **case.options)
             plan, _ = case_plan(case.q, case.k, case.v, case.options)
             empty = ~full_visibility(plan, case.options).any(axis=-1)
+        empty = np.asarray(empty)
         expected = {"out": Expected(g.out, case.dtype, g.allowed_out, _lead_rows(g.out, empty))}
         if case.options.get("return_weights"):
+            assert g.weights is not None and g.allowed_w is not None  # asked for: the golden has them
             expected["weights"] = Expected(g.weights, case.dtype, g.allowed_w, _lead_rows(g.weights, empty))
         if case.options.get("return_lse"):
+            assert g.lse is not None and g.allowed_lse is not None
             expected["lse"] = Expected(g.lse, plan.lse_dtype, g.allowed_lse)
         return VectorCase(
             "",
@@ -522,7 +529,12 @@ def export(
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
     schema = SCHEMA_FILE.read_bytes()
-    index = {"format": FORMAT, "spec_version": SPEC_VERSION, "profile": profile, "bundles": []}
+    index: dict[str, Any] = {
+        "format": FORMAT,
+        "spec_version": SPEC_VERSION,
+        "profile": profile,
+        "bundles": [],
+    }
     paths = []
     for f in names:
         for d in kinds:
@@ -721,21 +733,21 @@ def _load_one(folder: Path, check_files: bool) -> Bundle:
         )
     seen = set()
     data: dict[str, bytes] = {}
-    for e in manifest["cases"]:
-        if e["id"] in seen:
-            raise BundleError(f"{mpath}: case id {e['id']!r} appears twice")
-        seen.add(e["id"])
-        f = folder / e["file"]
+    for entry in manifest["cases"]:
+        if entry["id"] in seen:
+            raise BundleError(f"{mpath}: case id {entry['id']!r} appears twice")
+        seen.add(entry["id"])
+        f = folder / entry["file"]
         if not check_files:
             continue
         if not f.is_file():
             raise BundleError(f"{f}: listed in the manifest but missing")
-        if f.stat().st_size != e["bytes"]:
-            raise BundleError(f"{f}: {f.stat().st_size} bytes, the manifest says {e['bytes']}")
+        if f.stat().st_size != entry["bytes"]:
+            raise BundleError(f"{f}: {f.stat().st_size} bytes, the manifest says {entry['bytes']}")
         raw = f.read_bytes()
-        if hashlib.sha256(raw).hexdigest() != e["sha256"]:
+        if hashlib.sha256(raw).hexdigest() != entry["sha256"]:
             raise BundleError(f"{f}: SHA-256 does not match the manifest: the file was altered or corrupted")
-        data[e["file"]] = raw
+        data[entry["file"]] = raw
     return Bundle(folder, manifest, data)
 
 
@@ -870,7 +882,8 @@ def verify(
         raise BundleError(f"{out}: the outputs folder does not exist")
     profile = bundles[0].manifest["profile"] if bundles else "dev"
     rec = Recorder(profile)
-    rec.backend_name, rec.device = name, device
+    rec.backend_name = name
+    rec.device = device
     t0 = time.time()
     summary = []
     for b in bundles:

@@ -203,7 +203,7 @@ def _verify(args: argparse.Namespace) -> int:
             f"NOT RUN {len(missing)} cases have no output and no .unsupported declaration: {shown}",
             file=sys.stderr,
         )
-    unsupported = {}
+    unsupported: dict[str, int] = {}
     for r in results["rows"]:
         for reason in r.get("unsupported_reasons") or ():
             unsupported.setdefault(reason, 0)

@@ -85,8 +85,8 @@ class VJPVectors(Family):
             ("empty_rows_zero_and_finite", (*EMPTY_ROW_FEATURES, *VJP_VARIANTS)),
         ]
 
-    @property  # type: ignore[override]
-    def features(self) -> tuple[str, ...]:  # type: ignore[override]
+    @property
+    def features(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(f for _, feats in self.groups() for f in feats))
 
     def cases(self, dtype: str, count: int) -> list[VectorCase]:
@@ -190,7 +190,7 @@ class VJPVectors(Family):
         if empty_rows:
             plan, _ = case_plan(case.q, case.k, case.v, case.options)
             empty = ~full_visibility(plan, case.options).any(axis=-1)  # (*batch, Hq, n)
-            expected["dq"].zero_rows = _rows_of(empty, case.q.shape[:-1])
+            expected["dq"].zero_rows = _rows_of(np.asarray(empty), case.q.shape[:-1])
         if hidden_keys is not None:
             expected["dk"].zero_rows = hidden_keys.copy()
             expected["dv"].zero_rows = np.broadcast_to(hidden_keys, src.v.shape[:-1]).copy()
@@ -227,7 +227,7 @@ def _rows_of(rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     the last axis; rank 2 has no head axis): a row of the input is exactly 0 only where every row
     of the grid summed into it is."""
     lead = rows.ndim - len(shape)
-    rows = rows.all(axis=tuple(range(lead))) if lead > 0 else rows
+    rows = np.asarray(rows.all(axis=tuple(range(lead)))) if lead > 0 else rows
     axes = tuple(a for a, (s, t) in enumerate(zip(shape, rows.shape)) if s == 1 and t != 1)
     return rows.all(axis=axes, keepdims=True).reshape(shape) if axes else rows.reshape(shape)
 
@@ -249,8 +249,8 @@ class MHAVectors(Family):
     name = "mha"
     positional = ("query", "key", "value")
 
-    @property  # type: ignore[override]
-    def features(self) -> tuple[str, ...]:  # type: ignore[override]
+    @property
+    def features(self) -> tuple[str, ...]:
         from attnspec.conformance.mha_cases import MHA_FEATURES
 
         return MHA_FEATURES
@@ -265,7 +265,7 @@ class MHAVectors(Family):
         )
 
         tour = Tour(feature, seed)
-        case = mha_cases(dtype).wrapped_strategy.definition(tour.choosing(MHA_FEATURES), dtype)
+        case = _definition(mha_cases(dtype))(tour.choosing(MHA_FEATURES), dtype)
         if index % 2 == 1:
             case = case.asking_weights()
         with np.errstate(all="ignore"):
@@ -278,8 +278,10 @@ class MHAVectors(Family):
         inputs.update({k: v for k, v in case.options.items() if isinstance(v, np.ndarray)})
         expected = {"out": Expected(g.out, dtype, g.allowed_out)}
         if case.options.get("return_weights"):
+            assert g.weights is not None and g.allowed_w is not None
             expected["weights"] = Expected(g.weights, dtype, g.allowed_w)
         if case.options.get("return_lse"):
+            assert g.lse is not None and g.allowed_lse is not None
             expected["lse"] = Expected(g.lse, "float64" if dtype == "float64" else "float32", g.allowed_lse)
         prop = "variants_match_golden" if feature in MHA_VARIANT_FEATURES else "matches_golden"
         return VectorCase(
@@ -329,8 +331,8 @@ class LSHVectors(Family):
     name = "lsh_attention"
     positional = ("x", "v")
 
-    @property  # type: ignore[override]
-    def features(self) -> tuple[str, ...]:  # type: ignore[override]
+    @property
+    def features(self) -> tuple[str, ...]:
         from attnspec.conformance.lsh_cases import LSH_FEATURES
 
         return LSH_FEATURES
@@ -341,7 +343,7 @@ class LSHVectors(Family):
 
         for attempt in range(LSH_REDRAWS):
             tour = Tour(feature, (seed + attempt) % 2**32)
-            case = lc.lsh_cases(dtype).wrapped_strategy.definition(tour.choosing(lc.LSH_FEATURES), dtype)
+            case = _definition(lc.lsh_cases(dtype))(tour.choosing(lc.LSH_FEATURES), dtype)
             if not lc.margins(case).low.any():
                 break
         else:
@@ -375,3 +377,8 @@ class LSHVectors(Family):
 
 for _family in (VJPVectors(), MHAVectors(), LSHVectors()):
     register(_family)
+
+
+def _definition(strategy: Any) -> Any:
+    """The function behind a ``st.composite`` strategy, which a `Tour` calls as Hypothesis would."""
+    return strategy.wrapped_strategy.definition

@@ -23,8 +23,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CLAUSES", "PROPERTY_CLAUSES", "SPEC_VERSION", "Clause", "case_clauses", "clause", "clause_label",
-           "failure_clauses", "property_clauses", "split_label"]
+__all__ = [
+    "CLAUSES",
+    "PROPERTY_CLAUSES",
+    "SPEC_VERSION",
+    "Clause",
+    "case_clauses",
+    "clause",
+    "clause_label",
+    "failure_clauses",
+    "property_clauses",
+    "split_label",
+]
 
 #: the version of the semantics (not of the package): see spec/CHANGELOG.md
 SPEC_VERSION = "1.0.0"
@@ -44,29 +54,49 @@ def _clauses(*rows: tuple[str, str, str]) -> dict[str, Clause]:
 CLAUSES: dict[str, Clause] = _clauses(
     # sdpa: the definition and its decisions (spec/README.md, "Decisions")
     ("sdpa.definition", "softmax over the visible keys of scale * q.k, weights times v", "sdpa"),
-    ("sdpa.visibility", "a hidden key is absent: weight exactly 0, whatever its logit or fill",
-     "sdpa, visibility table"),
-    ("sdpa.mask", "a boolean mask is True where a key may be attended, broadcast to (..., Hq, n, m)",
-     "sdpa, visibility table"),
+    (
+        "sdpa.visibility",
+        "a hidden key is absent: weight exactly 0, whatever its logit or fill",
+        "sdpa, visibility table",
+    ),
+    (
+        "sdpa.mask",
+        "a boolean mask is True where a key may be attended, broadcast to (..., Hq, n, m)",
+        "sdpa, visibility table",
+    ),
     ("sdpa.empty_row", "a query row with no visible key outputs 0 (weights 0)", "decision 1"),
     ("sdpa.hidden_nonfinite", "NaN or inf in a hidden key or value never reaches an output", "decision 2"),
     ("sdpa.visible_nonfinite", "NaN or inf in a visible input propagates (IEEE)", "decision 3"),
     ("sdpa.causal.upper_left", "causal upper-left: key j visible from query i iff j <= i", "decision 4"),
     ("sdpa.causal.lower_right", "causal lower-right: j <= i + m - n", "decision 4"),
     ("sdpa.causal.lower_right_lengths", "causal on each sequence's actual lengths", "decision 17"),
-    ("sdpa.window", "window (left, right) around the causal anchor, counting keys besides the query's own",
-     "decisions 5, 19"),
+    (
+        "sdpa.window",
+        "window (left, right) around the causal anchor, counting keys besides the query's own",
+        "decisions 5, 19",
+    ),
     ("sdpa.gqa", "query head h reads kv head h // (Hq // Hkv)", "decision 6"),
     ("sdpa.scale", "scale multiplies q.k; default 1 / sqrt(dk)", "decision 7"),
     ("sdpa.bias", "an additive bias; -inf in it hides the key exactly as a mask does", "decision 8"),
-    ("sdpa.lengths", "kv_lengths hide keys j >= length; q_lengths empty rows i >= length", "sdpa, visibility table"),
+    (
+        "sdpa.lengths",
+        "kv_lengths hide keys j >= length; q_lengths empty rows i >= length",
+        "sdpa, visibility table",
+    ),
     ("sdpa.broadcast", "leading batch dims broadcast; rank 2 is one head", "sdpa, shapes"),
-    ("sdpa.output_dtype", "outputs in the inputs' dtype (lse float32, float64 for float64), on their device",
-     "decisions 9, 10, 15"),
+    (
+        "sdpa.output_dtype",
+        "outputs in the inputs' dtype (lse float32, float64 for float64), on their device",
+        "decisions 9, 10, 15",
+    ),
     ("sdpa.zero_sizes", "n = 0 gives an empty output, m = 0 zeros", "decision 11"),
     ("sdpa.softcap", "softcap * tanh(t / softcap) before bias, ALiBi and masking", "decision 12"),
     ("sdpa.alibi", "-slope_h * |i' - j| with the causal/window anchor", "decision 13"),
-    ("sdpa.sinks", "one extra logit per head in the denominator, zero value, not in the weights", "decision 14"),
+    (
+        "sdpa.sinks",
+        "one extra logit per head in the denominator, zero value, not in the weights",
+        "decision 14",
+    ),
     ("sdpa.lse", "lse = log(sum exp(s) + exp(sink)); -inf for an empty row without a sink", "decision 15"),
     ("sdpa.segments", "visible only when segment ids are equal and >= 0", "decision 16"),
     ("sdpa.dropout", "weights * keep / (1 - p) with the given mask; lse unchanged", "decision 18"),
@@ -86,17 +116,39 @@ CLAUSES: dict[str, Clause] = _clauses(
     ("mha.variants", "every sdpa variant passes through unchanged", "mha"),
     ("mha_vjp.definition", "gradients of inputs and parameters; d_b_k exactly 0", "mha_vjp"),
     # lsh
-    ("lsh.definition", "Reformer shared-QK attention with the given rotations, step by step", "lsh_attention"),
-    ("lsh.rounds", "rounds combine by their logsumexp; one round of 2C keys is full attention", "lsh_attention"),
+    (
+        "lsh.definition",
+        "Reformer shared-QK attention with the given rotations, step by step",
+        "lsh_attention",
+    ),
+    (
+        "lsh.rounds",
+        "rounds combine by their logsumexp; one round of 2C keys is full attention",
+        "lsh_attention",
+    ),
     ("lsh.dedup", "dedup=True is an exact softmax over the union of a query's windows", "lsh_attention"),
     ("lsh.causal", "with causal=True, values at later positions never reach earlier rows", "lsh_attention"),
-    ("lsh.padding", "positions >= kv_length change neither buckets nor outputs; padded rows 0", "lsh_attention"),
-    ("lsh_vjp.definition", "gradients with buckets constant; padded positions get exactly 0", "lsh_attention_vjp"),
+    (
+        "lsh.padding",
+        "positions >= kv_length change neither buckets nor outputs; padded rows 0",
+        "lsh_attention",
+    ),
+    (
+        "lsh_vjp.definition",
+        "gradients with buckets constant; padded positions get exactly 0",
+        "lsh_attention_vjp",
+    ),
     # judging
-    ("tolerance.rule", "|result - golden| <= 4 * err_ref + eps * V * (1 + sqrt(m) + 2 sqrt(dk) L)",
-     "The tolerance rule"),
-    ("tolerance.nonfinite", "a non-finite expected element must match exactly (NaN for NaN, same-signed inf)",
-     "The tolerance rule"),
+    (
+        "tolerance.rule",
+        "|result - golden| <= 4 * err_ref + eps * V * (1 + sqrt(m) + 2 sqrt(dk) L)",
+        "The tolerance rule",
+    ),
+    (
+        "tolerance.nonfinite",
+        "a non-finite expected element must match exactly (NaN for NaN, same-signed inf)",
+        "The tolerance rule",
+    ),
 )
 
 
@@ -110,7 +162,12 @@ def clause(cid: str) -> Clause:
 
 #: (function, property) -> the clauses the property checks on every case (the case adds its own)
 PROPERTY_CLAUSES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("sdpa", "matches_golden"): ("sdpa.definition", "tolerance.rule", "tolerance.nonfinite", "sdpa.output_dtype"),
+    ("sdpa", "matches_golden"): (
+        "sdpa.definition",
+        "tolerance.rule",
+        "tolerance.nonfinite",
+        "sdpa.output_dtype",
+    ),
     ("sdpa", "weights_rows"): ("sdpa.weights", "sdpa.empty_row", "tolerance.rule"),
     ("sdpa", "masked_keys_are_absent"): ("sdpa.visibility", "sdpa.hidden_nonfinite", "tolerance.rule"),
     ("sdpa", "key_permutation"): ("sdpa.definition", "sdpa.visibility", "tolerance.rule"),
@@ -118,8 +175,12 @@ PROPERTY_CLAUSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("sdpa", "bad_input"): ("sdpa.bad_input",),
     ("sdpa", "signature"): ("sdpa.bad_input",),
     ("sdpa", "long"): ("sdpa.definition", "tolerance.rule"),
-    ("sdpa", "variants_match_golden"): ("sdpa.definition", "tolerance.rule", "tolerance.nonfinite",
-                                        "sdpa.output_dtype"),
+    ("sdpa", "variants_match_golden"): (
+        "sdpa.definition",
+        "tolerance.rule",
+        "tolerance.nonfinite",
+        "sdpa.output_dtype",
+    ),
     ("sdpa", "softcap_before_bias"): ("sdpa.softcap",),
     ("sdpa", "alibi_anchor"): ("sdpa.alibi",),
     ("sdpa", "sink_share"): ("sdpa.sinks",),
@@ -197,7 +258,9 @@ _TAG_CLAUSES = {
 }
 
 
-def case_clauses(options: Mapping[str, Any], tags: Iterable[str] = (), function: str = "sdpa") -> tuple[str, ...]:
+def case_clauses(
+    options: Mapping[str, Any], tags: Iterable[str] = (), function: str = "sdpa"
+) -> tuple[str, ...]:
     """The clauses a case exercises beyond its function's definition, from its options (a mask,
     a causal alignment, a variant...) and tags (a row with no visible key, a hidden NaN...), in
     `CLAUSES` order. For mha and the vjps the sdpa clauses apply through the per-head call."""
@@ -240,7 +303,9 @@ _CAUSE_CLAUSES = (
 )
 
 
-def failure_clauses(cause: str, function: str, prop: str, case_clause_ids: Iterable[str] = ()) -> tuple[str, ...]:
+def failure_clauses(
+    cause: str, function: str, prop: str, case_clause_ids: Iterable[str] = ()
+) -> tuple[str, ...]:
     """The clauses a failure breaks: those its cause names when the cause is rule-specific (an
     empty row, a hidden NaN, tiled GQA heads...; each of its "; "-separated parts may name one),
     else those of the property and the case (what was exercised; the failure is somewhere in them)."""

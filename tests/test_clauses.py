@@ -49,8 +49,13 @@ def judged_properties() -> set[tuple[str, str]]:
     found = set()
     for path in sorted((ROOT / "conformance").glob("test_*.py")):
         tree = ast.parse(path.read_text())
-        names = {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
-                 for t in node.targets if isinstance(t, ast.Name) and isinstance(node.value, ast.Constant)}
+        names = {
+            t.id: node.value.value
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            for t in node.targets
+            if isinstance(t, ast.Name) and isinstance(node.value, ast.Constant)
+        }
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "judge":
                 fn, prop = (a.value if isinstance(a, ast.Constant) else names[a.id] for a in node.args[:2])
@@ -87,15 +92,19 @@ def test_a_label_names_its_clauses_and_reads_back():
 
 def test_a_failure_names_the_rule_its_cause_names_else_what_the_case_exercised():
     assert failure_clauses("row with no visible key: expected 0, got NaN", "sdpa", "matches_golden") == (
-        "sdpa.empty_row",)
+        "sdpa.empty_row",
+    )
     assert failure_clauses("row with no visible key: expected 0, got NaN", "mha", "matches_golden") == (
-        "mha.empty_row",)
+        "mha.empty_row",
+    )
     both = "row with no visible key: expected 0, got NaN; a hidden key's NaN/inf reached visible row (0, 1)"
     assert failure_clauses(both, "sdpa", "matches_golden") == ("sdpa.empty_row", "sdpa.hidden_nonfinite")
     case = case_clauses({"causal": "lower_right", "mask": None}, {"gqa"})
     assert case == ("sdpa.causal.lower_right", "sdpa.gqa")
     assert failure_clauses("out: max abs err 1e-3 > allowed 1e-6", "sdpa", "matches_golden", case) == (
-        *PROPERTY_CLAUSES[("sdpa", "matches_golden")], *case)
+        *PROPERTY_CLAUSES[("sdpa", "matches_golden")],
+        *case,
+    )
 
 
 def test_the_semantics_page_lists_every_clause_and_the_version():
@@ -108,8 +117,10 @@ def test_the_semantics_page_lists_every_clause_and_the_version():
         SEMANTICS.write_text(f"{before}{BEGIN}\n{want}\n{END}{after}")
         return
     shown = shown.strip()
-    assert shown == want, ("spec/README.md's clause table differs from attnspec.spec.clauses.CLAUSES; "
-                           "regenerate it with ATTNSPEC_UPDATE_README=1 python -m pytest tests/test_clauses.py")
+    assert shown == want, (
+        "spec/README.md's clause table differs from attnspec.spec.clauses.CLAUSES; "
+        "regenerate it with ATTNSPEC_UPDATE_README=1 python -m pytest tests/test_clauses.py"
+    )
     assert f"Spec version **{SPEC_VERSION}**" in text
 
 
@@ -122,8 +133,9 @@ def test_a_mutants_failure_names_its_clause_in_the_message_and_the_results(tmp_p
     the failure's first line and its results entry name sdpa.empty_row, the results carry the
     spec version."""
     path = tmp_path / "results.json"
-    proc = run_suite("mutants:mutant_empty_rows_mean", path, "test_sdpa and test_matches_golden and float64",
-                     timeout=300)
+    proc = run_suite(
+        "mutants:mutant_empty_rows_mean", path, "test_sdpa and test_matches_golden and float64", timeout=300
+    )
     assert proc.returncode == 1, proc.stdout[-3000:]
     results = json.loads(path.read_text())
     assert results["spec_version"] == SPEC_VERSION
@@ -132,7 +144,9 @@ def test_a_mutants_failure_names_its_clause_in_the_message_and_the_results(tmp_p
     for f in results["failures"]:
         assert f["clauses"] == ["sdpa.empty_row"], f["clauses"]
         first = f["message"].splitlines()[0]
-        assert first.startswith("[mutants:mutant_empty_rows_mean] sdpa matches_golden: row with no visible key")
+        assert first.startswith(
+            "[mutants:mutant_empty_rows_mean] sdpa matches_golden: row with no visible key"
+        )
         assert first.endswith("[clause sdpa.empty_row]"), first
         assert f["cause"].endswith("[clause sdpa.empty_row]"), f["cause"]
     assert "[clause sdpa.empty_row]" in proc.stdout  # what pytest shows the user
@@ -144,8 +158,17 @@ def test_a_case_without_a_message_names_the_clauses_it_exercised(status):
 
     clauses = [*PROPERTY_CLAUSES[("sdpa", "matches_golden")], "sdpa.mask"]  # as the judge records them
     rec = Recorder("dev")
-    rec.record("node", {"function": "sdpa", "property": "matches_golden", "feature": "mask", "dtype": "float32",
-                        "status": status, "clauses": clauses})
+    rec.record(
+        "node",
+        {
+            "function": "sdpa",
+            "property": "matches_golden",
+            "feature": "mask",
+            "dtype": "float32",
+            "status": status,
+            "clauses": clauses,
+        },
+    )
     (failure,) = rec.results()["failures"]
     assert failure["clauses"] == clauses
     assert failure["cause"] == f"{status} {clause_label(clauses)}"

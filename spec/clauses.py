@@ -283,7 +283,12 @@ def case_clauses(
         found.add("sdpa_vjp.hidden_keys")
     if function in ("lsh_attention", "lsh_attention_vjp"):
         lsh = {"causal": "lsh.causal", "kv_lengths": "lsh.padding", "dedup": "lsh.dedup"}
-        found = {cid for name, cid in lsh.items() if options.get(name) not in (None, False)}
+        # `is`, not `in (None, False)`: kv_lengths is an array, whose == is elementwise
+        found = {
+            cid
+            for name, cid in lsh.items()
+            if options.get(name) is not None and options.get(name) is not False
+        }
     return tuple(c for c in CLAUSES if c in found)
 
 

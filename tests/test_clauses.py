@@ -107,6 +107,24 @@ def test_a_failure_names_the_rule_its_cause_names_else_what_the_case_exercised()
     )
 
 
+def test_a_cases_clauses_come_from_its_options_arrays_included():
+    import numpy as np
+
+    lengths = np.array([3, 4])
+    assert case_clauses({"kv_lengths": lengths, "causal": True, "dedup": False}, (), "lsh_attention") == (
+        "lsh.causal",
+        "lsh.padding",
+    )
+    assert case_clauses(
+        {"mask": np.ones((2, 2), bool), "kv_lengths": lengths}, {"no_visible_row"}, "mha"
+    ) == (
+        "sdpa.mask",
+        "sdpa.empty_row",
+        "sdpa.lengths",
+        "mha.empty_row",
+    )
+
+
 def test_the_semantics_page_lists_every_clause_and_the_version():
     text = SEMANTICS.read_text()
     assert BEGIN in text and END in text, "spec/README.md lost its clauses markers"

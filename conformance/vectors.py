@@ -53,6 +53,7 @@ __all__ = [
     "load",
     "run",
     "verify",
+    "write_error",
     "write_output",
     "write_unsupported",
 ]
@@ -641,6 +642,15 @@ def write_output(outputs: str | os.PathLike, case_id: str, arrays: dict[str, Any
     return path
 
 
+def write_error(outputs: str | os.PathLike, case_id: str, message: str) -> Path:
+    """Record that the implementation failed on case ``case_id`` (an exception, a kernel error):
+    ``OUTPUTS/ID.error``, judged a failure with the message as its cause."""
+    path = Path(outputs) / f"{case_id}.error"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(" ".join(message.split()) + "\n", encoding="utf-8")
+    return path
+
+
 def write_unsupported(outputs: str | os.PathLike, case_id: str, reason: str) -> Path:
     """Declare that the implementation does not support case ``case_id``: ``OUTPUTS/ID.unsupported``."""
     path = Path(outputs) / f"{case_id}.unsupported"
@@ -1028,10 +1038,31 @@ def message(
     lines += [f"  {p}" for p in (causes[1:] + problems if causes else problems[1:])]
     lines += comparison_lines(comparisons)
     lines.append("  reproduce with:")
-    lines.append(f"    # inputs and expected outputs: {bundle / (case.id + '.safetensors')}")
-    lines.append(f"    # the implementation's output: {outputs / (case.id + '.safetensors')}")
-    lines.append(f"    attnspec vectors verify {bundle} {outputs} --name {name} --case {re.escape(case.id)}")
+    lines += ["    " + line for line in reproducer(case, bundle, outputs, name).splitlines()]
     return "\n".join(lines)
+
+
+def reproducer(case: VectorCase, bundle: Path, outputs: Path, name: str) -> str:
+    """Python that reads the case and the implementation's output and prints each output's
+    largest error against the golden and the allowed error; then the command that judges it."""
+    case_file, out_file = (
+        bundle.resolve() / f"{case.id}.safetensors",
+        outputs.resolve() / f"{case.id}.safetensors",
+    )
+    return "\n".join(
+        [
+            "import numpy as np",
+            "from attnspec.conformance import tensorfile",
+            f"case, meta = tensorfile.read({str(case_file)!r})  # inputs, expected.NAME, zero_rows.NAME",
+            f"got, _ = tensorfile.read({str(out_file)!r})  # what the implementation wrote",
+            f"for name in {list(case.expected)!r}:",
+            "    if name not in got:",
+            "        print(name, 'missing'); continue",
+            "    err = np.abs(got[name].astype(np.float64) - case['expected.' + name])",
+            "    print(name, got[name].dtype, 'max error', np.nanmax(err, initial=0), 'allowed', meta['allowed.' + name])",
+            f"# judged again: attnspec vectors verify {bundle} {outputs} --name {name} --case {re.escape(case.id)}",
+        ]
+    )
 
 
 def family_shapes(case: VectorCase) -> tuple[str, ...]:

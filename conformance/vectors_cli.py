@@ -178,8 +178,15 @@ def _verify(args: argparse.Namespace) -> int:
         from attnspec.conformance.vectors import atlas_answers
 
         doc = atlas_answers(bundles, outputs, args.name)
+        if not doc["answers"]:
+            print(
+                "attnspec vectors verify: --atlas: these bundles hold no atlas cases (the sdpa float32 and float64 "
+                "bundles do); no atlas row written",
+                file=sys.stderr,
+            )
         doc["environment"] = {"frameworks": {}, "spec_version": results["spec_version"]}
-        write_json_atomic(out / "results" / f"atlas-{slug(args.name)[:100]}.json", doc)
+        if doc["answers"]:
+            write_json_atomic(out / "results" / f"atlas-{slug(args.name)[:100]}.json", doc)
         for a in doc["answers"]:
             differs = a["spec"] and a["answer"] != a["spec"] and not a["answer"].startswith("n/a")
             differs = "   <- differs from the spec" if differs else ""
@@ -199,8 +206,9 @@ def _verify(args: argparse.Namespace) -> int:
     missing = [] if args.case else list(not_run_ids(bundles, outputs))
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        cases = "case has" if len(missing) == 1 else "cases have"
         print(
-            f"NOT RUN {len(missing)} cases have no output and no .unsupported declaration: {shown}",
+            f"NOT RUN {len(missing)} {cases} no output and no .unsupported declaration: {shown}",
             file=sys.stderr,
         )
     unsupported: dict[str, int] = {}
@@ -218,5 +226,6 @@ def _verify(args: argparse.Namespace) -> int:
         verdict += f" (on the {ran} of {ran + declared} cases it ran; {declared} declared unsupported)"
     if verdict == "INCOMPLETE" and ran == 0:
         print("attnspec vectors verify: no case ran to a verdict", file=sys.stderr)
-    print(f"\n{verdict}: {s['text']}\nreport: {out / 'index.md'}\nresults: {path}", file=sys.stderr)
+    text = s["text"] + (f"; {len(missing)} not run (no output, no declaration)" if missing else "")
+    print(f"\n{verdict}: {text}\nreport: {out / 'index.md'}\nresults: {path}", file=sys.stderr)
     return 0 if verdict.startswith("CONFORMS") else 1

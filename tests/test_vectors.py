@@ -619,7 +619,7 @@ def test_unsupported_declarations_and_a_case_not_run_make_the_verdict_incomplete
     p = cli("vectors", "verify", bundle, out, "--name", "x", "--out", tmp_path / "r")
     assert "Traceback" not in p.stderr
     assert p.returncode == 1, p.stderr[-3000:]
-    assert f"NOT RUN 1 cases have no output and no .unsupported declaration: {ids[20]}" in p.stderr
+    assert f"NOT RUN 1 case has no output and no .unsupported declaration: {ids[20]}" in p.stderr
     assert "\nINCOMPLETE: " in p.stderr, p.stderr[-3000:]
     results = json.loads((tmp_path / "r" / "results" / "conformance-x-vectors.json").read_text())
     (counts,) = results["vectors"]["bundles"]

@@ -330,6 +330,8 @@ def feature_table(results: dict[str, Any]) -> str:
         text = f"{c['passed']}/{c['run']}"
         if c["deviation"]:
             text += f" +{c['deviation']}dev"
+        if c["unsupported"]:  # the rest of the run: declined, not failed
+            text += f" ({c['unsupported']} unsup.)"
         if c["budget"] is not None:
             text += f" b{c['budget']:.2g}"
         return text
@@ -338,7 +340,7 @@ def feature_table(results: dict[str, Any]) -> str:
     rows = [["feature", *cols]] + [[f, *(cell(cells.get((f, d))) for d in cols)] for f in features]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     text = "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
-    legend = ("cells: passed/run (+n declared deviations) and bWORST, the worst budget used "
+    legend = ("cells: passed/run (+n declared deviations, (n unsup.) declined) and bWORST, the worst budget used "
               "(error / allowed error, 1 = the edge); FAIL failed+crashed+hung/run")
     if unsupported_fns:
         legend += "\nunsupported throughout (no row above): " + ", ".join(unsupported_fns)

@@ -95,7 +95,9 @@ def read(path: str | os.PathLike, max_bytes: int = MAX_BYTES) -> tuple[dict[str,
     where = os.fspath(path)
     size = os.path.getsize(where)
     if size > 8 + MAX_HEADER + max_bytes:  # nothing valid is this large: not read at all
-        raise TensorFileError(f"{where}: {size} bytes, more than a header and {max_bytes} bytes of tensor data")
+        raise TensorFileError(
+            f"{where}: {size} bytes, more than a header and {max_bytes} bytes of tensor data"
+        )
     with open(where, "rb") as f:
         data = f.read(size)
     return parse(data, where, max_bytes)
@@ -117,7 +119,9 @@ def parse(
         )
     data_size = size - 8 - n
     if data_size > max_bytes:
-        raise TensorFileError(f"{where}: {data_size} bytes of tensor data, more than the limit of {max_bytes}")
+        raise TensorFileError(
+            f"{where}: {data_size} bytes of tensor data, more than the limit of {max_bytes}"
+        )
     header = _parse_header(where, data[8 : 8 + n])
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or not all(
@@ -142,7 +146,9 @@ def parse(
     for name, (dt, shape, begin, end) in entries:
         if dt == DTYPES["BOOL"] and (np.frombuffer(body, np.uint8, end - begin, begin) > 1).any():
             raise TensorFileError(f"{where}: tensor {name!r} is BOOL but holds bytes other than 0 and 1")
-        tensors[name] = np.frombuffer(body, dtype=dt, count=math.prod(shape), offset=begin).reshape(shape).copy()
+        tensors[name] = (
+            np.frombuffer(body, dtype=dt, count=math.prod(shape), offset=begin).reshape(shape).copy()
+        )
     return tensors, metadata
 
 

@@ -1059,7 +1059,7 @@ def reproducer(case: VectorCase, bundle: Path, outputs: Path, name: str) -> str:
             "    if name not in got:",
             "        print(name, 'missing'); continue",
             "    err = np.abs(got[name].astype(np.float64) - case['expected.' + name])",
-            "    print(name, got[name].dtype, 'max error', np.nanmax(err, initial=0), 'allowed', meta['allowed.' + name])",
+            "    print(name, got[name].dtype, 'error', np.nanmax(err, initial=0), 'allowed', meta['allowed.' + name])",
             f"# judged again: attnspec vectors verify {bundle} {outputs} --name {name} --case {re.escape(case.id)}",
         ]
     )

@@ -188,7 +188,20 @@ def label_clauses(message: str, function: str, prop: str, case_clause_ids=()) ->
     if ids:
         return message, ids
     ids = failure_clauses(failure_cause(message), function, prop, case_clause_ids)
-    return f"{first} {clause_label(ids)}{nl}{rest}" if ids else message, ids
+    if not ids:
+        return message, ids
+    return with_spec_line(f"{first} {clause_label(ids)}{nl}{rest}", ids), ids
+
+
+def with_spec_line(message: str, ids) -> str:
+    """``message`` with a line naming the spec version and what its clauses say, before its
+    reproducer: ``spec 1.0.0: sdpa.empty_row: a query row with no visible key outputs 0 ...``."""
+    from attnspec.spec.clauses import CLAUSES, SPEC_VERSION
+
+    said = "; ".join(f"{c}: {CLAUSES[c].title}" for c in ids if c in CLAUSES) if len(ids) <= 2 else ", ".join(ids)
+    line = f"  spec {SPEC_VERSION}: {said}"
+    head, marker, tail = message.partition("  reproduce with:\n")
+    return f"{head.rstrip(chr(10))}\n{line}\n{marker}{tail}" if marker else f"{message}\n{line}"
 
 
 def comparison_lines(comparisons: dict) -> list[str]:

@@ -1037,9 +1037,11 @@ def message(
     lines = [f"{head}{first} {label}", f"  case: {described}"] if first else [f"{head}{described} {label}"]
     lines += [f"  {p}" for p in (causes[1:] + problems if causes else problems[1:])]
     lines += comparison_lines(comparisons)
+    from attnspec.conformance.pytest_helpers import with_spec_line
+
     lines.append("  reproduce with:")
     lines += ["    " + line for line in reproducer(case, bundle, outputs, name).splitlines()]
-    return "\n".join(lines)
+    return with_spec_line("\n".join(lines), failure_clauses(first, case.function, case.prop, case.clauses))
 
 
 def reproducer(case: VectorCase, bundle: Path, outputs: Path, name: str) -> str:

@@ -607,12 +607,21 @@ class Bundle:
         """The case of a manifest entry, read from its file (already hash-checked by `load`)."""
         raw = self.data.get(entry["file"])
         where = str(self.path / entry["file"])
-        tensors, _ = tensorfile.parse(raw, where) if raw is not None else tensorfile.read(where)
-        inputs = {n: tensors[n] for n in entry["inputs"]}
+        try:
+            tensors, _ = tensorfile.parse(raw, where) if raw is not None else tensorfile.read(where)
+        except (tensorfile.TensorFileError, OSError) as e:
+            raise BundleError(str(e)) from None
+        inputs = {n: _declared(tensors, n, where, d["shape"], d["dtype"]) for n, d in entry["inputs"].items()}
         expected = {}
         for name, o in entry["outputs"].items():
+            golden = _declared(tensors, f"expected.{name}", where, o["shape"], "float64")
             zero = tensors.get(f"zero_rows.{name}")
-            expected[name] = Expected(tensors[f"expected.{name}"], o["dtype"], float(o["allowed"]), zero)
+            if zero is not None and (zero.dtype != bool or zero.shape != golden.shape[:-1]):
+                raise BundleError(
+                    f"{where}: zero_rows.{name} is {zero.dtype}{list(zero.shape)}, the manifest "
+                    f"implies bool{list(golden.shape[:-1])}"
+                )
+            expected[name] = Expected(golden, o["dtype"], float(o["allowed"]), zero)
         return VectorCase(
             entry["id"],
             self.function,
@@ -624,6 +633,22 @@ class Bundle:
             expected,
             entry.get("property", "matches_golden"),
         )
+
+
+def _declared(
+    tensors: dict[str, np.ndarray], name: str, where: str, shape: list[int], dtype: str
+) -> np.ndarray:
+    """Tensor ``name`` of a case file, as its manifest declares it (present, that shape and dtype);
+    `BundleError` otherwise: a bundle whose files and manifest disagree is not judged."""
+    a = tensors.get(name)
+    if a is None:
+        raise BundleError(f"{where}: tensor {name!r}, listed in the manifest, is not in the file")
+    if list(a.shape) != list(shape) or _dtype_name(a) != dtype:
+        raise BundleError(
+            f"{where}: tensor {name!r} is {_dtype_name(a)}{list(a.shape)}, the manifest says "
+            f"{dtype}{list(shape)}"
+        )
+    return a
 
 
 def write_output(outputs: str | os.PathLike, case_id: str, arrays: dict[str, Any]) -> Path:

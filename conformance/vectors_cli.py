@@ -135,7 +135,7 @@ def _export(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import attnspec.backends as ab
     from attnspec import SpecError
-    from attnspec.conformance.vectors import run
+    from attnspec.conformance.vectors import BundleError, run
 
     target = args.target
     if args.convention:
@@ -151,7 +151,10 @@ def _run(args: argparse.Namespace) -> int:
         raise _USAGE_ERROR(f"{target!r} could not be built: {type(e).__name__}: {e}") from None
     device = args.device or backend.devices()[0]
     t0 = time.time()
-    counts = run(backend, bundles, args.out, device, args.case)
+    try:
+        counts = run(backend, bundles, args.out, device, args.case)
+    except BundleError as e:
+        raise _USAGE_ERROR(str(e)) from None
     print(
         f"attnspec vectors run: {counts['written']} outputs, {counts['unsupported']} unsupported, "
         f"{counts['error']} errors in {time.time() - t0:.1f} s: {args.out}"

@@ -36,10 +36,13 @@ BEGIN, END = "<!-- clauses:begin -->", "<!-- clauses:end -->"
 
 
 def clause_table() -> str:
-    """The Markdown table of every clause: id, rule, where the page states it."""
-    rows = ["| clause | rule | stated in |", "|---|---|---|"]
+    """The Markdown table of every clause: id, rule, where the page states it, and the conformance
+    properties that check it on every case (`PROPERTY_CLAUSES`; cases add theirs)."""
+    rows = ["| clause | rule | stated in | checked on every case by |", "|---|---|---|---|"]
     for c in CLAUSES.values():
-        rows.append(f"| `{c.id}` | {c.title.replace('|', chr(92) + '|')} | {c.where} |")
+        props = [f"{f}.{p}" for (f, p), ids in PROPERTY_CLAUSES.items() if c.id in ids]
+        by = ", ".join(props) if props else "the cases that exercise it"
+        rows.append(f"| `{c.id}` | {c.title.replace('|', chr(92) + '|')} | {c.where} | {by} |")
     return "\n".join(rows)
 
 

@@ -9,6 +9,7 @@ status, stderr and the absence of a traceback are what a user sees.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -672,3 +673,45 @@ def test_vectors_benchmark_figures_targets_and_rendering():
     lines = vectors_throughput(Results(Path("."), bench=[bench]))
     assert "## Conformance vectors" in lines
     assert any(line.startswith("| numpy ") and "| dev " in line for line in lines[-1].splitlines())
+
+
+def _rewrite_case(folder: Path, change: Callable[[dict[str, np.ndarray]], None]) -> None:
+    """Change case 0003's tensors and re-hash file and manifest: a consistent bundle whose file
+    disagrees with what its manifest declares (what a hostile or buggy exporter could write)."""
+    path = folder / "manifest.json"
+    m = json.loads(path.read_text())
+    entry = m["cases"][3]
+    tensors, meta = tensorfile.read(folder / entry["file"])
+    change(tensors)
+    data = tensorfile.write(folder / entry["file"], tensors, meta)
+    entry["sha256"], entry["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+    path.write_text(json.dumps(_rehash(m), indent=1))
+
+
+CONSISTENT_BUT_WRONG = {
+    "a declared golden missing": (
+        lambda t: t.pop("expected.out"),
+        "'expected.out', listed in the manifest, is not",
+    ),
+    "an input of another shape": (lambda t: t.update(q=t["q"][..., :1]), "tensor 'q' is float32"),
+    "zero rows of another shape": (
+        lambda t: t.update({"zero_rows.out": np.ones(3, bool)}),
+        "zero_rows.out is bool[3]",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(CONSISTENT_BUT_WRONG))
+@pytest.mark.parametrize("command", ["verify", "run"])
+def test_a_case_file_that_disagrees_with_its_manifest_exits_2(bundle, numpy_outputs, tmp_path, what, command):
+    change, expect = CONSISTENT_BUT_WRONG[what]
+    folder = tmp_path / "sdpa-float32"
+    shutil.copytree(bundle, folder)
+    _rewrite_case(folder, change)
+    args = (
+        ("verify", folder, numpy_outputs, "--name", "x", "--out", tmp_path / "r")
+        if command == "verify"
+        else ("run", "numpy", folder, "--out", tmp_path / "o")
+    )
+    line = one_line(cli("vectors", *args))
+    assert expect in line, line

@@ -30,6 +30,10 @@ Built in (``CONVENTIONS``):
                 ``cache_seqlens``: causal, window and ALiBi aligned on each sequence's actual
                 lengths, the spec's ``causal="lower_right_lengths"``
                 (`attnspec.backends.conventions_flash`).
+``flash_kvcache_paged``, ``vllm_paged``  paged KV caches: FlashAttention's
+                ``flash_attn_with_kvcache`` with ``block_table`` and vLLM's ``ref_paged_attn``, keys
+                scattered into a shuffled pool whose every slot outside a sequence is NaN
+                (`attnspec.backends.conventions_paged`).
 ``jax``         ``fn(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                 query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None)``
                 on (B, T, N, H) arrays (``jax.nn.dot_product_attention``). ``is_causal`` and
@@ -224,6 +228,14 @@ class Convention:
              options: dict[str, Any]) -> tuple[Any, Any]:
         """Call ``fn`` for the validated call ``p``; return (out in ``p.out_shape``, weights or None)."""
         raise NotImplementedError
+
+    def output_causes(self, p: SDPAPlan, lib: ArrayLibrary, q: Any, k: Any, v: Any, options: dict[str, Any],
+                      out: Any) -> list[str]:
+        """Causes this convention's layout shows in ``out`` (the spec-shaped output of the call just
+        made), each beginning with one of `attnspec.conformance.causes.CAUSE_PREFIXES`; the judge
+        adds them to a failure's message. None by default (the paged conventions name a NaN read
+        from their trap slots)."""
+        return []
 
     def __repr__(self) -> str:
         return f"<attnspec convention {self.name!r}: {self.signature}>"
@@ -485,5 +497,6 @@ def describe(fn: Callable[..., Any]) -> str:
 
 # FlashAttention's varlen and KV-cache functions (their module imports this one's names)
 from attnspec.backends.conventions_flash import FlashKVCache, FlashVarlen  # noqa: E402
+from attnspec.backends.conventions_paged import FlashKVCachePaged, VllmPaged  # noqa: E402
 
-CONVENTIONS.update({c.name: c for c in (FlashVarlen(), FlashKVCache())})
+CONVENTIONS.update({c.name: c for c in (FlashVarlen(), FlashKVCache(), FlashKVCachePaged(), VllmPaged())})

@@ -64,6 +64,8 @@ class FunctionBackend(Backend):
         self.record_calls = False
         self.last_call: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self.last_result: Any = None
+        #: the convention's causes for the last sdpa call's output (`Convention.output_causes`)
+        self.last_causes: list[str] = []
         #: Python lines a standalone reproducer runs first (environment a framework needs)
         self.preamble: list[str] = []
 
@@ -135,6 +137,7 @@ class FunctionBackend(Backend):
         refused = self.convention.refusals(call_needs(q.shape, k.shape, v.shape, options))
         if refused:
             raise Unsupported(f"{fn}: " + "; ".join(refused))
+        self.last_causes = []
         call = self.fn
         if self.record_calls:  # keep the exact arguments, for reproducers that call fn directly
             def call(*args: Any, **kwargs: Any) -> Any:
@@ -145,6 +148,7 @@ class FunctionBackend(Backend):
         lse = None
         if p.return_lse:  # a convention that carries lse returns (out, lse) as its output
             out, lse = out
+        self.last_causes = self.convention.output_causes(p, self.arrays, q, k, v, options, out)
         if return_weights and weights is None:
             raise Unsupported(f"{fn}: the function returned no attention weights")
         found = [out] + ([weights] if return_weights else []) + ([lse] if p.return_lse else [])

@@ -62,6 +62,10 @@ def _judge_output(backend, device, prop, case, result, golden_case=None, **extra
             causes = sdpa_causes(_plan(case), full_visibility(_plan(judged), judged.options),
                                  case.q, case.k, case.v, backend.to_numpy(out).astype(np.float64), g.out,
                                  g.allowed_out, got_w, bias=case.options.get("bias"))
+            # what the function's calling convention saw in this output (a NaN read from a paged
+            # cache's trap slots), unless the spec's own inputs explain it already
+            if not any(c.startswith("a hidden key's NaN/inf reached") for c in causes):
+                causes += getattr(backend, "last_causes", None) or []
         return Verdict("failed", comparisons,
                        failure_message(backend.name, prop, case, device, comparisons, problems, causes=causes,
                                        **extra))

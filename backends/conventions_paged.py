@@ -88,11 +88,11 @@ def paging_for(lengths: np.ndarray, m: int, seed: int, block_sizes: tuple[int, .
     n_traps = TRAPS + len(lengths) // 2
     total = sum(used) + n_traps
     perm = rng.permutation(total)  # logical block -> physical id
-    traps = tuple(int(t) for t in perm[sum(used):])
+    traps = tuple(int(t) for t in perm[sum(used) :])
     table = np.empty((len(lengths), width), np.int32)
     start = 0
     for b, nb in enumerate(used):
-        table[b, :nb] = perm[start:start + nb]
+        table[b, :nb] = perm[start : start + nb]
         table[b, nb:] = [traps[(b + e) % n_traps] for e in range(width - nb)]
         start += nb
     return Paging(size, table, lengths.astype(np.int32), total, traps)
@@ -160,29 +160,38 @@ class _Paged(Convention):
         rows = []
         for b in range(qf.shape[0]):
             L = int(kv_len[b])
-            keys_ok = np.isfinite(kf[b, :L]).all(axis=(0, 2)) & np.isfinite(vf[b, :L]).all(axis=(0, 2))  # (Hkv,)
+            keys_ok = np.isfinite(kf[b, :L]).all(axis=(0, 2)) & np.isfinite(vf[b, :L]).all(
+                axis=(0, 2)
+            )  # (Hkv,)
             for i in range(int(q_len[b])):
                 for h in range(p.hq):
-                    if (not np.isfinite(got[b, i, h]).all() and np.isfinite(qf[b, i, h]).all()
-                            and keys_ok[h // p.group]):
+                    if (
+                        not np.isfinite(got[b, i, h]).all()
+                        and np.isfinite(qf[b, i, h]).all()
+                        and keys_ok[h // p.group]
+                    ):
                         rows.append((b, h, i))
         if not rows:
             return []
         shown = ", ".join(map(str, rows[:3])) + (f" and {len(rows) - 3} more" if len(rows) > 3 else "")
-        return [f"a hidden key's NaN/inf reached rows {shown} of (B, Hq, n) through the paged cache: their "
-                f"query and their sequence's keys and values are finite, and the {self.name} convention "
-                "fills every slot that holds no key of a sequence with NaN (slots past its length, "
-                "blocks outside its table, the trap blocks unused table entries point at), so the "
-                "function read past its length or outside its block table"]
+        return [
+            f"a hidden key's NaN/inf reached rows {shown} of (B, Hq, n) through the paged cache: their "
+            f"query and their sequence's keys and values are finite, and the {self.name} convention "
+            "fills every slot that holds no key of a sequence with NaN (slots past its length, "
+            "blocks outside its table, the trap blocks unused table entries point at), so the "
+            "function read past its length or outside its block table"
+        ]
 
 
 class FlashKVCachePaged(_Paged):
     name = "flash_kvcache_paged"
-    signature = ("fn(q, k_cache, v_cache, cache_seqlens=..., block_table=..., softmax_scale=None, "
-                 "causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, "
-                 "return_softmax_lse=False): q (B, n, H, D), paged caches (num_blocks, block_size, Hkv, D), "
-                 "block_table (B, max_blocks) int32, cache_seqlens (B,) int32; causal, window and ALiBi "
-                 "aligned on cache_seqlens")
+    signature = (
+        "fn(q, k_cache, v_cache, cache_seqlens=..., block_table=..., softmax_scale=None, "
+        "causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, "
+        "return_softmax_lse=False): q (B, n, H, D), paged caches (num_blocks, block_size, Hkv, D), "
+        "block_table (B, max_blocks) int32, cache_seqlens (B,) int32; causal, window and ALiBi "
+        "aligned on cache_seqlens"
+    )
     cannot: ClassVar[dict[str, str | None]] = {
         **_COMMON_CANNOT,
         "q_lengths": "has no query lengths (cache_seqlens are the keys')",
@@ -199,7 +208,9 @@ class FlashKVCachePaged(_Paged):
         kw[self.table_keyword] = lib.asarray(paging.table, device=device)  # (B, W) int32
         if p.return_lse:
             kw["return_softmax_lse"] = True
-        q_arg, k_arg, v_arg = (lib.asarray(np.ascontiguousarray(x), p.dtype, device) for x in (qf, k_pool, v_pool))
+        q_arg, k_arg, v_arg = (
+            lib.asarray(np.ascontiguousarray(x), p.dtype, device) for x in (qf, k_pool, v_pool)
+        )
         result = fn(q_arg, k_arg, v_arg, **kw)
         out = unflatten_batch(p, _first(result), layout="blhd")  # (B, n, Hq, dv) -> spec's
         if not p.return_lse:
@@ -209,11 +220,13 @@ class FlashKVCachePaged(_Paged):
 
 class VllmPaged(_Paged):
     name = "vllm_paged"
-    signature = ("fn(query, key_cache, value_cache, query_lens, kv_lens, block_tables, scale, "
-                 "sliding_window=None, soft_cap=None): vLLM's ref_paged_attn; query packed (sum(query_lens), "
-                 "Hq, D), caches (num_blocks, block_size, Hkv, D), block_tables (B, max_blocks) int32, "
-                 "query_lens and kv_lens lists of ints; always causal on each sequence's lengths; "
-                 "sliding_window counts the query's own key")
+    signature = (
+        "fn(query, key_cache, value_cache, query_lens, kv_lens, block_tables, scale, "
+        "sliding_window=None, soft_cap=None): vLLM's ref_paged_attn; query packed (sum(query_lens), "
+        "Hq, D), caches (num_blocks, block_size, Hkv, D), block_tables (B, max_blocks) int32, "
+        "query_lens and kv_lens lists of ints; always causal on each sequence's lengths; "
+        "sliding_window counts the query's own key"
+    )
     cannot: ClassVar[dict[str, str | None]] = {
         **_COMMON_CANNOT,
         "segments": "has no segment ids (one sequence per batch element)",
@@ -224,28 +237,42 @@ class VllmPaged(_Paged):
 
     def refusals(self, call: Call) -> list[str]:
         why = super().refusals(call)
-        if not {"causal_upper_left", "causal_lower_right", "causal_lower_right_lengths"} & call.needs:
-            why.append(f"the {self.name} convention is always causal (lower-right on each sequence's "
-                       "lengths): a call without causal differs")
+        causal = {"causal_upper_left", "causal_lower_right", "causal_lower_right_lengths"} & call.needs
+        if not causal and call.n > 1:
+            why.append(
+                f"the {self.name} convention is always causal (lower-right on each sequence's "
+                "lengths): a call without causal differs when n > 1"
+            )
         return why
 
     def call(self, fn, lib, p, q, k, v, options):
         qf, k_pool, v_pool, paging, device = self._pools(p, lib, q, k, v)
         q_len = _q_lengths(p)
-        packed = np.concatenate([qf[b, :int(q_len[b])] for b in range(qf.shape[0])]) if qf.shape[0] else qf[:0, 0]
+        packed = (
+            np.concatenate([qf[b, : int(q_len[b])] for b in range(qf.shape[0])]) if qf.shape[0] else qf[:0, 0]
+        )
         kw: dict[str, Any] = {}
         if p.window is not None:  # under causal only the left side matters: i' - left <= j
             kw["sliding_window"] = p.window[0] + 1
         if p.softcap is not None:
             kw["soft_cap"] = p.softcap
-        q_arg, k_arg, v_arg = (lib.asarray(np.ascontiguousarray(x), p.dtype, device)
-                               for x in (packed, k_pool, v_pool))
-        result = fn(q_arg, k_arg, v_arg, [int(x) for x in q_len], [int(x) for x in paging.lengths],
-                    lib.asarray(paging.table, device=device), p.scale, **kw)
+        q_arg, k_arg, v_arg = (
+            lib.asarray(np.ascontiguousarray(x), p.dtype, device) for x in (packed, k_pool, v_pool)
+        )
+        result = fn(
+            q_arg,
+            k_arg,
+            v_arg,
+            [int(x) for x in q_len],
+            [int(x) for x in paging.lengths],
+            lib.asarray(paging.table, device=device),
+            p.scale,
+            **kw,
+        )
         got = lib.to_numpy(_first(result))  # (total_q, Hq, dv)
         out = np.zeros((qf.shape[0], p.n, p.hq, p.dv), got.dtype)  # rows past q_lengths see no key
         start = 0
         for b in range(qf.shape[0]):
-            out[b, :int(q_len[b])] = got[start:start + int(q_len[b])]
+            out[b, : int(q_len[b])] = got[start : start + int(q_len[b])]
             start += int(q_len[b])
         return unflatten_batch(p, lib.asarray(out, p.dtype, device), layout="blhd"), None  # -> spec's

@@ -151,8 +151,26 @@ def _cases(need: str) -> list[tuple[tuple, tuple, tuple, dict[str, Any]]]:
     return [(q, k, v, options), (*RANKS[3], options)]
 
 
+def _with_causal(need: str, cases: list) -> list:
+    """``cases``, then each again with lower-right causal (on the lengths, when it has some) where
+    it sets no causal and still exercises ``need``: a function that is always causal (vLLM's
+    ``ref_paged_attn``, the ``vllm_paged`` convention) gets a case it can run. Tried last, so a
+    function that returns on the plain cases is probed exactly as before."""
+    from attnspec.backends.conventions import call_needs
+
+    extra = []
+    for qs, ks, vs, opts in cases:
+        if "causal" in opts:
+            continue
+        lengths = opts.get("q_lengths") is not None or opts.get("kv_lengths") is not None
+        causal = {**opts, "causal": "lower_right_lengths" if lengths else "lower_right"}
+        if need == "plain" or need in call_needs(qs, ks, vs, causal).needs:
+            extra.append((qs, ks, vs, causal))
+    return cases + extra
+
+
 #: need -> its tiny cases; "plain" is the dtype probe
-PROBE_CASES = {need: _cases(need) for need in ("plain", *NEEDS)}
+PROBE_CASES = {need: _with_causal(need, _cases(need)) for need in ("plain", *NEEDS)}
 PROBE_CASES["empty_q"] = [((1, 2, 0, 4), (1, 2, 4, 4), (1, 2, 4, 4), {"mask": np.ones((0, 4), bool)}),
                           ((2, 0, 4), (2, 4, 4), (2, 4, 4), {"mask": np.ones((0, 4), bool)})]
 

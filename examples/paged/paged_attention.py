@@ -53,8 +53,10 @@ def _sequence(q, k_cache, v_cache, table_row, length, scale, causal, window, sof
     k = _gather(k_cache, blocks, sk).to(ct)  # (sk, Hkv, dk)
     v = _gather(v_cache, blocks, sk).to(ct)  # (sk, Hkv, dv)
     if sk == 0 or sq == 0:  # no key (an empty cache): every row outputs 0, lse -inf
-        return (q.new_zeros((sq, hq, v.shape[-1]), dtype=ct),
-                torch.full((hq, sq), -math.inf, dtype=ct, device=q.device))
+        return (
+            q.new_zeros((sq, hq, v.shape[-1]), dtype=ct),
+            torch.full((hq, sq), -math.inf, dtype=ct, device=q.device),
+        )
     g = hq // max(k.shape[1], 1)
     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # kv head h // G
     diag_len = table_row.numel() * size if bug == "causal_on_padded" else length
@@ -94,8 +96,20 @@ def _sequence(q, k_cache, v_cache, table_row, length, scale, causal, window, sof
     return out.transpose(0, 1), lse
 
 
-def _flash(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
-           alibi_slopes, return_softmax_lse, bug=None):
+def _flash(
+    q,
+    k_cache,
+    v_cache,
+    cache_seqlens,
+    block_table,
+    softmax_scale,
+    causal,
+    window_size,
+    softcap,
+    alibi_slopes,
+    return_softmax_lse,
+    bug=None,
+):
     b, n, hq, dk = q.shape
     scale = softmax_scale if softmax_scale is not None else 1 / math.sqrt(dk)
     out = q.new_zeros((b, n, hq, v_cache.shape[-1]), dtype=_compute_dtype(q.dtype))
@@ -104,27 +118,81 @@ def _flash(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causa
         slopes = None
         if alibi_slopes is not None:
             slopes = alibi_slopes if alibi_slopes.ndim == 1 else alibi_slopes[e]
-        out[e], lse[e] = _sequence(q[e], k_cache, v_cache, block_table[e], int(cache_seqlens[e]), scale, causal,
-                                   tuple(window_size), softcap, slopes, bug)
+        out[e], lse[e] = _sequence(
+            q[e],
+            k_cache,
+            v_cache,
+            block_table[e],
+            int(cache_seqlens[e]),
+            scale,
+            causal,
+            tuple(window_size),
+            softcap,
+            slopes,
+            bug,
+        )
     out = out.to(q.dtype)
     return (out, lse) if return_softmax_lse else out
 
 
-def flash_style(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale=None, causal=False,
-                window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False):
+def flash_style(
+    q,
+    k_cache,
+    v_cache,
+    cache_seqlens,
+    block_table,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    return_softmax_lse=False,
+):
     """``flash_attn_with_kvcache``'s semantics with a paged cache: q (B, n, Hq, dk), caches
     (num_blocks, block_size, Hkv, d), cache_seqlens (B,) int32, block_table (B, W) int32."""
-    return _flash(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal, window_size, softcap,
-                  alibi_slopes, return_softmax_lse)
+    return _flash(
+        q,
+        k_cache,
+        v_cache,
+        cache_seqlens,
+        block_table,
+        softmax_scale,
+        causal,
+        window_size,
+        softcap,
+        alibi_slopes,
+        return_softmax_lse,
+    )
 
 
-def _vllm(query, key_cache, value_cache, query_lens, kv_lens, block_tables, scale, sliding_window, soft_cap,
-          bug=None):
+def _vllm(
+    query,
+    key_cache,
+    value_cache,
+    query_lens,
+    kv_lens,
+    block_tables,
+    scale,
+    sliding_window,
+    soft_cap,
+    bug=None,
+):
     outputs, start = [], 0
     window = (-1, -1) if sliding_window is None else (sliding_window - 1, -1)
     for e, (sq, sk) in enumerate(zip(query_lens, kv_lens)):
-        out, _ = _sequence(query[start:start + sq], key_cache, value_cache, block_tables[e], int(sk), scale, True,
-                           window, soft_cap or 0.0, None, bug)
+        out, _ = _sequence(
+            query[start : start + sq],
+            key_cache,
+            value_cache,
+            block_tables[e],
+            int(sk),
+            scale,
+            True,
+            window,
+            soft_cap or 0.0,
+            None,
+            bug,
+        )
         outputs.append(out)
         start += sq
     if not outputs:
@@ -132,23 +200,76 @@ def _vllm(query, key_cache, value_cache, query_lens, kv_lens, block_tables, scal
     return torch.cat(outputs).to(query.dtype)
 
 
-def vllm_style(query, key_cache, value_cache, query_lens, kv_lens, block_tables, scale, sliding_window=None,
-               soft_cap=None):
+def vllm_style(
+    query,
+    key_cache,
+    value_cache,
+    query_lens,
+    kv_lens,
+    block_tables,
+    scale,
+    sliding_window=None,
+    soft_cap=None,
+):
     """``ref_paged_attn``'s semantics: query packed (sum(query_lens), Hq, dk), always causal on
     each sequence's lengths, ``sliding_window`` counting the query's own key."""
-    return _vllm(query, key_cache, value_cache, query_lens, kv_lens, block_tables, scale, sliding_window, soft_cap)
+    return _vllm(
+        query, key_cache, value_cache, query_lens, kv_lens, block_tables, scale, sliding_window, soft_cap
+    )
 
 
 def _wrong(bug: str):
-    def flash(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale=None, causal=False,
-              window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False):
-        return _flash(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal, window_size,
-                      softcap, alibi_slopes, return_softmax_lse, bug)
+    def flash(
+        q,
+        k_cache,
+        v_cache,
+        cache_seqlens,
+        block_table,
+        softmax_scale=None,
+        causal=False,
+        window_size=(-1, -1),
+        softcap=0.0,
+        alibi_slopes=None,
+        return_softmax_lse=False,
+    ):
+        return _flash(
+            q,
+            k_cache,
+            v_cache,
+            cache_seqlens,
+            block_table,
+            softmax_scale,
+            causal,
+            window_size,
+            softcap,
+            alibi_slopes,
+            return_softmax_lse,
+            bug,
+        )
 
-    def vllm(query, key_cache, value_cache, query_lens, kv_lens, block_tables, scale, sliding_window=None,
-             soft_cap=None):
-        return _vllm(query, key_cache, value_cache, query_lens, kv_lens, block_tables, scale, sliding_window,
-                     soft_cap, bug)
+    def vllm(
+        query,
+        key_cache,
+        value_cache,
+        query_lens,
+        kv_lens,
+        block_tables,
+        scale,
+        sliding_window=None,
+        soft_cap=None,
+    ):
+        return _vllm(
+            query,
+            key_cache,
+            value_cache,
+            query_lens,
+            kv_lens,
+            block_tables,
+            scale,
+            sliding_window,
+            soft_cap,
+            bug,
+        )
 
     flash.__name__ = flash.__qualname__ = f"flash_{bug}"
     vllm.__name__ = vllm.__qualname__ = f"vllm_{bug}"

@@ -94,7 +94,13 @@ def _expressible(conv: Any) -> dict[str, str] | None:
 
     why = {}
     for need in NEEDS:
-        reasons = conv.refusals(Call(frozenset({need, *IMPLIED.get(need, ())}), 4, 4))
+        needs = frozenset({need, *IMPLIED.get(need, ())})
+        reasons = conv.refusals(Call(needs, 4, 4))
+        if reasons and not need.startswith("causal_") and any(
+            not conv.refusals(Call(needs | {causal}, 4, 4))
+            for causal in ("causal_lower_right", "causal_lower_right_lengths")
+        ):
+            reasons = []  # an always-causal convention (vllm_paged) expresses it under causal
         if reasons:
             why[need] = "; ".join(reasons)
     return why

@@ -39,7 +39,7 @@ from attnspec.backends.conventions import Call, Convention, _device, _first, fla
 
 __all__ = ["FlashKVCache", "FlashVarlen"]
 
-_COMMON_CANNOT = {
+_COMMON_CANNOT: dict[str, str | None] = {
     "mask": "has no mask argument",
     "bias": "has no bias argument",
     "return_weights": "returns no attention weights",

@@ -96,9 +96,13 @@ def _expressible(conv: Any) -> dict[str, str] | None:
     for need in NEEDS:
         needs = frozenset({need, *IMPLIED.get(need, ())})
         reasons = conv.refusals(Call(needs, 4, 4))
-        if reasons and not need.startswith("causal_") and any(
-            not conv.refusals(Call(needs | {causal}, 4, 4))
-            for causal in ("causal_lower_right", "causal_lower_right_lengths")
+        if (
+            reasons
+            and not need.startswith("causal_")
+            and any(
+                not conv.refusals(Call(needs | {causal}, 4, 4))
+                for causal in ("causal_lower_right", "causal_lower_right_lengths")
+            )
         ):
             reasons = []  # an always-causal convention (vllm_paged) expresses it under causal
         if reasons:

@@ -104,8 +104,8 @@ def page(x: np.ndarray, paging: Paging) -> np.ndarray:
     B, _, H, d = x.shape
     pool = np.full((paging.num_blocks, paging.block_size, H, d), np.nan, x.dtype)
     for b in range(B):
-        for j in range(int(paging.lengths[b])):
-            pool[paging.table[b, j // paging.block_size], j % paging.block_size] = x[b, j]
+        j = np.arange(int(paging.lengths[b]))
+        pool[paging.table[b, j // paging.block_size], j % paging.block_size] = x[b, : len(j)]
     return pool
 
 

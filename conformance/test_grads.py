@@ -166,6 +166,23 @@ def _explicit(case: SDPACase) -> SDPACase:
     return replace(case, options={**opts, "mask": vis})
 
 
+def poison_hidden_keys(base, hidden: np.ndarray, poison: float):
+    """(clean, d_out, poisoned): ``base`` with keys ``hidden`` (bool over m) hidden by its mask
+    and, in ``poisoned`` only, their keys and values set to ``poison``; ``d_out`` is clean's. The
+    masked_keys_get_zero property and its conformance vectors (`attnspec.conformance.vectors_families`)
+    build their cases with it."""
+    mask = base.options.get("mask")
+    n, m = base.q.shape[-2], base.k.shape[-2]
+    options = {**base.options, "mask": (np.ones((n, m), bool) if mask is None else mask) & ~hidden}
+    k, v = base.k.copy(), base.v.copy()
+    k[..., hidden, :] = poison
+    v[..., hidden, :] = poison
+    tags = set(base.tags)
+    _tag_visibility(tags, base.q, k, v, options)
+    clean, d_out = _vjp_case(replace(base, options=options, tags=frozenset(tags)))
+    return clean, d_out, replace(clean, k=k, v=v)
+
+
 @DTYPES
 @with_corners
 @given(data=st.data())
@@ -176,16 +193,7 @@ def test_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, data)
     m = base.k.shape[-2]
     hidden = np.asarray(data.draw(st.lists(st.booleans(), min_size=m, max_size=m), label="hidden"), bool)
     poison = data.draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e4]), label="poison")
-    mask = base.options.get("mask")
-    n = base.q.shape[-2]
-    options = {**base.options, "mask": (np.ones((n, m), bool) if mask is None else mask) & ~hidden}
-    k, v = base.k.copy(), base.v.copy()
-    k[..., hidden, :] = poison
-    v[..., hidden, :] = poison
-    tags = set(base.tags)
-    _tag_visibility(tags, base.q, k, v, options)
-    clean, d_out = _vjp_case(replace(base, options=options, tags=frozenset(tags)))
-    poisoned = replace(clean, k=k, v=v)
+    clean, d_out, poisoned = poison_hidden_keys(base, hidden, poison)
 
     def body():
         grads = call_vjp(attn_backend, poisoned, d_out, attn_device)

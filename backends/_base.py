@@ -8,6 +8,12 @@ support query).
 Feature names used by `supports` (the conformance suite asks with these, and reports them):
     sdpa                 any sdpa call (the case carries the options used)
     sdpa_vjp, mha, mha_vjp, lsh_attention, lsh_attention_vjp, sdpa_blocked
+    sdpa_fp8             q, k, v stored in FP8 with descales (`attnspec.spec.sdpa_fp8`); its
+                         ``dtype`` is the FP8 storage dtype, which `supports` checks against
+                         ``fp8_dtypes`` (not ``dtypes``); ``out_dtype`` and a wide q's dtype go
+                         in ``dtypes`` and are checked against ``dtypes``. A backend that rounds
+                         P to e4m3 before P @ V (FlashAttention-3) says so in ``fp8_p_precision``
+                         and the suite judges it by that claim (`attnspec.spec.tolerance_fp8`)
 The attention variants of issue #15 are features of their own, named by `variant_features` from
 a call's keywords (one name per variant: ``softcap``, ``alibi``, ``sinks``, ``lse``,
 ``segments``, ``causal_lower_right_lengths``, ``dropout``, and ``dropout_drawn`` for a
@@ -29,6 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from attnspec.spec._validate import FLOAT_DTYPES
+from attnspec.spec.fp8 import FP8_DTYPES
 
 __all__ = [
     "DRAWN_VARIANTS",
@@ -43,7 +50,7 @@ __all__ = [
 
 #: the spec functions a backend may implement (methods of the same name and signature)
 SPEC_FUNCTIONS = ("sdpa", "sdpa_vjp", "mha", "mha_vjp", "lsh_attention", "lsh_attention_vjp",
-                  "sdpa_blocked")
+                  "sdpa_blocked", "sdpa_fp8")
 
 
 #: the attention variants (issue #15), as feature names: what `variant_features` reports
@@ -137,6 +144,11 @@ class Backend:
     #: the deviations this backend is known to show, as `attnspec.backends.deviations.Deviation`
     #: records (a plugin declares its own here; the conformance suite counts their cases as declared)
     deviations: ClassVar[tuple[Any, ...]] = ()
+    #: the FP8 storage dtypes its sdpa_fp8 takes (FA3 takes only float8_e4m3fn)
+    fp8_dtypes: ClassVar[tuple[str, ...]] = FP8_DTYPES
+    #: the precision of the weights its sdpa_fp8 multiplies V by: "float32", or "float8_e4m3fn"
+    #: for a kernel that rounds P as FlashAttention-3 does (`attnspec.spec.tolerance_fp8`)
+    fp8_p_precision: ClassVar[str] = "float32"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -196,8 +208,9 @@ class Backend:
         if feature not in self.implements:
             reasons.append(f"{self.name} does not implement {feature}")
         dtype = case.get("dtype")
-        if dtype is not None and dtype not in self.dtypes:
-            reasons.append(f"{self.name} has no {dtype} (supports {', '.join(self.dtypes)})")
+        known = self.fp8_dtypes if feature == "sdpa_fp8" else self.dtypes  # sdpa_fp8's dtype: storage
+        if dtype is not None and dtype not in known:
+            reasons.append(f"{self.name} has no {dtype} (supports {', '.join(known)})")
         missing = sorted({d for d in case.get("dtypes", ()) if d not in self.dtypes and d != dtype})
         if missing:  # a case that mixes dtypes (bad input) needs each of them
             reasons.append(f"{self.name} has no {', '.join(missing)} (supports {', '.join(self.dtypes)})")
@@ -240,6 +253,15 @@ class Backend:
                      dropout_p: float | None = None, return_weights: bool = False, return_lse: bool = False,
                      block_q: int = 256, block_k: int = 512) -> Any:
         raise Unsupported(f"{self.name} does not implement sdpa_blocked")
+
+    def sdpa_fp8(self, q: Any, k: Any, v: Any, *, q_descale: Any = None, k_descale: Any = None,
+                 v_descale: Any = None, out_dtype: str | None = None, mask: Any = None, bias: Any = None,
+                 causal: str | None = None, window: tuple[int, int] | None = None, scale: float | None = None,
+                 q_lengths: Any = None, kv_lengths: Any = None, softcap: float | None = None,
+                 alibi_slopes: Any = None, sinks: Any = None, q_segment_ids: Any = None,
+                 kv_segment_ids: Any = None, dropout_mask: Any = None, dropout_p: float | None = None,
+                 return_weights: bool = False, return_lse: bool = False) -> Any:
+        raise Unsupported(f"{self.name} does not implement sdpa_fp8")
 
     def sdpa_vjp(self, q: Any, k: Any, v: Any, d_out: Any, *, mask: Any = None, bias: Any = None,
                  causal: str | None = None, window: tuple[int, int] | None = None, scale: float | None = None,

@@ -1,5 +1,5 @@
-"""The golden itself as a backend: `attnspec.spec.sdpa` and `attnspec.spec.lsh_attention` on NumPy
-arrays (bfloat16 via ml_dtypes).
+"""The golden itself as a backend: `attnspec.spec.sdpa`, `attnspec.spec.sdpa_fp8` and
+`attnspec.spec.lsh_attention` on NumPy arrays (bfloat16 and the FP8 dtypes via ml_dtypes).
 
 It runs the spec's own validation and core under the names ``numpy.sdpa`` and ``numpy.mha``, so
 its bad-input messages carry the backend's name like every other backend's. Its mha reads the
@@ -16,6 +16,7 @@ from attnspec.backends._common import VARIANT_ARRAYS, refuse, to_reference
 from attnspec.backends._common import variant_keywords as _variants
 from attnspec.spec._validate import ArrayInfo, SDPAExtras, validate_sdpa
 from attnspec.spec.blocked import blocked_core, check_block
+from attnspec.spec.fp8 import FP8_DTYPES, FP8_NUMPY, finish_fp8, golden_fp8, plan_fp8
 from attnspec.spec.grads import sdpa_vjp as spec_sdpa_vjp
 from attnspec.spec.grads_lsh import lsh_attention_vjp as spec_lsh_attention_vjp
 from attnspec.spec.grads_mha import mha_vjp as spec_mha_vjp
@@ -54,6 +55,8 @@ class NumpyBackend(Backend):
     variants = frozenset(VARIANT_FEATURES)
 
     def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> np.ndarray:
+        if dtype in FP8_DTYPES:  # ml_dtypes' cast: out of e4m3fn's range gives NaN, not 448
+            return np.asarray(x).astype(FP8_NUMPY[dtype])
         return np.array(to_reference(x, dtype))  # a copy: callers may mutate their input
 
     def to_numpy(self, x: np.ndarray) -> np.ndarray:
@@ -76,6 +79,15 @@ class NumpyBackend(Backend):
                              _variants(locals()))
         bq, bk = check_block("block_q", block_q, fn), check_block("block_k", block_k, fn)
         return blocked_core(plan, q, k, v, mask, bias, return_weights, bq, bk, extras=extras)
+
+    def sdpa_fp8(self, q, k, v, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None,
+                 mask=None, bias=None, causal=None, window=None, scale=None, q_lengths=None,
+                 kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None,
+                 kv_segment_ids=None, dropout_mask=None, dropout_p=None, return_weights=False,
+                 return_lse=False):
+        options = {name: value for name, value in locals().items() if name not in ("self", "q", "k", "v")}
+        fp = plan_fp8("numpy.sdpa_fp8", q, k, v, options)
+        return finish_fp8(fp, golden_fp8(fp, q, k, v, options, return_weights), return_weights)
 
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
             bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,

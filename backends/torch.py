@@ -51,6 +51,7 @@ from attnspec.backends._common import (
     with_mask_and_bias,
 )
 from attnspec.spec._validate import ArrayInfo, SDPAPlan, check_dropout
+from attnspec.spec.fp8 import FP8_DTYPES, FP8_NUMPY, validate_fp8
 
 __all__ = ["TorchBackend"]
 
@@ -65,7 +66,14 @@ class TorchArrays(_vjp.Autodiff, Backend):
         return found
 
     def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> torch.Tensor:
-        x = to_reference(x, dtype)
+        if dtype in FP8_DTYPES:  # ml_dtypes' cast: out of e4m3fn's range gives NaN (torch: 448)
+            x = np.asarray(x).astype(FP8_NUMPY[dtype])
+        else:
+            x = to_reference(x, dtype)
+        if x.dtype.name in FP8_DTYPES:
+            # torch.from_numpy has no FP8; ml_dtypes and torch share the bit layouts, so move bytes
+            raw = torch.from_numpy(np.ascontiguousarray(x).view(np.uint8).copy())
+            return raw.view(getattr(torch, x.dtype.name)).to(device or "cpu")
         if x.dtype == ml_dtypes.bfloat16:
             # torch.from_numpy has no bfloat16; float32 holds every bfloat16 exactly.
             return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16).to(device or "cpu")
@@ -75,6 +83,9 @@ class TorchArrays(_vjp.Autodiff, Backend):
         x = x.detach().cpu()
         if x.dtype == torch.bfloat16:
             return x.float().numpy().astype(ml_dtypes.bfloat16)
+        name = self.dtype_name(x)
+        if name in FP8_DTYPES:
+            return x.contiguous().view(torch.uint8).numpy().view(FP8_NUMPY[name])
         return x.numpy()
 
     def device_of(self, x: torch.Tensor) -> str:
@@ -127,6 +138,12 @@ def torch_numerics_policy() -> dict[str, object]:
 
 
 def _lengths_to_numpy(x):
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
+
+
+def _descale_to_numpy(x):
+    """A descale tensor as NumPy for the spec's checks (it is read by value); anything else as it
+    is, for the check to judge."""
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
 
 
@@ -250,6 +267,49 @@ class TorchBackend(TorchArrays):
             # deviation is declared); GPU kernels could not be measured here, so make it sure.
             out = torch.where(vis.any(dim=-1, keepdim=True), out, 0.0)
         return out.reshape(p.out_shape)
+
+    def sdpa_fp8(self, q, k, v, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None,
+                 mask=None, bias=None, causal=None, window=None, scale=None, q_lengths=None,
+                 kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None,
+                 kv_segment_ids=None, dropout_mask=None, dropout_p=None, return_weights=False,
+                 return_lse=False):
+        # torch has FP8 storage but no FP8 matmul on CPU: upcast to float32, scale by the descale
+        # there (one float32 rounding, within the FP8 tolerance's logit term), run this backend's
+        # float32 sdpa, and round its results to out_dtype.
+        fn = "torch.sdpa_fp8"
+
+        def info(name, x):
+            return None if x is None else self._info(fn, name, x)
+
+        fp = validate_fp8(
+            fn, self._info(fn, "q", q), self._info(fn, "k", k), self._info(fn, "v", v),
+            q_descale=_descale_to_numpy(q_descale), k_descale=_descale_to_numpy(k_descale),
+            v_descale=_descale_to_numpy(v_descale), out_dtype=out_dtype, mask=info("mask", mask),
+            bias=info("bias", bias), causal=causal, window=window, scale=scale,
+            q_lengths=_lengths_to_numpy(q_lengths), kv_lengths=_lengths_to_numpy(kv_lengths),
+            softcap=softcap, alibi_slopes=info("alibi_slopes", alibi_slopes), sinks=info("sinks", sinks),
+            q_segment_ids=info("q_segment_ids", q_segment_ids),
+            kv_segment_ids=info("kv_segment_ids", kv_segment_ids),
+            dropout_mask=info("dropout_mask", dropout_mask), dropout_p=dropout_p, return_lse=return_lse)
+
+        def dequantize(x, descale):  # (..., H, L, d) float32; descale (*batch, H)
+            d = torch.from_numpy(descale.astype(np.float32)).to(x.device)
+            return with_head(x).to(torch.float32) * d[..., :, None, None]
+
+        results = self.sdpa(
+            dequantize(q, fp.q_descale), dequantize(k, fp.k_descale), dequantize(v, fp.v_descale),
+            mask=mask, bias=bias, causal=causal, window=window, scale=scale, q_lengths=q_lengths,
+            kv_lengths=kv_lengths, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+            q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, dropout_mask=dropout_mask,
+            dropout_p=dropout_p, return_weights=return_weights, return_lse=return_lse)
+        results = list(results) if isinstance(results, tuple) else [results]
+        p, out_dt = fp.sdpa, getattr(torch, fp.out_dtype)
+        shaped = [results[0].reshape(p.out_shape).to(out_dt)]  # a rank-2 q gained a head axis above
+        if return_weights:
+            shaped.append(results[1].reshape(p.weights_shape).to(out_dt))
+        if return_lse:
+            shaped.append(results[-1].reshape(p.lse_shape).to(getattr(torch, fp.lse_dtype)))
+        return shaped[0] if len(shaped) == 1 else tuple(shaped)
 
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
             bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,

@@ -6,6 +6,7 @@ Every decision where frameworks disagree is listed in ``spec/README.md`` with it
 from attnspec._errors import SpecError
 from attnspec.spec.blocked import sdpa_blocked
 from attnspec.spec.clauses import CLAUSES, SPEC_VERSION
+from attnspec.spec.fp8 import sdpa_fp8
 from attnspec.spec.grads import sdpa_vjp
 from attnspec.spec.grads_lsh import lsh_attention_vjp
 from attnspec.spec.grads_mha import mha_vjp
@@ -43,6 +44,7 @@ __all__ = [
     "query_padding_mask",
     "sdpa",
     "sdpa_blocked",
+    "sdpa_fp8",
     "sdpa_loops",
     "sdpa_vjp",
     "segment_ids_from_cu_seqlens",

@@ -104,6 +104,18 @@ CLAUSES: dict[str, Clause] = _clauses(
     ("sdpa.bad_input", "bad input raises SpecError naming the argument", "Bad input"),
     ("sdpa.tiled", "sdpa_blocked equals sdpa, tile by tile", "sdpa_blocked"),
     ("sdpa.deterministic", "two identical calls give bit-identical results", "conformance"),
+    # FP8 inputs (spec/README.md, "sdpa_fp8")
+    (
+        "sdpa_fp8.definition",
+        "sdpa's float64 golden on the dequantised inputs, rounded once to out_dtype",
+        "sdpa_fp8",
+    ),
+    (
+        "sdpa_fp8.descale",
+        "x_hat = x * descale, exactly; q's descale indexed by kv head h // G",
+        "sdpa_fp8",
+    ),
+    ("sdpa_fp8.out_dtype", "out in out_dtype (default bfloat16 for FP8 q); lse float32", "sdpa_fp8"),
     # gradients
     ("sdpa_vjp.definition", "the analytic backward of out (dq, dk, dv, dbias, dsinks)", "sdpa_vjp"),
     ("sdpa_vjp.empty_row", "rows with no visible key give zero, finite gradients", "sdpa_vjp"),
@@ -143,6 +155,11 @@ CLAUSES: dict[str, Clause] = _clauses(
         "tolerance.rule",
         "|result - golden| <= 4 * err_ref + eps * V * (1 + sqrt(m) + 2 sqrt(dk) L)",
         "The tolerance rule",
+    ),
+    (
+        "tolerance.fp8",
+        "FP8: 4 * err_ref(float32, P as claimed) + eps(out) * V + eps(f32) * V * (sqrt(m) + 2 sqrt(dk) L + 1)",
+        "sdpa_fp8",
     ),
     (
         "tolerance.nonfinite",
@@ -187,6 +204,12 @@ PROPERTY_CLAUSES: dict[tuple[str, str], tuple[str, ...]] = {
     ("sdpa", "segment_permutation"): ("sdpa.segments",),
     ("sdpa", "dropout_keep_all"): ("sdpa.dropout",),
     ("sdpa", "dropout_drawn"): ("sdpa.dropout",),
+    ("sdpa_fp8", "matches_golden"): (
+        "sdpa_fp8.definition",
+        "sdpa_fp8.descale",
+        "sdpa_fp8.out_dtype",
+        "tolerance.fp8",
+    ),
     ("sdpa_blocked", "matches_golden"): ("sdpa.tiled", "tolerance.rule"),
     ("sdpa_blocked", "one_key_tiles"): ("sdpa.tiled", "tolerance.rule"),
     ("sdpa_vjp", "matches_golden"): ("sdpa_vjp.definition", "tolerance.rule", "tolerance.nonfinite"),

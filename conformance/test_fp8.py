@@ -1,0 +1,71 @@
+"""Conformance of ``sdpa_fp8`` (issue #27): FP8 q, k, v with descales equal the golden
+(`attnspec.spec.sdpa_fp8`) within the FP8 tolerance (`attnspec.spec.tolerance_fp8`), judged by
+the P precision the backend claims (``fp8_p_precision``).
+
+Parametrised over the FP8 storage dtypes, not FLOAT_DTYPES: a backend without sdpa_fp8 refuses
+every case at once (``supports``: "does not implement sdpa_fp8"). The fixed corner cases of
+`attnspec.conformance.corners` (-inf biases, NaN and inf keys) are not FP8 inputs, so this
+property runs no corners; the `attnspec check` tour visits the features of sdpa and its variants
+through functions that have no sdpa_fp8, so it has no FP8 tour either.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnspec.conformance.fp8_cases import FP8Case, fp8_cases
+from attnspec.conformance.pytest_helpers import Verdict, check_metadata, failure_message, to_backend
+from attnspec.spec.fp8 import FP8_DTYPES, plan_fp8
+from attnspec.spec.tolerance import compare
+from attnspec.spec.tolerance_fp8 import fp8_golden
+
+
+@pytest.mark.parametrize("dtype", FP8_DTYPES)
+@given(data=st.data())
+def test_fp8_matches_golden(attn_backend, attn_device, judge, dtype, data):
+    """Output (and lse when asked) of FP8 inputs equal the dequantised golden within the FP8
+    tolerance, in the requested out_dtype and on the case's device."""
+    case = data.draw(fp8_cases(dtype), label="case")
+
+    def body():
+        return judge_fp8(attn_backend, attn_device, "matches_golden", case)
+
+    judge("sdpa_fp8", "matches_golden", case, body, feature_case={"dtypes": case.wide_dtypes})
+
+
+def judge_fp8(backend, device, prop: str, case: FP8Case) -> Verdict:
+    """Run ``case`` on ``backend`` and judge each result: shape, dtype and device first, then the
+    values under `attnspec.spec.tolerance_fp8` with the backend's P precision claim."""
+    (q, k, v), opts = to_backend(backend, case, device)
+    result = backend.sdpa_fp8(q, k, v, **opts)
+    parts = list(result) if isinstance(result, tuple) else [result]
+    fp = plan_fp8("sdpa_fp8", case.q, case.k, case.v, case.options)
+    claim = getattr(backend, "fp8_p_precision", "float32")
+    g = fp8_golden(case.q, case.k, case.v, p_precision=claim, **case.options)
+    expected = [("out", g.out, g.allowed_out, fp.sdpa.out_shape, fp.out_dtype)]
+    if fp.sdpa.return_lse:
+        expected.append(("lse", g.lse, g.allowed_lse, fp.sdpa.lse_shape, fp.lse_dtype))
+    if len(parts) != len(expected):
+        problem = (
+            f"returned {len(parts)} arrays, but should return {len(expected)} "
+            f"({', '.join(e[0] for e in expected)})"
+        )
+        return Verdict(
+            "failed", message=failure_message(backend.name, prop, case, device, {}, [problem], fn="sdpa_fp8")
+        )
+    problems, comparisons = [], {}
+    for got, (what, gold, allowed, shape, out_dtype) in zip(parts, expected):
+        meta = check_metadata(backend, got, shape, out_dtype, device, what)
+        problems += meta
+        if not meta:
+            comparisons[what] = compare(backend.to_numpy(got), gold, allowed)
+    if problems or not all(c.ok for c in comparisons.values()):
+        problems.append(f"judged as a float32 kernel whose P is {claim} (its fp8_p_precision)")
+        return Verdict(
+            "failed",
+            comparisons,
+            failure_message(backend.name, prop, case, device, comparisons, problems, fn="sdpa_fp8"),
+        )
+    return Verdict("passed", comparisons)

@@ -347,11 +347,12 @@ def _seeded(s, rng: np.random.Generator) -> Any:
     return simplest(s)
 
 
-#: every feature a tour visits: the sdpa cases' and the variants'
+#: every feature a tour visits: the sdpa cases', the variants' and the serving cases'
 def tour_features() -> tuple[str, ...]:
     from attnspec.conformance.hypothesis_helpers import SDPA_FEATURES, VARIANT_FEATURES
+    from attnspec.conformance.serving_cases import SERVING_FEATURES
 
-    return tuple(dict.fromkeys((*SDPA_FEATURES, *VARIANT_FEATURES)))
+    return tuple(dict.fromkeys((*SDPA_FEATURES, *VARIANT_FEATURES, *SERVING_FEATURES)))
 
 
 def simplest(strategy) -> Any:
@@ -373,9 +374,11 @@ def simplest(strategy) -> Any:
     raise TypeError(f"Corner.draw: no simplest value for {strategy!r} ({name}); add it to corners.simplest")
 
 
-def with_corners(test):
+def with_corners(test=None, *, kinds: tuple[str, ...] = CORNERS):
     """Run the ``@given(data=st.data())`` property ``test`` (apply above ``@given``) on every
-    corner case, then on its drawn examples, in every profile.
+    corner case, then on its drawn examples, in every profile. ``kinds`` names the corners (the
+    strategy's ``attn_corner`` builds each): `CORNERS` unless a property has fixed cases of its
+    own (``@with_corners(kinds=...)``, the serving property's kernel-shaped cases).
 
     The corners run outside Hypothesis' own phases, through ``test.hypothesis.inner_test``: an
     explicit example that fails would end the test before any drawn case ran, and a backend would
@@ -388,6 +391,8 @@ def with_corners(test):
     `Unsupported`) is followed by its mask-only twin; a backend that takes a bias runs no twin,
     so costs no extra compile.
     """
+    if test is None:
+        return functools.partial(with_corners, kinds=kinds)
     inner = test.hypothesis.inner_test
 
     @functools.wraps(test)
@@ -398,7 +403,7 @@ def with_corners(test):
         sweep = state is not None and state.phase == "sweep"  # the judge skips what it has judged
         if state is not None and not sweep:
             state.phase = "corner"  # every corner is judged on its own, whatever failed before it
-        for kind in CORNERS:
+        for kind in kinds:
             refused = [True]
             kwargs["judge"] = functools.partial(_watched, judge, refused)
             try:

@@ -1,0 +1,67 @@
+"""The serving property catches the bugs serving kernels ship, and only it does.
+
+Each mutant of tests/mutants_serving.py runs through the real suite (``dev`` profile, a
+subprocess, as a backend author would run it) twice: the serving property alone must fail it
+with a serving feature named, and the base sdpa property (``test_matches_golden``), whose tiny
+shapes cannot show the bug, passes it (`BASE_CATCHES` excepted): the gap the serving cases close. The control (`Naive`
+without a bug) passes the serving property.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mutants_serving import SERVING_MUTANTS
+from suite_runs import run_all
+
+SERVING_RUN = "test_serving"
+#: bugs the base property catches too (its corner and no_visible_rows cases hold empty caches)
+BASE_CATCHES = {"empty_cache_nan"}
+BASE_RUN = "test_sdpa and test_matches_golden"
+
+
+@pytest.fixture(scope="module")
+def suite_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serving_mutants")
+    targets = {"control": ("mutants:control", SERVING_RUN)}
+    for bug in SERVING_MUTANTS:
+        targets[bug] = (f"mutants_serving:mutant_{bug}", SERVING_RUN)
+        if bug not in BASE_CATCHES:
+            targets[f"{bug}-base"] = (f"mutants_serving:mutant_{bug}", BASE_RUN)
+    return run_all(tmp, targets)
+
+
+def test_control_passes_the_serving_property(suite_runs):
+    proc, path = suite_runs["control"]
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rows = json.loads(path.read_text())["rows"]
+    features = {r["feature"] for r in rows if r["passed"]}
+    assert {
+        "decode",
+        "decode_gqa",
+        "chunked_prefill",
+        "empty_cache",
+        "decode_window_sinks",
+        "kernel_shapes",
+    } <= features
+    assert sum(r["passed"] for r in rows) >= 60  # 6 fixed + 12 drawn per dtype, 4 dtypes
+
+
+@pytest.mark.parametrize("bug", sorted(SERVING_MUTANTS))
+def test_serving_mutant_is_caught_with_its_feature(suite_runs, bug):
+    proc, path = suite_runs[bug]
+    assert proc.returncode == 1, f"{bug} survived the serving property:\n{proc.stdout[-2000:]}"
+    results = json.loads(path.read_text())
+    failed = {r["feature"] for r in results["rows"] if r["failed"]}
+    assert failed & set(SERVING_MUTANTS[bug]), f"{bug}: failures {sorted(failed)}"
+    assert "reproduce with:" in proc.stdout
+
+
+@pytest.mark.parametrize("bug", sorted(set(SERVING_MUTANTS) - BASE_CATCHES))
+def test_base_property_cannot_see_serving_bug(suite_runs, bug):
+    """Why the serving cases exist: the base property's shapes pass every one of these bugs."""
+    proc, path = suite_runs[f"{bug}-base"]
+    rows = json.loads(path.read_text())["rows"]
+    assert sum(r["passed"] for r in rows) > 40, proc.stdout[-2000:]
+    assert proc.returncode == 0, f"{bug}: the base property already fails it:\n{proc.stdout[-2000:]}"

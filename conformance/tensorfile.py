@@ -5,8 +5,9 @@ a little-endian unsigned 64-bit integer; N bytes of UTF-8 JSON, an object mappin
 name to ``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets into the data that follows
 the header) and an optional ``"__metadata__"`` object of string values; then the data, row-major
 and little-endian. Readers exist for C/C++, Rust (the ``safetensors`` crate), JavaScript and
-Python, and the format names float16 (``F16``) and bfloat16 (``BF16``) natively, which NumPy's
-``.npy`` does not (bfloat16 is not a NumPy type); it holds no code, unlike pickle.
+Python, and the format names float16 (``F16``), bfloat16 (``BF16``) and the two FP8 formats
+(``F8_E4M3``: float8_e4m3fn, no infinities; ``F8_E5M2``: float8_e5m2) natively, which NumPy's
+``.npy`` does not (none is a NumPy type; ml_dtypes provides them); it holds no code, unlike pickle.
 
 `write` produces canonical bytes: tensors in name order, the header's keys sorted, no spaces,
 padded with spaces to a multiple of 8 bytes. `read` trusts nothing it reads: the file's size, the
@@ -37,6 +38,9 @@ DTYPES: dict[str, np.dtype] = {
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
     "BF16": np.dtype(ml_dtypes.bfloat16),
+    # the safetensors crate's names; one byte each, every bit pattern a value (NaN included)
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
     "I64": np.dtype("<i8"),
     "I32": np.dtype("<i4"),
     "U8": np.dtype("u1"),

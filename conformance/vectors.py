@@ -95,6 +95,7 @@ class VectorCase:
     tags: tuple[str, ...]
     expected: dict[str, Expected] = field(default_factory=dict)
     prop: str = "matches_golden"  # the conformance property the case is an example of
+    family: str = ""  # the bundle family when it is not the function's own (sdpa_serving, sdpa_paged)
 
     @property
     def clauses(self) -> tuple[str, ...]:
@@ -102,18 +103,35 @@ class VectorCase:
             (
                 *property_clauses(self.function, self.prop),
                 # an array option counts by its presence (case_clauses' lsh branch compares values)
-                *case_clauses({**self.options, **dict.fromkeys(self.inputs, True)}, self.tags, self.function),
+                *case_clauses(
+                    {**self.options, **{_SPEC_NAMES.get(n, n): True for n in self.inputs}},
+                    self.tags,
+                    self.function,
+                ),
             )
         )
         return tuple(c for c in CLAUSES if c in ids)
 
 
+#: a layout's input -> the spec argument it carries, for the clauses it exercises
+_SPEC_NAMES = {"cache_seqlens": "kv_lengths"}
+
+
 class Family:
     """A spec function's vectors: override `draw`, `expect`, `call`; `positional` are the array
-    arguments passed by position, in order; `outputs(options)` names what a call returns."""
+    arguments passed by position, in order; `outputs(options)` names what a call returns.
+
+    ``name`` names the bundles (``NAME-DTYPE``) and ``function`` the spec function the cases call
+    (the manifest's ``function``; a family of its own, such as the paged layout of sdpa, adds its
+    ``family``); ``dtypes`` are the dtypes it has bundles of (None: `FLOAT_DTYPES`)."""
 
     name = ""
     positional: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] | None = None
+
+    @property
+    def function(self) -> str:
+        return self.name
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -137,6 +155,23 @@ class Family:
 
     def needs(self, case: VectorCase) -> list[str]:
         return []
+
+    def spec_call(self, case: VectorCase) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """(arrays, options) of the spec call `run` makes for ``case``: every array argument by
+        name (the positional ones included), and the other keyword arguments."""
+        return dict(case.inputs), {k: tuple(v) if isinstance(v, list) else v for k, v in case.options.items()}
+
+    def refusals(self, backend: Any, case: VectorCase, device: str | None) -> list[str]:
+        """Why ``backend`` cannot run ``case`` (its `supports`), before anything is converted."""
+        arrays, options = self.spec_call(case)
+        shapes = {f"{n}_shape": a.shape for n, a in arrays.items() if n in ("q", "k", "v")}
+        extra = {n: a for n, a in arrays.items() if n not in self.positional}
+        return backend.supports(self.function, dtype=case.dtype, device=device, **shapes, **extra, **options)
+
+    def finish(self, case: VectorCase, got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The outputs of the spec call as the bundle lays them out (unchanged but for a layout
+        of its own, the paged one)."""
+        return got
 
     def cases(self, dtype: str, count: int) -> list[VectorCase]:
         found = []
@@ -277,26 +312,30 @@ class SDPAVectors(Family):
         )
 
     def causes(self, case: VectorCase, got: dict[str, np.ndarray]) -> list[str]:
-        from attnspec.conformance.causes import sdpa_causes
-        from attnspec.conformance.hypothesis_helpers import case_plan, full_visibility
-
         if "out" not in got:
             return []
-        c = self._spec_case(case)
-        plan, _ = case_plan(c.q, c.k, c.v, c.options)
         e = case.expected["out"]
         w = got.get("weights")
-        return sdpa_causes(
-            plan,
-            full_visibility(plan, c.options),
-            c.q,
-            c.k,
-            c.v,
+        return self.spec_causes(
+            self._spec_case(case),
             got["out"].astype(np.float64),
             e.golden,
             e.allowed,
             None if w is None else w.astype(np.float64),
-            bias=c.options.get("bias"),
+        )
+
+    def spec_causes(
+        self, c: Any, out: np.ndarray, golden: np.ndarray, allowed: float, weights: np.ndarray | None
+    ) -> list[str]:
+        """`attnspec.conformance.causes.sdpa_causes` of the SDPACase ``c``'s float64 outputs, in
+        the spec's layout."""
+        from attnspec.conformance.causes import sdpa_causes
+        from attnspec.conformance.hypothesis_helpers import case_plan, full_visibility
+
+        plan, _ = case_plan(c.q, c.k, c.v, c.options)
+        vis = full_visibility(plan, c.options)
+        return sdpa_causes(
+            plan, vis, c.q, c.k, c.v, out, golden, allowed, weights, bias=c.options.get("bias")
         )
 
     def needs(self, case: VectorCase) -> list[str]:
@@ -419,6 +458,13 @@ def register(family: Family) -> None:
     _FAMILIES[family.name] = family
 
 
+def family_dtypes(family: Family) -> tuple[str, ...]:
+    """The dtypes ``family`` has bundles of: its own, or the four float dtypes."""
+    from attnspec.spec._dtypes import FLOAT_DTYPES
+
+    return tuple(family.dtypes or FLOAT_DTYPES)
+
+
 # -- export ----------------------------------------------------------------------------------
 
 
@@ -432,6 +478,8 @@ def _metadata(case: VectorCase) -> dict[str, str]:
         "feature": case.feature,
         "clauses": ",".join(case.clauses),
     }
+    if case.family:
+        meta["family"] = case.family
     for k, v in case.options.items():
         if isinstance(v, bool):
             meta[f"option.{k}"] = "true" if v else "false"
@@ -514,7 +562,6 @@ def export(
     """Write one bundle per function and dtype under ``out`` (and ``out/index.json``); return the
     bundle folders. Raises ValueError naming a bad profile, function or dtype."""
     from attnspec.conformance.hypothesis_helpers import MAX_SIDE
-    from attnspec.spec._dtypes import FLOAT_DTYPES
 
     if profile not in PROFILE_CASES:
         raise ValueError(f"profile={profile!r}, expected one of {', '.join(PROFILE_CASES)}")
@@ -523,10 +570,11 @@ def export(
     for f in names:
         if f not in fams:
             raise ValueError(f"function={f!r}, expected one of {', '.join(fams)}")
-    kinds = list(dtypes or FLOAT_DTYPES)
+    kinds = list(dtypes or ())
+    known = dict.fromkeys(d for f in names for d in family_dtypes(fams[f]))
     for d in kinds:
-        if d not in FLOAT_DTYPES:
-            raise ValueError(f"dtype={d!r}, expected one of {', '.join(FLOAT_DTYPES)}")
+        if d not in known:
+            raise ValueError(f"dtype={d!r}, expected one of {', '.join(known)}")
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
     schema = SCHEMA_FILE.read_bytes()
@@ -538,7 +586,8 @@ def export(
     }
     paths = []
     for f in names:
-        for d in kinds:
+        fam = fams[f]
+        for d in [d for d in kinds if d in family_dtypes(fam)] if kinds else family_dtypes(fam):
             folder = root / f"{f}-{d}"
             folder.mkdir(exist_ok=True)
             for old in folder.glob("*.safetensors"):
@@ -553,7 +602,8 @@ def export(
             manifest: dict[str, Any] = {
                 "format": FORMAT,
                 "spec_version": SPEC_VERSION,
-                "function": f,
+                "function": fam.function,
+                **({"family": f} if f != fam.function else {}),
                 "dtype": d,
                 "profile": profile,
                 "max_side": MAX_SIDE,
@@ -568,7 +618,8 @@ def export(
             index["bundles"].append(
                 {
                     "path": folder.name,
-                    "function": f,
+                    "function": fam.function,
+                    **({"family": f} if f != fam.function else {}),
                     "dtype": d,
                     "cases": len(entries),
                     "content_sha256": manifest["content_sha256"],
@@ -592,6 +643,11 @@ class Bundle:
     @property
     def function(self) -> str:
         return str(self.manifest["function"])
+
+    @property
+    def family(self) -> str:
+        """The family that wrote the bundle: ``family`` when the manifest has one, else ``function``."""
+        return str(self.manifest.get("family", self.manifest["function"]))
 
     @property
     def cases(self) -> list[dict[str, Any]]:
@@ -632,6 +688,7 @@ class Bundle:
             tuple(entry["tags"]),
             expected,
             entry.get("property", "matches_golden"),
+            self.manifest.get("family", ""),
         )
 
 
@@ -761,10 +818,12 @@ def _load_one(folder: Path, check_files: bool) -> Bundle:
             f"{mpath}: content hash mismatch: the manifest was altered after export "
             f"(content_sha256 {manifest['content_sha256'][:12]}..., computed {content_hash(manifest)[:12]}...)"
         )
-    if manifest["function"] not in _FAMILIES:
+    family = manifest.get("family", manifest["function"])
+    if family not in _FAMILIES or _FAMILIES[family].function != manifest["function"]:
         raise BundleError(
-            f"{mpath}: function {manifest['function']!r} is not one this attnspec judges "
-            f"({', '.join(_FAMILIES)})"
+            f"{mpath}: function {manifest['function']!r}"
+            + (f" in family {family!r}" if "family" in manifest else "")
+            + f" is not one this attnspec judges ({', '.join(_FAMILIES)})"
         )
     seen = set()
     data: dict[str, bytes] = {}
@@ -805,18 +864,15 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     counts = {"written": 0, "unsupported": 0, "error": 0}
     for b in bundles:
-        fam = _FAMILIES[b.function]
+        fam = _FAMILIES[b.family]
         for entry in b.cases:
             if case_filter and not re.search(case_filter, entry["id"]):
                 continue
             case = b.case(entry)
             for suffix in (".safetensors", ".unsupported", ".error"):
                 (out / f"{case.id}{suffix}").unlink(missing_ok=True)
-            opts = _call_options(case, fam)
-            arrays = {k: v for k, v in case.inputs.items()}
-            shapes = {f"{n}_shape": a.shape for n, a in arrays.items() if n in ("q", "k", "v")}
             try:
-                reasons = backend.supports(b.function, dtype=case.dtype, device=device, **shapes, **opts)
+                reasons = fam.refusals(backend, case, device)
             except Exception:
                 reasons = []
             if reasons:
@@ -824,10 +880,11 @@ def run(
                 counts["unsupported"] += 1
                 continue
             try:
+                arrays, opts = fam.spec_call(case)
                 conv = {k: backend.asarray(v, device=device) for k, v in arrays.items()}
-                names = fam.outputs({**case.inputs, **case.options})  # sdpa_vjp's dbias follows a bias
-                result = fam.call(backend, conv, {k: v for k, v in opts.items() if k not in arrays})
-                got = {n: np.asarray(backend.to_numpy(r)) for n, r in zip(names, result)}
+                names = fam.outputs({**arrays, **opts})  # sdpa_vjp's dbias follows a bias
+                result = fam.call(backend, conv, opts)
+                got = fam.finish(case, {n: np.asarray(backend.to_numpy(r)) for n, r in zip(names, result)})
             except Unsupported as e:
                 (out / f"{case.id}.unsupported").write_text(f"{e}\n")
                 counts["unsupported"] += 1
@@ -922,7 +979,7 @@ def verify(
     t0 = time.time()
     summary = []
     for b in bundles:
-        fam = _FAMILIES[b.function]
+        fam = _FAMILIES[b.family]
         counts = {"cases": 0, "passed": 0, "failed": 0, "unsupported": 0, "not_run": 0}
         for entry in b.cases:
             if case_filter and not re.search(case_filter, entry["id"]):
@@ -1094,7 +1151,7 @@ def reproducer(case: VectorCase, bundle: Path, outputs: Path, name: str) -> str:
 
 def family_shapes(case: VectorCase) -> tuple[str, ...]:
     """The inputs a message shows the shapes of: the positional arrays of the case's function."""
-    fam = _FAMILIES.get(case.function)
+    fam = _FAMILIES.get(case.family or case.function)
     return fam.positional if fam else ("q", "k", "v")
 
 
@@ -1102,5 +1159,7 @@ def finite_or_none(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else x
 
 
-# the other functions' families (sdpa_vjp, mha, lsh_attention) register themselves
+# the other functions' families (sdpa_vjp, mha, lsh_attention) register themselves, then the
+# serving, paged and FP8 ones: registered after, so the earlier bundles and case ids stay put
 from attnspec.conformance import vectors_families as _families  # noqa: E402,F401
+from attnspec.conformance import vectors_kernels as _kernels  # noqa: E402,F401

@@ -27,6 +27,7 @@ def add_parser(sub: Any, usage_error: type[Exception]) -> None:
     _USAGE_ERROR = usage_error
     from attnspec.conformance.profiles import PROFILES
     from attnspec.spec._dtypes import FLOAT_DTYPES
+    from attnspec.spec.fp8 import FP8_DTYPES
 
     vectors = sub.add_parser(
         "vectors",
@@ -44,14 +45,16 @@ def add_parser(sub: Any, usage_error: type[Exception]) -> None:
         action="append",
         default=None,
         metavar="F",
-        help="a spec function (repeatable; default all): sdpa, sdpa_vjp, mha, lsh_attention",
+        help="a family of cases (repeatable; default all): sdpa, sdpa_vjp, mha, lsh_attention, "
+        "sdpa_serving, sdpa_paged, sdpa_fp8",
     )
     ex.add_argument(
         "--dtype",
         action="append",
         default=None,
-        choices=FLOAT_DTYPES,
-        help="a dtype (repeatable; default all four)",
+        choices=(*FLOAT_DTYPES, *FP8_DTYPES),
+        help="a dtype (repeatable; default every dtype of each family: the four float dtypes, "
+        "sdpa_fp8's two FP8 ones)",
     )
     ex.set_defaults(run=_with_suite(_export))
 

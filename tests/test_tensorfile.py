@@ -56,6 +56,19 @@ def test_every_dtype_round_trips_bit_for_bit(tmp_path, code):
         assert b.flags.writeable and b.flags.c_contiguous  # a copy, not a view of the file's buffer
 
 
+def test_fp8_codes_are_the_safetensors_names_and_every_byte_reads_back():
+    """F8_E4M3 is float8_e4m3fn and F8_E5M2 float8_e5m2 (the safetensors crate's Dtype names):
+    all 256 bit patterns of each, NaN encodings included, come back bit for bit."""
+    every = np.arange(256, dtype=np.uint8)
+    for code, dt in (("F8_E4M3", ml_dtypes.float8_e4m3fn), ("F8_E5M2", ml_dtypes.float8_e5m2)):
+        data = tensorfile.write_bytes({"x": every.view(dt)})
+        n = struct.unpack("<Q", data[:8])[0]
+        assert json.loads(data[8 : 8 + n])["x"]["dtype"] == code
+        got, _ = tensorfile.parse(data)
+        assert got["x"].dtype == np.dtype(dt) and got["x"].view(np.uint8).tolist() == every.tolist()
+    assert float(np.array([0x7E], np.uint8).view(ml_dtypes.float8_e4m3fn)[0]) == 448.0
+
+
 def test_zero_size_tensors_and_an_empty_file_of_tensors(tmp_path):
     tensorfile.write(tmp_path / "z.safetensors", {"e": np.zeros((0, 4), np.float32)})
     got, meta = tensorfile.read(tmp_path / "z.safetensors")
@@ -138,7 +151,9 @@ MALFORMED = {
     "entry not an object": (_file({"a": [1]}), "expected an object with exactly dtype"),
     "entry with an extra key": (_file({"a": {**_t("F32", [1], 0, 4), "x": 1}}, b"\0" * 4), "exactly dtype"),
     "entry missing data_offsets": (_file({"a": {"dtype": "F32", "shape": [1]}}, b"\0" * 4), "exactly dtype"),
-    "unknown dtype": (_file({"a": _t("F8_E4M3", [1], 0, 1)}, b"\0"), "dtype 'F8_E4M3' is not one of"),
+    "unknown dtype": (_file({"a": _t("F8_E8M0", [1], 0, 1)}, b"\0"), "dtype 'F8_E8M0' is not one of"),
+    "F8 with a byte short": (_file({"a": _t("F8_E4M3", [2, 3], 0, 5)}, b"\0" * 5), "needs 6 bytes"),
+    "F8 past the file": (_file({"a": _t("F8_E5M2", [4], 0, 4)}, b"\0" * 3), "declares 4 bytes"),
     "object dtype": (_file({"a": _t("O", [1], 0, 8)}, b"\0" * 8), "is not one of"),
     "dtype not a string (a list)": (_file({"a": _t(["F32"], [1], 0, 4)}, b"\0" * 4), "is not one of"),
     "dtype not a string (an object)": (_file({"a": _t({"F32": 1}, [1], 0, 4)}, b"\0" * 4), "is not one of"),

@@ -39,12 +39,24 @@ Built in (``CONVENTIONS``):
                 on (B, T, N, H) arrays (``jax.nn.dot_product_attention``). ``is_causal`` and
                 ``local_window_size`` are upper-left; lower-right causal goes into ``mask``.
                 No weights.
+``flash3_fp8``, ``flash_kvcache_fp8``, ``flash_kvcache_paged_fp8``  the same FlashAttention calls
+                with FP8 q, k, v and their descales (FlashAttention-3's ``q_descale``,
+                ``k_descale``, ``v_descale``, float32 (B, Hkv)), so ``sdpa_fp8`` is checked
+                through them; their non-FP8 calls are the parents' (`Convention.descales`).
 ``tutorial``    ``fn(Q, K, V, mask=None) -> (output, weights)`` on (..., H, L, D) arrays, mask
                 1/True = keep, scale fixed at 1/sqrt(dk) (the tutorials in ``shared/seeds``).
                 Every rule goes into ``mask``; GQA by repeating kv heads (h // G). No bias, no
                 scale.
 
 Add one with `register_convention` (a `Convention` subclass instance).
+
+FP8 (``sdpa_fp8``): a convention with `Convention.descales` set passes each FP8 call's descales
+as keywords, broadcast to FA3's (B, Hkv) float32, with the function's arrays in their FP8 dtype;
+its other arguments are built as for sdpa. Which FP8 calls it takes is data: `fp8_dtypes`,
+`fp8_out_dtypes` (FA3 returns bfloat16 only), ``descales="qkv"`` (q, k, v all FP8, as FA3) or
+``"kv"`` (a wide q over an FP8 KV cache). The P precision the function claims
+(`fp8_p_precision`, judged by `attnspec.spec.tolerance_fp8`) is the user's statement: ``extend``
+sets it, or the name suffix ``+p_e4m3`` (``attnspec check --fp8-p-precision float8_e4m3fn``).
 """
 
 from __future__ import annotations
@@ -70,9 +82,10 @@ from attnspec.backends.authoring import (
     unflatten_batch,
 )
 from attnspec.spec._validate import SDPAPlan
+from attnspec.spec.fp8 import FP8_DTYPES
 
-__all__ = ["CANONICAL", "CONVENTIONS", "NEEDS", "Call", "Convention", "call_needs", "canonical_inputs",
-           "get_convention", "register_convention"]
+__all__ = ["CANONICAL", "CONVENTIONS", "FP8_NEEDS", "NEEDS", "P_E4M3", "Call", "Convention", "call_needs",
+           "canonical_inputs", "fp8_call_needs", "get_convention", "register_convention"]
 
 #: what a call can ask of an implementation, beyond its dtype: the names the probe and the
 #: conventions' refusals use
@@ -83,6 +96,12 @@ NEEDS = (
     "q_lengths", "kv_lengths", "return_weights",
     *VARIANT_FEATURES,
 )
+
+
+#: what an sdpa_fp8 call asks beyond sdpa's needs: q, k, v in FP8 with descales, or a wide q over
+#: an FP8 KV cache. Kept apart from `NEEDS`: a convention without `Convention.descales` is
+#: probed and reported on `NEEDS` alone, as before FP8 existed.
+FP8_NEEDS = ("fp8", "fp8_kv_cache")
 
 
 @dataclass(frozen=True)
@@ -132,6 +151,16 @@ def call_needs(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tupl
     return Call(frozenset(needs), n, m)
 
 
+def fp8_call_needs(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tuple[int, ...],
+                   options: dict[str, Any], q_dtype: str) -> Call:
+    """The needs of an sdpa_fp8 call: sdpa's (`call_needs`), ``fp8`` or ``fp8_kv_cache`` by q's
+    dtype, and ``fp8_out_<dtype>`` for its output dtype (which `Convention.fp8_out_dtypes` limits)."""
+    base = call_needs(q_shape, k_shape, v_shape, options)
+    out = options.get("out_dtype") or ("bfloat16" if q_dtype in FP8_DTYPES else q_dtype)
+    kind = "fp8" if q_dtype in FP8_DTYPES else "fp8_kv_cache"
+    return Call(base.needs | {kind, f"fp8_out_{out}"}, base.n, base.m)
+
+
 def _variant_refusal(convention: str, variant: str) -> str:
     """Why ``convention`` refuses ``variant``: it maps no argument of the function to it."""
     if variant == "dropout_drawn":  # the function may well take dropout_p: the convention passes none
@@ -165,10 +194,27 @@ class Convention:
     #: output comes back to the spec's shape. Set with ``extend(..., canonical=True)`` or
     #: ``attnspec check --canonical``.
     canonical: bool = False
+    #: the FP8 calls it passes descales for: None (none: sdpa_fp8 is not expressible), "qkv" (q, k
+    #: and v FP8, ``q_descale``, ``k_descale``, ``v_descale`` keywords, FlashAttention-3) or "kv"
+    #: (a wide q over an FP8 KV cache: ``k_descale``, ``v_descale``). Each descale goes as a float32
+    #: (B, Hkv) array of the function's library, always passed (ones where the call has none).
+    descales: str | None = None
+    #: the FP8 storage dtypes the function takes (FA3: float8_e4m3fn only)
+    fp8_dtypes: tuple[str, ...] = FP8_DTYPES
+    #: the output dtypes it returns for FP8 inputs (FA3: bfloat16); a call asking another is refused
+    fp8_out_dtypes: tuple[str, ...] = ("bfloat16",)
+    #: the precision of the P its function multiplies V by, as its user claims it: "float32" or
+    #: "float8_e4m3fn" (FA3 rounds P to e4m3); the FP8 property judges by it
+    fp8_p_precision: str = "float32"
+    #: the keyword the function takes its FP8 output dtype by (None: it has none and returns the
+    #: first of `fp8_out_dtypes`); passed as the dtype's name ("float32") when a call asks another
+    fp8_out_keyword: str | None = None
 
     def extend(self, name: str, *, keywords: dict[str, str] | None = None,
                refuse: dict[str, str] | None = None, canonical: bool | None = None,
-               signature: str | None = None) -> Convention:
+               signature: str | None = None, descales: str | None = None,
+               fp8_dtypes: tuple[str, ...] | None = None, fp8_out_dtypes: tuple[str, ...] | None = None,
+               fp8_p_precision: str | None = None, fp8_out_keyword: str | None = None) -> Convention:
         """A new convention: this one, plus keywords, minus features, or with canonical inputs.
 
         Args:
@@ -182,8 +228,22 @@ class Convention:
                 counts the need as not expressible rather than refused.
             canonical: the function receives canonical inputs (`canonical`).
             signature: the signature as documented (default: the parent's, with the keywords).
+            descales: "qkv" or "kv": pass FP8 calls' descales (`descales`), so sdpa_fp8 is checked.
+            fp8_dtypes, fp8_out_dtypes: the FP8 storage and output dtypes the function takes.
+            fp8_p_precision: the P precision the function claims, "float32" or "float8_e4m3fn".
+            fp8_out_keyword: the keyword taking the FP8 output dtype's name (`fp8_out_keyword`).
         """
         import copy
+
+        if descales not in (None, "qkv", "kv"):
+            raise SpecError(f"{self.name}.extend: descales={descales!r} must be None, 'qkv' or 'kv'")
+        if fp8_p_precision not in (None, "float32", "float8_e4m3fn"):
+            raise SpecError(f"{self.name}.extend: fp8_p_precision={fp8_p_precision!r} must be 'float32' or "
+                            "'float8_e4m3fn'")
+        bad = sorted(set(fp8_dtypes or ()) - set(FP8_DTYPES))
+        if bad or fp8_dtypes == ():
+            raise SpecError(f"{self.name}.extend: fp8_dtypes={fp8_dtypes!r} must be a non-empty subset of "
+                            f"{', '.join(FP8_DTYPES)}")
 
         keywords = dict(keywords or {})
         bad = sorted(set(keywords) - set(_PASSED_OPTIONS))
@@ -203,11 +263,36 @@ class Convention:
         new.__dict__["cannot"] = {**{k: v for k, v in self.cannot.items() if k not in passed}, **(refuse or {})}
         if canonical is not None:
             new.canonical = canonical
+        for attr, value in (("descales", descales), ("fp8_dtypes", fp8_dtypes),
+                            ("fp8_out_dtypes", fp8_out_dtypes), ("fp8_p_precision", fp8_p_precision),
+                            ("fp8_out_keyword", fp8_out_keyword)):
+            if value is not None:
+                setattr(new, attr, tuple(value) if isinstance(value, (list, tuple)) else value)
         extra = "".join(f", {kw}=<{o}>" for o, kw in keywords.items())
         new.signature = signature or (self.signature + (f"; plus {extra[2:]}" if extra else "")
                                       + ("; canonical 4-D inputs, full-size masks" if new.canonical
-                                         and not self.canonical else ""))
+                                         and not self.canonical else "")
+                                      + (f"; FP8 with descales ({new.descales})" if new.descales
+                                         and not self.descales else "")
+                                      + ("; P rounded to e4m3" if new.fp8_p_precision != self.fp8_p_precision
+                                         else ""))
         return new
+
+    def descale_keywords(self, fp: Any, lib: ArrayLibrary, options: dict[str, Any], device: str | None) -> dict:
+        """The descale keywords of an FP8 call (`attnspec.spec.fp8.FP8Plan` ``fp``): FA3's float32
+        (B, Hkv), ones where the call gives none (the spec's default, 1); and the output dtype's
+        name under `fp8_out_keyword` when the call asks for another than the function's default."""
+        p = fp.sdpa
+        names = ("q_descale", "k_descale", "v_descale") if self.descales == "qkv" else ("k_descale", "v_descale")
+        kw = {}
+        for name in names:
+            value = options.get(name)
+            d = np.ones(()) if value is None else lib.to_numpy(value) if lib.is_array(value) else np.asarray(value)
+            d = np.broadcast_to(np.asarray(d, np.float32), (*p.batch, p.hkv)).reshape(math.prod(p.batch), p.hkv)
+            kw[name] = lib.asarray(np.ascontiguousarray(d), device=device)  # (B, Hkv) float32
+        if self.fp8_out_keyword and fp.out_dtype != self.fp8_out_dtypes[0]:
+            kw[self.fp8_out_keyword] = fp.out_dtype
+        return kw
 
     def pass_keywords(self, p: SDPAPlan, options: dict[str, Any]) -> dict[str, Any]:
         """The keywords of `extend` a call sets, with their values (the spec's, unchanged)."""
@@ -221,8 +306,30 @@ class Convention:
     def refusals(self, call: Call) -> list[str]:
         """Why this convention cannot express ``call`` (empty when it can)."""
         why = [f"the {self.name} convention {why}" for need, why in self.cannot.items() if need in call.needs]
-        return why + [_variant_refusal(self.name, v) for v in (*VARIANT_FEATURES, *DRAWN_VARIANTS)
-                      if v in call.needs and v not in self.variants and v not in self.cannot]
+        why += [_variant_refusal(self.name, v) for v in (*VARIANT_FEATURES, *DRAWN_VARIANTS)
+                if v in call.needs and v not in self.variants and v not in self.cannot]
+        return why + self._fp8_refusals(call)
+
+    def _fp8_refusals(self, call: Call) -> list[str]:
+        kind = next((n for n in FP8_NEEDS if n in call.needs), None)
+        if kind is None:
+            return []
+        if self.descales is None:
+            return [f"the {self.name} convention passes no descales, so FP8 inputs (sdpa_fp8) are not "
+                    "expressible through it (flash3_fp8, flash_kvcache_fp8 and flash_kvcache_paged_fp8 pass "
+                    "them; Convention.extend(descales=...) adds them to another)"]
+        why = []
+        if kind == "fp8" and self.descales == "kv":
+            why.append(f"the {self.name} convention takes a wide q over an FP8 KV cache (descales='kv'), "
+                       "not an FP8 q")
+        if kind == "fp8_kv_cache" and self.descales == "qkv":
+            why.append(f"the {self.name} convention takes q in FP8 with its descale, as FlashAttention-3 "
+                       "does (descales='qkv'), not a wide q")
+        out = next((n.removeprefix("fp8_out_") for n in call.needs if n.startswith("fp8_out_")), None)
+        if out is not None and out not in self.fp8_out_dtypes:
+            why.append(f"the {self.name} convention's function returns {' or '.join(self.fp8_out_dtypes)} for "
+                       f"FP8 inputs, not out_dtype={out}")
+        return why
 
     def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,
              options: dict[str, Any]) -> tuple[Any, Any]:
@@ -463,8 +570,13 @@ def get_convention(name: str | Convention) -> Convention:
     """The convention called ``name``; a `Convention` is returned as it is."""
     if isinstance(name, Convention):
         return name
-    canonical = name.endswith(CANONICAL)
-    base = name.removesuffix(CANONICAL)
+    suffixes = set()
+    base = name
+    while base.endswith((CANONICAL, P_E4M3)):  # in any order
+        suffix = CANONICAL if base.endswith(CANONICAL) else P_E4M3
+        suffixes.add(suffix)
+        base = base.removesuffix(suffix)
+    canonical = CANONICAL in suffixes
     if base in CONVENTIONS:
         conv = CONVENTIONS[base]
     elif ":" in base:  # a convention defined in the user's own module
@@ -479,11 +591,16 @@ def get_convention(name: str | Convention) -> Convention:
     else:
         raise SpecError(f"convention={name!r} is not one of {', '.join(CONVENTIONS)}, nor MODULE:ATTRIBUTE "
                         "naming a Convention")
+    if P_E4M3 in suffixes and conv.fp8_p_precision != "float8_e4m3fn":
+        conv = conv.extend(name, fp8_p_precision="float8_e4m3fn")
     return conv.extend(name, canonical=True) if canonical and not conv.canonical else conv
 
 
 #: the suffix of a convention name asking for canonical inputs: ``torch_sdpa+canonical``
 CANONICAL = "+canonical"
+#: the suffix of a convention name claiming FA3's P rounding: ``flash3_fp8+p_e4m3`` (the FP8
+#: property then judges by ``fp8_p_precision="float8_e4m3fn"``)
+P_E4M3 = "+p_e4m3"
 
 
 def describe(fn: Callable[..., Any]) -> str:
@@ -500,3 +617,20 @@ from attnspec.backends.conventions_flash import FlashKVCache, FlashVarlen  # noq
 from attnspec.backends.conventions_paged import FlashKVCachePaged, VllmPaged  # noqa: E402
 
 CONVENTIONS.update({c.name: c for c in (FlashVarlen(), FlashKVCache(), FlashKVCachePaged(), VllmPaged())})
+
+# FlashAttention-3's FP8 calls: the same functions, with descales (FA3 takes e4m3fn and returns bf16)
+_FA3_SIG = "; FP8 q, k, v (float8_e4m3fn) with q_descale, k_descale, v_descale float32 (B, Hkv); out bfloat16"
+CONVENTIONS.update({c.name: c for c in (
+    CONVENTIONS["flash"].extend(
+        "flash3_fp8", descales="qkv", fp8_dtypes=("float8_e4m3fn",),
+        refuse={"alibi": "has no ALiBi slopes (FlashAttention-3's flash_attn_func)"},
+        signature="fn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, "
+                  "q_descale=None, k_descale=None, v_descale=None, return_attn_probs=False) on (B, L, H, D) "
+                  "arrays (FlashAttention-3's flash_attn_func), causal and window lower-right" + _FA3_SIG),
+    CONVENTIONS["flash_kvcache"].extend(
+        "flash_kvcache_fp8", descales="qkv", fp8_dtypes=("float8_e4m3fn",),
+        signature=CONVENTIONS["flash_kvcache"].signature + _FA3_SIG),
+    CONVENTIONS["flash_kvcache_paged"].extend(
+        "flash_kvcache_paged_fp8", descales="qkv", fp8_dtypes=("float8_e4m3fn",),
+        signature=CONVENTIONS["flash_kvcache_paged"].signature + _FA3_SIG),
+)})

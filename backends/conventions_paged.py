@@ -208,8 +208,10 @@ class FlashKVCachePaged(_Paged):
         kw[self.table_keyword] = lib.asarray(paging.table, device=device)  # (B, W) int32
         if p.return_lse:
             kw["return_softmax_lse"] = True
+        # each in its own dtype: an FP8 call's plan is of the dequantised (float64) inputs
         q_arg, k_arg, v_arg = (
-            lib.asarray(np.ascontiguousarray(x), p.dtype, device) for x in (qf, k_pool, v_pool)
+            lib.asarray(np.ascontiguousarray(x), lib.dtype_name(orig), device)
+            for x, orig in ((qf, q), (k_pool, k), (v_pool, v))
         )
         result = fn(q_arg, k_arg, v_arg, **kw)
         out = unflatten_batch(p, _first(result), layout="blhd")  # (B, n, Hq, dv) -> spec's

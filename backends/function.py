@@ -10,6 +10,11 @@ the function once, exactly as the convention says (`attnspec.backends.convention
 returns is what the function returned, moved back to the spec's layout: a measurement, never a
 fix. `supports` is derived from the convention and from the capability probe
 (`attnspec.backends.probe`), run on first use or read from ``ATTNSPEC_CAPABILITIES``.
+
+A convention that passes descales (`Convention.descales`: ``flash3_fp8``...) makes the backend
+implement ``sdpa_fp8`` too: the FP8 arrays go to the function in their FP8 dtype with the
+descales as keywords, and its output is judged by the P precision the convention claims
+(``fp8_p_precision``). Through any other convention sdpa_fp8 is refused as not expressible.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ from attnspec.backends._base import FLOAT_DTYPES, Backend, Unsupported
 from attnspec.backends._common import variant_keywords
 from attnspec.backends.arrays import ArrayLibrary, array_library
 from attnspec.backends.authoring import plan_sdpa
-from attnspec.backends.conventions import Convention, call_needs, describe, get_convention
+from attnspec.backends.conventions import Convention, call_needs, describe, fp8_call_needs, get_convention
 from attnspec.backends.probe import Capabilities, probe
+from attnspec.spec._validate import ArrayInfo
+from attnspec.spec.fp8 import FP8_DTYPES, validate_fp8
 
 __all__ = ["FunctionBackend", "from_function"]
 
@@ -48,6 +55,10 @@ class FunctionBackend(Backend):
             raise SpecError(f"from_function: fn must be callable, got {type(fn).__name__}")
         self.fn = fn
         self.convention = get_convention(convention)
+        # sdpa_fp8 only through a convention that passes descales; its claims are the convention's
+        self.implements = frozenset({"sdpa", "sdpa_fp8"} if self.convention.descales else {"sdpa"})  # type: ignore[misc]
+        self.fp8_dtypes = self.convention.fp8_dtypes  # type: ignore[misc]
+        self.fp8_p_precision = self.convention.fp8_p_precision  # type: ignore[misc]
         self.arrays = array_library(arrays or self.convention.arrays)
         self.name = name or f"{getattr(fn, '__qualname__', 'fn')}@{self.convention.name}"
         if dtypes is not None:
@@ -105,10 +116,16 @@ class FunctionBackend(Backend):
         return self._capabilities
 
     def supports(self, feature: str, **case: Any) -> list[str]:
+        if feature == "sdpa_fp8" and not self.convention.descales:
+            return self.convention.refusals(fp8_call_needs((1, 1, 1), (1, 1, 1), (1, 1, 1), {}, FP8_DTYPES[0]))
         reasons = super().supports(feature, **case)
-        if reasons or feature != "sdpa" or case.get("bad_input") or case.get("no_call"):
+        if reasons or feature not in ("sdpa", "sdpa_fp8") or case.get("bad_input") or case.get("no_call"):
             return reasons  # bad input is refused by the spec's validation, before the function
-        call = call_needs(case["q_shape"], case["k_shape"], case["v_shape"], case)
+        if feature == "sdpa_fp8":  # q's dtype: the case's, else FP8 when it has a q_descale
+            q_dtype = case.get("q_dtype") or (case.get("dtype") if case.get("q_descale") is not None else "wide")
+            call = fp8_call_needs(case["q_shape"], case["k_shape"], case["v_shape"], case, q_dtype)
+        else:
+            call = call_needs(case["q_shape"], case["k_shape"], case["v_shape"], case)
         return self.convention.refusals(call) + self.capabilities.refusals(case.get("dtype"), call)
 
     def describe(self) -> dict[str, str]:
@@ -152,6 +169,59 @@ class FunctionBackend(Backend):
         if return_weights and weights is None:
             raise Unsupported(f"{fn}: the function returned no attention weights")
         found = [out] + ([weights] if return_weights else []) + ([lse] if p.return_lse else [])
+        return found[0] if len(found) == 1 else tuple(found)
+
+    def sdpa_fp8(self, q: Any, k: Any, v: Any, *, q_descale: Any = None, k_descale: Any = None,
+                 v_descale: Any = None, out_dtype: str | None = None, mask: Any = None, bias: Any = None,
+                 causal: str | None = None, window: tuple[int, int] | None = None, scale: float | None = None,
+                 q_lengths: Any = None, kv_lengths: Any = None, softcap: float | None = None,
+                 alibi_slopes: Any = None, sinks: Any = None, q_segment_ids: Any = None,
+                 kv_segment_ids: Any = None, dropout_mask: Any = None, dropout_p: float | None = None,
+                 return_weights: bool = False, return_lse: bool = False) -> Any:
+        fn = f"{self.name}.sdpa_fp8"
+        lib = self.arrays
+        variants = variant_keywords(locals())
+
+        def info(name: str, x: Any) -> ArrayInfo | None:
+            return None if x is None else ArrayInfo(tuple(x.shape), lib.dtype_name(x))
+
+        def host(x: Any) -> Any:  # descales and lengths are read by value
+            return lib.to_numpy(x) if lib.is_array(x) else x
+
+        arrays = {"mask": mask, "bias": bias, "alibi_slopes": alibi_slopes, "sinks": sinks,
+                  "q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "dropout_mask": dropout_mask}
+        fp = validate_fp8(fn, info("q", q), info("k", k), info("v", v),  # type: ignore[arg-type]
+                          q_descale=host(q_descale), k_descale=host(k_descale), v_descale=host(v_descale),
+                          out_dtype=out_dtype, causal=causal, window=window, scale=scale,
+                          q_lengths=host(q_lengths), kv_lengths=host(kv_lengths), softcap=softcap,
+                          dropout_p=dropout_p, return_lse=return_lse,
+                          **{name: info(name, x) for name, x in arrays.items()})
+        options = {"mask": mask, "bias": bias, "causal": causal, "window": window, "scale": scale,
+                   "q_lengths": q_lengths, "kv_lengths": kv_lengths, "return_weights": return_weights,
+                   "out_dtype": fp.out_dtype, **variants}
+        refused = self.convention.refusals(fp8_call_needs(q.shape, k.shape, v.shape, options, fp.q_dtype))
+        if refused:
+            raise Unsupported(f"{fn}: " + "; ".join(refused))
+        device = self.device_of(q) if lib.is_array(q) else self.device
+        descales = self.convention.descale_keywords(
+            fp, lib, {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}, device)
+        self.last_causes = []
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            kwargs.update(descales)
+            if self.record_calls:
+                self.last_call = (args, kwargs)
+            self.last_result = self.fn(*args, **kwargs)
+            return self.last_result
+
+        out, weights = self.convention.call(call, lib, fp.sdpa, q, k, v, options)
+        lse = None
+        if fp.sdpa.return_lse:
+            out, lse = out
+        self.last_causes = self.convention.output_causes(fp.sdpa, lib, q, k, v, options, out)
+        if return_weights and weights is None:
+            raise Unsupported(f"{fn}: the function returned no attention weights")
+        found = [out] + ([weights] if return_weights else []) + ([lse] if fp.sdpa.return_lse else [])
         return found[0] if len(found) == 1 else tuple(found)
 
 

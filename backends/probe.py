@@ -9,6 +9,11 @@ exception as the reason. Only the cases of an unsupported need are refused in th
 the function declines as it runs (raising `attnspec.backends.Unsupported`) refuses itself alone.
 Whether a result is *right* is the conformance suite's business, never the probe's.
 
+A backend that implements ``sdpa_fp8`` (a function through a convention that passes descales)
+is probed on `attnspec.backends.conventions.FP8_NEEDS` too: ``fp8`` (q, k, v in its first FP8
+dtype with (B, Hkv) descales) and ``fp8_kv_cache`` (a bfloat16 or float32 q over an FP8 cache),
+each in bfloat16 out, then float32 out; other backends are probed as before.
+
 ``python -m attnspec.backends.probe TARGET --out FILE`` probes in a child process, one probe at
 a time: a probe that crashes the interpreter or hangs is recorded as ``crashed`` / ``timeout``
 and the rest still run (`probe_isolated`).
@@ -32,7 +37,7 @@ import numpy as np
 
 from attnspec._journal import read_journal
 from attnspec.backends._base import FLOAT_DTYPES, Backend, Unsupported
-from attnspec.backends.conventions import NEEDS, Call
+from attnspec.backends.conventions import FP8_NEEDS, NEEDS, Call
 
 __all__ = ["PROBE_CASES", "Capabilities", "ProbeResult", "probe", "probe_isolated"]
 
@@ -171,6 +176,11 @@ def _with_causal(need: str, cases: list) -> list:
 
 #: need -> its tiny cases; "plain" is the dtype probe
 PROBE_CASES = {need: _with_causal(need, _cases(need)) for need in ("plain", *NEEDS)}
+_DESCALE = np.array([[0.5, 2.0]], np.float32)  # (B, Hkv) of the rank-4 shapes
+PROBE_CASES["fp8"] = [(*RANKS[4], {"q_descale": _DESCALE, "k_descale": _DESCALE, "v_descale": _DESCALE,
+                                   "out_dtype": out}) for out in ("bfloat16", "float32")]
+PROBE_CASES["fp8_kv_cache"] = [(*RANKS[4], {"q_dtype": wide, "k_descale": _DESCALE, "v_descale": _DESCALE,
+                                            "out_dtype": wide}) for wide in ("bfloat16", "float32")]
 PROBE_CASES["empty_q"] = [((1, 2, 0, 4), (1, 2, 4, 4), (1, 2, 4, 4), {"mask": np.ones((0, 4), bool)}),
                           ((2, 0, 4), (2, 4, 4), (2, 4, 4), {"mask": np.ones((0, 4), bool)})]
 
@@ -204,9 +214,12 @@ def _probe_need(backend: Backend, need: str, dtype: str, device: str | None,
 
 
 def _probe_call(backend: Backend, shapes, dtype: str, device: str | None) -> Exception | None:
-    """Call ``backend.sdpa`` on one probe case; the exception it raised, or None."""
+    """Call ``backend.sdpa`` on one probe case (``backend.sdpa_fp8`` when ``dtype`` is FP8); the
+    exception it raised, or None."""
     qs, ks, vs, opts = shapes
     rng = np.random.default_rng(0)
+    if dtype in getattr(backend, "fp8_dtypes", ()):
+        return _probe_fp8_call(backend, shapes, dtype, device)
     try:
         q, k, v = (backend.asarray(x, dtype, device) for x in _arrays(rng, qs, ks, vs))
         conv = {}
@@ -221,9 +234,31 @@ def _probe_call(backend: Backend, shapes, dtype: str, device: str | None) -> Exc
     return None
 
 
-def plan(dtypes: tuple[str, ...]) -> list[tuple[str, str | None]]:
-    """The probes to run, in order: (need, dtype); dtype None = the first dtype that worked."""
-    return [("plain", d) for d in dtypes] + [(need, None) for need in NEEDS]
+def _probe_fp8_call(backend: Backend, shapes, dtype: str, device: str | None) -> Exception | None:
+    """Call ``backend.sdpa_fp8`` on one FP8 probe case: k, v (and q, unless the case names a wide
+    ``q_dtype``) stored in ``dtype``, halved so nothing saturates."""
+    qs, ks, vs, opts = shapes
+    opts = dict(opts)
+    q_dtype = opts.pop("q_dtype", dtype)
+    rng = np.random.default_rng(0)
+    try:
+        q, k, v = (backend.asarray(x / 2, d, device) for x, d in zip(_arrays(rng, qs, ks, vs), (q_dtype, dtype, dtype)))
+        conv = {n: backend.asarray(x, None, device) if isinstance(x, np.ndarray) else x for n, x in opts.items()}
+        backend.sdpa_fp8(q, k, v, **conv)
+    except Exception as e:  # any refusal is a finding
+        return e
+    return None
+
+
+def fp8_needs(backend: Backend) -> tuple[str, ...]:
+    """The FP8 needs to probe: `FP8_NEEDS` for a backend with sdpa_fp8, none otherwise."""
+    return FP8_NEEDS if "sdpa_fp8" in getattr(backend, "implements", ()) else ()
+
+
+def plan(dtypes: tuple[str, ...], fp8: tuple[str, ...] = ()) -> list[tuple[str, str | None]]:
+    """The probes to run, in order: (need, dtype); dtype None = the first dtype that worked (an
+    FP8 need's: the backend's first FP8 dtype)."""
+    return [("plain", d) for d in dtypes] + [(need, None) for need in (*NEEDS, *fp8)]
 
 
 def probe(backend: Backend, dtypes: tuple[str, ...] | None = None, device: str | None = None,
@@ -233,7 +268,10 @@ def probe(backend: Backend, dtypes: tuple[str, ...] | None = None, device: str |
     dtypes = tuple(dtypes or getattr(backend, "dtypes", FLOAT_DTYPES))
     results: list[ProbeResult] = []
     feature_dtype: str | None = None
-    for need, dtype in plan(dtypes):
+    fp8 = fp8_needs(backend)
+    for need, dtype in plan(dtypes, fp8):
+        if dtype is None and need in fp8:
+            dtype = backend.fp8_dtypes[0]
         if dtype is None:
             if feature_dtype is None:
                 ok = [r.dtype for r in results if r.need == "dtype" and r.status == "ok"]
@@ -268,7 +306,7 @@ def probe_isolated(target: str, out: Path, dtypes: tuple[str, ...] | None = None
     journal.unlink(missing_ok=True)
     (out.parent / "probe-cwd").mkdir(parents=True, exist_ok=True)
     skip: dict[str, str] = {}
-    for _ in range(len(plan(tuple(dtypes or FLOAT_DTYPES))) + 1):
+    for _ in range(len(plan(tuple(dtypes or FLOAT_DTYPES), FP8_NEEDS)) + 1):
         cmd = [sys.executable, "-W", "ignore::RuntimeWarning", "-m", "attnspec.backends.probe", target,
                "--journal", str(journal), "--skip", json.dumps(skip)]
         if dtypes:

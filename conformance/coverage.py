@@ -7,6 +7,11 @@ ran to a verdict and in how many cases, which the implementation refused (the pr
 and which its convention cannot express. `gaps(cov)` lists what keeps a run from a verdict of
 conformance: the implementation never called successfully; a need its convention can express
 that never ran; a dtype asked for that never ran.
+
+FP8 (`attnspec.backends.conventions.FP8_NEEDS`): an sdpa_fp8 case needs ``fp8`` (q, k, v in FP8
+with descales) or ``fp8_kv_cache`` (its ``wide_q`` tag: a wide q over an FP8 cache). They are
+reported for a convention that passes descales, and wherever an sdpa_fp8 case ran; a run of any
+other convention is reported on `NEEDS` alone.
 """
 
 from __future__ import annotations
@@ -54,8 +59,13 @@ def coverage(
     ran: Counter = Counter()
     declined: Counter = Counter()  # cases with the need that were refused
     by_function: Counter = Counter()  # ... by the function itself, not by its convention
+    fp8_ran = False
     for c in cases:
-        for need in c.get("needs") or ():
+        needs_of = list(c.get("needs") or ())
+        if c.get("function") == "sdpa_fp8":
+            needs_of.append("fp8_kv_cache" if "wide_q" in (c.get("tags") or ()) else "fp8")
+            fp8_ran |= c["status"] in VERDICTS
+        for need in needs_of:
             if c["status"] in VERDICTS:
                 ran[need] += 1
             elif c["status"] == "unsupported":
@@ -63,9 +73,10 @@ def coverage(
                 by_function[need] += "convention" not in (c.get("reason") or "")
     needs: dict[str, dict[str, Any]] = {}
     expressible, refused = _expressible(convention), _refused(results)
-    from attnspec.backends.conventions import NEEDS
+    from attnspec.backends.conventions import FP8_NEEDS, NEEDS
 
-    for need in NEEDS:
+    fp8 = FP8_NEEDS if fp8_ran or getattr(convention, "descales", None) else ()
+    for need in (*NEEDS, *fp8):
         entry: dict[str, Any] = {"cases": ran[need], "declined": declined[need]}
         if ran[need]:
             entry["status"] = "ran"
@@ -90,10 +101,10 @@ def _expressible(conv: Any) -> dict[str, str] | None:
     case by case)."""
     if conv is None:
         return None
-    from attnspec.backends.conventions import NEEDS, Call
+    from attnspec.backends.conventions import FP8_NEEDS, NEEDS, Call
 
     why = {}
-    for need in NEEDS:
+    for need in (*NEEDS, *FP8_NEEDS):
         needs = frozenset({need, *IMPLIED.get(need, ())})
         reasons = conv.refusals(Call(needs, 4, 4))
         if (

@@ -129,8 +129,38 @@ def _array(x: np.ndarray) -> str:
 
 
 def fp8_cases(dtype: str, features: tuple[str, ...] = FP8_FEATURES):
-    """One sdpa_fp8 call in the FP8 dtype ``dtype``, exercising a drawn feature."""
-    return _fp8_cases(dtype, features)
+    """One sdpa_fp8 call in the FP8 dtype ``dtype``, exercising a drawn feature. A `Tour`
+    (`attnspec.conformance.corners`) draws one case of its feature, in bfloat16 out: the spec's
+    default for FP8 q and what FlashAttention-3 returns (the drawn cases vary it); the tour of
+    ``out_float32`` is a plain case with float32 out."""
+    strategy = _fp8_cases(dtype, features)
+    strategy.attn_tour = lambda tour: _tour_case(tour, dtype, features)  # see corners.py
+    return strategy
+
+
+#: tour features of this property that `attnspec.conformance.corners.tour_features` lacks
+#: (test_fp8 tours them itself)
+EXTRA_TOUR_FEATURES = ("wide_q", "peaked", "out_float32")
+
+
+def _tour_case(tour, dtype: str, features: tuple[str, ...]) -> FP8Case:
+    out = "float32" if tour.feature == "out_float32" else "bfloat16"
+    if tour.feature == "out_float32":  # a tour test_fp8 made for it: a plain case, float32 out
+        tour.feature = "plain"
+    return _fp8_case(_OutDtype(tour.choosing(features), out), dtype, features)
+
+
+class _OutDtype:
+    """A tour's draws, but the output dtype drawn is ``out``."""
+
+    def __init__(self, tour, out: str) -> None:
+        self.tour, self.out = tour, out
+
+    def __call__(self, strategy, label=None):
+        s = getattr(strategy, "wrapped_strategy", strategy)
+        if type(s).__name__ == "SampledFromStrategy" and tuple(s.elements) == OUT_DTYPES:
+            return self.out
+        return self.tour.draw(strategy, label)
 
 
 def descale(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:

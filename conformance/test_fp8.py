@@ -5,24 +5,61 @@ the P precision the backend claims (``fp8_p_precision``).
 Parametrised over the FP8 storage dtypes, not FLOAT_DTYPES: a backend without sdpa_fp8 refuses
 every case at once (``supports``: "does not implement sdpa_fp8"). The fixed corner cases of
 `attnspec.conformance.corners` (-inf biases, NaN and inf keys) are not FP8 inputs, so this
-property runs no corners; the `attnspec check` tour visits the features of sdpa and its variants
-through functions that have no sdpa_fp8, so it has no FP8 tour either.
+property runs no corners. Under ``attnspec check`` (``ATTNSPEC_TOUR=1``) it tours every FP8
+feature once in bfloat16 out, FA3's (`with_corners` tours those that `tour_features` names,
+`with_fp8_tours` the rest: ``wide_q``, ``peaked`` and ``out_float32``), so a function checked
+through a convention that passes descales (``flash3_fp8``) meets each feature it can express.
 """
 
 from __future__ import annotations
+
+import functools
+import os
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnspec.conformance.fp8_cases import FP8Case, fp8_cases
+from attnspec.conformance.corners import NotThisProperty, Tour, with_corners
+from attnspec.conformance.fp8_cases import EXTRA_TOUR_FEATURES, FP8Case, fp8_cases
 from attnspec.conformance.pytest_helpers import Verdict, check_metadata, failure_message, to_backend
 from attnspec.spec.fp8 import FP8_DTYPES, plan_fp8
 from attnspec.spec.tolerance import compare
 from attnspec.spec.tolerance_fp8 import fp8_golden
 
 
+def with_fp8_tours(test):
+    """Under ``ATTNSPEC_TOUR=1``, tour `EXTRA_TOUR_FEATURES` (judged like `with_corners`' tours,
+    in its ``corner`` phase), then run ``test`` (``with_corners``: its tours, the drawn examples).
+    The first failure is raised after both."""
+    inner = test.hypothesis.inner_test
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        failed = None
+        state = getattr(kwargs["judge"], "state", None)
+        if os.environ.get("ATTNSPEC_TOUR") == "1":
+            if state is not None and state.phase != "sweep":
+                state.phase = "corner"
+            for i, feature in enumerate(EXTRA_TOUR_FEATURES):
+                try:
+                    inner(*args, data=Tour(feature, 7919 * i + 29), **kwargs)
+                except NotThisProperty:
+                    continue
+                except AssertionError as exc:
+                    failed = failed or exc
+            if state is not None and state.phase == "corner":
+                state.phase = "drawn"
+        test(*args, **kwargs)
+        if failed is not None:
+            raise failed
+
+    return run
+
+
 @pytest.mark.parametrize("dtype", FP8_DTYPES)
+@with_fp8_tours
+@with_corners(kinds=())
 @given(data=st.data())
 def test_fp8_matches_golden(attn_backend, attn_device, judge, dtype, data):
     """Output (and lse when asked) of FP8 inputs equal the dequantised golden within the FP8
@@ -32,7 +69,8 @@ def test_fp8_matches_golden(attn_backend, attn_device, judge, dtype, data):
     def body():
         return judge_fp8(attn_backend, attn_device, "matches_golden", case)
 
-    judge("sdpa_fp8", "matches_golden", case, body, feature_case={"dtypes": case.wide_dtypes})
+    feature_case = {"dtypes": case.wide_dtypes, "q_dtype": case.q.dtype.name}
+    judge("sdpa_fp8", "matches_golden", case, body, feature_case=feature_case)
 
 
 def judge_fp8(backend, device, prop: str, case: FP8Case) -> Verdict:

@@ -29,6 +29,8 @@ from typing import Any
 from attnspec.conformance.profiles import PROFILES
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: sdpa_fp8's storage dtypes (`attnspec.spec.fp8.FP8_DTYPES`): --dtype may name them too
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 
 
 class UsageError(Exception):
@@ -71,8 +73,12 @@ def _parser() -> argparse.ArgumentParser:
                        "(default: the convention's; numpy, torch, jax, mlx, tinygrad)")
     check.add_argument("--profile", default="dev", choices=PROFILES,
                        help="dev (default: about a minute), ci (100 examples a property), thorough")
-    check.add_argument("--dtype", action="append", choices=DTYPES, default=None,
-                       help="check only these dtypes (repeatable; default all four)")
+    check.add_argument("--dtype", action="append", choices=DTYPES + FP8_DTYPES, default=None,
+                       help="check only these dtypes (repeatable; default all four floats and both FP8 "
+                            "storage dtypes of sdpa_fp8)")
+    check.add_argument("--fp8-p-precision", default="float32", choices=("float32", "float8_e4m3fn"),
+                       help="the P precision the function claims on FP8 inputs (a convention that passes "
+                            "descales): float8_e4m3fn for a kernel that rounds P as FlashAttention-3 does")
     check.add_argument("--device", default=None, help="device (default: the array library's first)")
     check.add_argument("--out", default="attnspec-report", help="output directory (default ./attnspec-report)")
     check.add_argument("--case-timeout", type=float, default=120.0,
@@ -100,9 +106,10 @@ def _target(args: argparse.Namespace) -> tuple[str, bool, Any]:
 
     target = args.target
     if args.convention is None:
-        if args.arrays or args.canonical:
-            raise UsageError(f"{'--arrays' if args.arrays else '--canonical'} applies to a function checked with "
-                             "--convention")
+        if args.arrays or args.canonical or args.fp8_p_precision != "float32":
+            flag = "--arrays" if args.arrays else "--canonical" if args.canonical else "--fp8-p-precision"
+            raise UsageError(f"{flag} applies to a function checked with --convention (a backend class states "
+                             "its own fp8_p_precision)")
         if "@" in target:
             return _absolute(target), True, None
         try:
@@ -117,6 +124,10 @@ def _target(args: argparse.Namespace) -> tuple[str, bool, Any]:
     if ":" not in target or "@" in target:
         raise UsageError(f"with --convention, the target must be MODULE:FUNCTION, got {target!r}")
     convention = _absolute(args.convention) + (ab.CANONICAL if args.canonical else "")
+    if args.fp8_p_precision == "float8_e4m3fn":
+        from attnspec.backends.conventions import P_E4M3
+
+        convention += P_E4M3
     try:
         ab.get_convention(convention)
         obj = ab.load_object(_absolute(target))
@@ -160,7 +171,8 @@ def _check(args: argparse.Namespace) -> int:
     if is_function:
         print(f"attnspec check: probing {spec} ...", file=sys.stderr)
         try:
-            caps = probe_isolated(spec, out / "probe.json", tuple(args.dtype) if args.dtype else None, args.device)
+            floats = tuple(d for d in args.dtype or () if d in DTYPES)  # FP8 has probes of its own
+            caps = probe_isolated(spec, out / "probe.json", floats or None, args.device)
         except RuntimeError as e:
             raise UsageError(f"cannot probe {spec}: {e}") from None
         (out / "capabilities.json").write_text(json.dumps({spec: caps.as_json()}, indent=1))

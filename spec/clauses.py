@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 #: the version of the semantics (not of the package): see spec/CHANGELOG.md
-SPEC_VERSION = "1.0.0"
+SPEC_VERSION = "1.1.0"
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ The one copy of the check that ``nox -s vectors_c`` and ``tests/test_vectors_c.p
 
 1. build both binaries from this folder with the C compiler ($CC, else ``cc``) and
    ``-std=c99 -O2 -Wall -Wextra -pedantic -Werror`` into WORK/bin;
-2. ``attnspec vectors export`` (profile, function sdpa, the dtypes) into WORK/vectors;
+2. ``attnspec vectors export`` (profile, the sdpa, sdpa_serving and sdpa_paged families, the
+   dtypes) into WORK/vectors: the C computes sdpa's and the serving cases and declares the paged
+   layout's unsupported from the manifest;
 3. run each binary on every exported bundle, into WORK/outputs and WORK/outputs-fill;
 4. ``attnspec vectors verify``: the correct build must exit 0 and print CONFORMS; the twin must
    exit 1 and name the clause ``sdpa.empty_row``.
@@ -31,6 +33,8 @@ HERE = Path(__file__).resolve().parent
 SOURCES = ("sdpa.c", "safetensors.c", "json.c")
 CFLAGS = ("-std=c99", "-O2", "-Wall", "-Wextra", "-pedantic", "-Werror")
 BINARIES = {"attnspec_sdpa": (), "attnspec_sdpa_fill_minus_1e9": ("-DATTNSPEC_FILL_MINUS_1E9",)}
+#: the bundle families exported: all of function sdpa
+FAMILIES = ("sdpa", "sdpa_serving", "sdpa_paged")
 
 
 def _run(cmd: list[str], timings: dict[str, float], step: str) -> subprocess.CompletedProcess[str]:
@@ -77,14 +81,13 @@ def check(
             str(vectors),
             "--profile",
             profile,
-            "--function",
-            "sdpa",
+            *(a for f in FAMILIES for a in ("--function", f)),
             *(a for d in dtypes for a in ("--dtype", d)),
         ],
         timings,
         "export",
     )
-    print(_tail(proc.stdout + proc.stderr, 2 + len(dtypes)))
+    print(_tail(proc.stdout + proc.stderr, 2 + len(FAMILIES) * len(dtypes)))
     if proc.returncode:
         return False, timings
     bundles = [
@@ -92,8 +95,8 @@ def check(
         for b in json.loads((vectors / "index.json").read_text())["bundles"]
         if b["function"] == "sdpa"
     ]
-    if len(bundles) != len(dtypes):
-        print(f"expected {len(dtypes)} sdpa bundles, the export wrote {len(bundles)}")
+    if len(bundles) != len(FAMILIES) * len(dtypes):
+        print(f"expected {len(FAMILIES) * len(dtypes)} sdpa bundles, the export wrote {len(bundles)}")
         return False, timings
 
     verdicts = {}
@@ -125,7 +128,7 @@ def check(
             verify_step,
         )
         verdicts[name] = proc
-        print(_tail(proc.stdout + proc.stderr, 4 + len(dtypes)))
+        print(_tail(proc.stdout + proc.stderr, 4 + len(FAMILIES) * len(dtypes)))
 
     good, twin = verdicts["attnspec_sdpa"], verdicts["attnspec_sdpa_fill_minus_1e9"]
     good_text, twin_text = good.stdout + good.stderr, twin.stdout + twin.stderr

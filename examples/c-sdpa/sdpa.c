@@ -686,6 +686,8 @@ int main(int argc, char **argv)
     jvalue manifest;
     const jvalue *cases;
     int done = 0, unsupported = 0, errors = 0;
+    const char *fn, *family;
+    char whole[200] = "";
 
     if (argc != 3) {
         fprintf(stderr, "usage: %s BUNDLE_DIR OUTPUTS_DIR\n"
@@ -714,6 +716,14 @@ int main(int argc, char **argv)
         return 2;
     }
     ncases = cases->len;
+    /* A bundle of another function (sdpa_fp8's FP8 storage) or another layout of sdpa (the paged
+       cache) is declared unsupported from the manifest alone: its files need not parse here. */
+    fn = json_get_str(&manifest, "function");
+    family = json_get_str(&manifest, "family");
+    if (!fn || strcmp(fn, "sdpa") != 0)
+        snprintf(whole, sizeof whole, "function %s: only sdpa is implemented", fn ? fn : "(none)");
+    else if (family && strcmp(family, "sdpa_serving") != 0)
+        snprintf(whole, sizeof whole, "bundle family %s: only sdpa's contiguous layout is implemented", family);
     for (c = 0; c < ncases; c++) {
         const jvalue *entry = &cases->items[c];
         const char *id = cases->type == J_OBJ ? cases->keys[c] : json_get_str(entry, "id");
@@ -736,7 +746,7 @@ int main(int argc, char **argv)
         snprintf(result, sizeof result, "%s/%s.safetensors", outdir, id);
         snprintf(tmp, sizeof tmp, "%s.partial", result);
         r.msg[0] = '\0';
-        s = run_case(path, id, tmp, &r);
+        s = whole[0] ? say(&r, CASE_UNSUPPORTED, "%s", whole) : run_case(path, id, tmp, &r);
         if (s == CASE_OK && rename(tmp, result) != 0) s = say(&r, CASE_ERROR, "cannot rename %s", tmp);
         if (s != CASE_OK) {
             remove(tmp);

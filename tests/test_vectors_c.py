@@ -9,6 +9,7 @@ checks that rounding bit for bit. Both skip only when there is no C compiler ``c
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -48,7 +49,10 @@ def test_c_sdpa_conforms_and_fill_twin_fails_on_empty_row(tmp_path: Path) -> Non
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "vectors_c: OK" in out
-    assert "\nCONFORMS: " in out  # the correct build's verdict line
+    # the correct build's verdict: every sdpa and serving case passed, the paged layout's declared
+    assert re.search(r"\nCONFORMS \(on the (\d+) of \d+ cases it ran; (\d+) declared unsupported\)", out)
+    assert "bundle family sdpa_paged: only sdpa's contiguous layout is implemented" in out
+    assert re.search(r"bundle sdpa_serving-float32 \(spec [0-9.]+\): (\d+) cases, \1 passed", out)
     assert "\nFAILS: " in out  # the twin's
     assert "[clause sdpa.empty_row]" in out
 

@@ -278,7 +278,9 @@ class Convention:
                                          else ""))
         return new
 
-    def descale_keywords(self, fp: Any, lib: ArrayLibrary, options: dict[str, Any], device: str | None) -> dict:
+    def descale_keywords(
+        self, fp: Any, lib: ArrayLibrary, options: dict[str, Any], device: str | None
+    ) -> dict[str, Any]:
         """The descale keywords of an FP8 call (`attnspec.spec.fp8.FP8Plan` ``fp``): FA3's float32
         (B, Hkv), ones where the call gives none (the spec's default, 1); and the output dtype's
         name under `fp8_out_keyword` when the call asks for another than the function's default."""

@@ -122,7 +122,8 @@ class FunctionBackend(Backend):
         if reasons or feature not in ("sdpa", "sdpa_fp8") or case.get("bad_input") or case.get("no_call"):
             return reasons  # bad input is refused by the spec's validation, before the function
         if feature == "sdpa_fp8":  # q's dtype: the case's, else FP8 when it has a q_descale
-            q_dtype = case.get("q_dtype") or (case.get("dtype") if case.get("q_descale") is not None else "wide")
+            fp8_q = case.get("dtype") if case.get("q_descale") is not None else None
+            q_dtype = str(case.get("q_dtype") or fp8_q or "wide")
             call = fp8_call_needs(case["q_shape"], case["k_shape"], case["v_shape"], case, q_dtype)
         else:
             call = call_needs(case["q_shape"], case["k_shape"], case["v_shape"], case)

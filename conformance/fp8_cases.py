@@ -133,7 +133,7 @@ def fp8_cases(dtype: str, features: tuple[str, ...] = FP8_FEATURES):
     (`attnspec.conformance.corners`) draws one case of its feature, in bfloat16 out: the spec's
     default for FP8 q and what FlashAttention-3 returns (the drawn cases vary it); the tour of
     ``out_float32`` is a plain case with float32 out."""
-    strategy = _fp8_cases(dtype, features)
+    strategy: Any = _fp8_cases(dtype, features)  # a SearchStrategy carrying the corner/tour hooks
     strategy.attn_tour = lambda tour: _tour_case(tour, dtype, features)  # see corners.py
     return strategy
 

@@ -50,7 +50,7 @@ def resolve_backend(name: str):
     return attnspec.backends.load(name)
 
 
-def to_backend(backend, case: SDPACase, device: str | None, options: dict[str, Any] | None = None):
+def to_backend(backend, case: Any, device: str | None, options: dict[str, Any] | None = None):
     """q, k, v and options converted to the backend's arrays (lengths and masks included)."""
     opts = dict(case.options if options is None else options)
     conv = {}
@@ -158,7 +158,7 @@ def repro(backend_name: str, case: SDPACase, device: str | None, fn: str = "sdpa
     return "\n".join(lines)
 
 
-def failure_message(backend_name: str, prop: str, case: SDPACase, device: str | None,
+def failure_message(backend_name: str, prop: str, case: Any, device: str | None,
                     comparisons: dict[str, Comparison], problems: list[str], fn: str = "sdpa",
                     causes: list[str] | None = None, **extra: Any) -> str:
     """The failure, its cause first: ``[backend] fn prop: CAUSE`` (when one is known), then the

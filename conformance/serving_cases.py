@@ -74,7 +74,7 @@ def serving_cases(dtype: str, features: tuple[str, ...] | None = None):
     if features is None:
         dev = settings.get_current_profile_name() == "dev"
         features = tuple(f for f in SERVING_FEATURES if not (dev and f == "kernel_shapes"))
-    strategy = _serving_cases(dtype, features)
+    strategy: Any = _serving_cases(dtype, features)  # a SearchStrategy carrying the corner/tour hooks
     strategy.attn_corner = lambda corner: kernel_case(corner.kind, dtype)  # see corners.py
     strategy.attn_tour = lambda tour: _serving_case(tour.choosing(SERVING_FEATURES), dtype, SERVING_FEATURES)
     return strategy

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -82,7 +83,9 @@ def judge_fp8(backend, device, prop: str, case: FP8Case) -> Verdict:
     fp = plan_fp8("sdpa_fp8", case.q, case.k, case.v, case.options)
     claim = getattr(backend, "fp8_p_precision", "float32")
     g = fp8_golden(case.q, case.k, case.v, p_precision=claim, **case.options)
-    expected = [("out", g.out, g.allowed_out, fp.sdpa.out_shape, fp.out_dtype)]
+    expected: list[tuple[str, Any, Any, tuple[int, ...], str]] = [
+        ("out", g.out, g.allowed_out, fp.sdpa.out_shape, fp.out_dtype)
+    ]
     if fp.sdpa.return_lse:
         expected.append(("lse", g.lse, g.allowed_lse, fp.sdpa.lse_shape, fp.lse_dtype))
     if len(parts) != len(expected):

@@ -241,10 +241,15 @@ def validate_fp8(
                 "FP8 kernel holds in float32)"
             )
 
-    def wide(x: ArrayInfo | None) -> ArrayInfo | None:
-        return None if x is None else ArrayInfo(x.shape, "float64")
+    def wide(x: ArrayInfo) -> ArrayInfo:
+        return ArrayInfo(x.shape, "float64")
 
-    plan = validate_sdpa(fn, wide(q), wide(k), wide(v), bias=wide(bias), sinks=wide(sinks), **sdpa_arguments)
+    def wide_or_none(x: ArrayInfo | None) -> ArrayInfo | None:
+        return None if x is None else wide(x)
+
+    plan = validate_sdpa(
+        fn, wide(q), wide(k), wide(v), bias=wide_or_none(bias), sinks=wide_or_none(sinks), **sdpa_arguments
+    )
     target = (*plan.batch, plan.hkv)
     qd = _check_descale(fn, "q_descale", q_descale, target, "q", q.dtype)
     kd = _check_descale(fn, "k_descale", k_descale, target, "k", k.dtype)

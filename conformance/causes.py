@@ -18,6 +18,10 @@ and the message's comparison lines give the numbers. Every cause starts with one
 - "visible weights leak to hidden keys": returned weights are nonzero on a hidden key;
 - "raised ...": the call raised (stated by the suite's judge, `attnspec.conformance.conftest`).
 
+`fp8_causes` does the same for `sdpa_fp8`: "the output is the golden with <a descale left out or
+applied twice> ...: a descale bug", or "the output is within the budget of P rounded to e4m3 ..."
+under a float32 claim.
+
 An empty list means no rule-specific cause was found (a plain numerical difference, or a
 difference this module cannot explain).
 """
@@ -27,7 +31,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-__all__ = ["CAUSE_PREFIXES", "sdpa_causes"]
+__all__ = ["CAUSE_PREFIXES", "fp8_causes", "sdpa_causes"]
 
 #: how every cause begins (the last is the judge's, for a call that raised)
 CAUSE_PREFIXES = (
@@ -258,3 +262,55 @@ def _matches_tiled(plan, q, k, v, vis, got, allowed) -> bool:
         tiled = sdpa(q.astype(np.float64), kt, vt, mask=vis)
         diff = np.abs(tiled.reshape(got.shape) - got)
     return bool(np.all((diff <= allowed) | (np.isnan(tiled.reshape(got.shape)) & np.isnan(got))))
+
+
+# -- sdpa_fp8 --------------------------------------------------------------------------------
+
+#: the descale bugs `fp8_causes` recognises: what the output equals, and the descales of that call
+#: (None: left out, "twice": squared)
+DESCALE_BUGS = (
+    ("every descale left out", {"q_descale": None, "k_descale": None, "v_descale": None}),
+    ("q_descale and k_descale left out of the softmax scale", {"q_descale": None, "k_descale": None}),
+    ("k_descale left out", {"k_descale": None}),
+    ("q_descale left out", {"q_descale": None}),
+    ("v_descale not applied", {"v_descale": None}),
+    ("v_descale applied twice", {"v_descale": "twice"}),
+    ("q_descale and k_descale applied twice", {"q_descale": "twice", "k_descale": "twice"}),
+)
+
+
+def fp8_causes(q, k, v, options: dict, got, allowed: float, claim: str) -> list[str]:
+    """What a failing `sdpa_fp8` output is, when it is a known bug: the golden of the same call
+    (stored ``q, k, v`` and the call's ``options``) with a descale left out or applied twice, or,
+    under a float32 ``claim``, a P rounded to e4m3 before P @ V. The suite's FP8 property and the
+    FP8 vectors' verify both ask here."""
+    from attnspec.spec.fp8 import sdpa_fp8
+    from attnspec.spec.tolerance import compare
+    from attnspec.spec.tolerance_fp8 import fp8_golden
+
+    got = np.asarray(got, np.float64)
+    base = {key: val for key, val in options.items() if key not in ("return_lse", "return_weights")}
+    for what, change in DESCALE_BUGS:
+        opts, changed = dict(base), False
+        for name, how in change.items():
+            if opts.get(name) is not None:
+                opts[name] = None if how is None else np.asarray(opts[name] * opts[name], np.float32)
+                changed = True
+        if not changed:
+            continue
+        try:
+            wrong = np.asarray(sdpa_fp8(q, k, v, **{**opts, "out_dtype": "float64"}))
+        except Exception:  # a variant the spec refuses is no explanation
+            continue
+        off = np.nanmax(np.abs(wrong - got.reshape(wrong.shape)), initial=0.0) if wrong.size == got.size else None
+        if off is not None and off <= allowed:
+            return [f"the output is the golden with {what} (within the allowed error): a descale bug"]
+    if claim == "float32":
+        g8 = fp8_golden(q, k, v, p_precision="float8_e4m3fn", **options)
+        if g8.out.size == got.size and compare(got.reshape(g8.out.shape), g8.out, g8.allowed_out).ok:
+            return [
+                "the output is within the budget of P rounded to e4m3 before P @ V (FlashAttention-3's "
+                "rounding), not of float32 P: if the kernel rounds P, claim fp8_p_precision="
+                "'float8_e4m3fn' (attnspec check --fp8-p-precision float8_e4m3fn)"
+            ]
+    return []

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from attnspec.conformance.causes import fp8_causes
 from attnspec.conformance.corners import NotThisProperty, Tour, with_corners
 from attnspec.conformance.fp8_cases import EXTRA_TOUR_FEATURES, FP8Case, fp8_cases
 from attnspec.conformance.pytest_helpers import Verdict, check_metadata, failure_message, to_backend
@@ -103,7 +104,13 @@ def judge_fp8(backend, device, prop: str, case: FP8Case) -> Verdict:
         if not meta:
             comparisons[what] = compare(backend.to_numpy(got), gold, allowed)
     if problems or not all(c.ok for c in comparisons.values()):
-        causes = [] if problems else fp8_causes(case, backend.to_numpy(parts[0]), g.allowed_out, claim)
+        causes = (
+            []
+            if problems
+            else fp8_causes(
+                case.q, case.k, case.v, case.options, backend.to_numpy(parts[0]), g.allowed_out, claim
+            )
+        )
         problems.append(f"judged as a float32 kernel whose P is {claim} (its fp8_p_precision)")
         return Verdict(
             "failed",
@@ -113,48 +120,3 @@ def judge_fp8(backend, device, prop: str, case: FP8Case) -> Verdict:
             ),
         )
     return Verdict("passed", comparisons)
-
-
-#: the descale bugs `fp8_causes` recognises: what the output equals, and the descales of that call
-#: (None: left out, "twice": squared)
-DESCALE_BUGS = (
-    ("every descale left out", {"q_descale": None, "k_descale": None, "v_descale": None}),
-    ("q_descale and k_descale left out of the softmax scale", {"q_descale": None, "k_descale": None}),
-    ("v_descale not applied", {"v_descale": None}),
-    ("v_descale applied twice", {"v_descale": "twice"}),
-    ("q_descale and k_descale applied twice", {"q_descale": "twice", "k_descale": "twice"}),
-)
-
-
-def fp8_causes(case: FP8Case, got, allowed: float, claim: str) -> list[str]:
-    """What a failing FP8 output is, when it is a known bug: the golden of the same call with a
-    descale left out or applied twice, or a P rounded to e4m3 under a float32 claim."""
-    import numpy as np
-
-    from attnspec.spec.fp8 import sdpa_fp8
-
-    got = np.asarray(got, np.float64)
-    base = {k: v for k, v in case.options.items() if k not in ("return_lse", "return_weights")}
-    for what, change in DESCALE_BUGS:
-        opts, changed = dict(base), False
-        for name, how in change.items():
-            if opts.get(name) is not None:
-                opts[name] = None if how is None else np.asarray(opts[name] * opts[name], np.float32)
-                changed = True
-        if not changed:
-            continue
-        try:
-            wrong = np.asarray(sdpa_fp8(case.q, case.k, case.v, **{**opts, "out_dtype": "float64"}))
-        except Exception:  # a variant the spec refuses is no explanation
-            continue
-        if np.nanmax(np.abs(wrong - got.reshape(wrong.shape)), initial=0.0) <= allowed:
-            return [f"the output is the golden with {what} (within the allowed error): a descale bug"]
-    if claim == "float32":
-        g8 = fp8_golden(case.q, case.k, case.v, p_precision="float8_e4m3fn", **case.options)
-        if compare(got.reshape(g8.out.shape), g8.out, g8.allowed_out).ok:
-            return [
-                "the output is within the budget of P rounded to e4m3 before P @ V (FlashAttention-3's "
-                "rounding), not of float32 P: if the kernel rounds P, claim fp8_p_precision="
-                "'float8_e4m3fn' (attnspec check --fp8-p-precision float8_e4m3fn)"
-            ]
-    return []

@@ -306,6 +306,19 @@ class FP8Vectors(Family):
         options.pop("p_precision", None)  # a claim about the kernel, not an argument
         return arrays, options
 
+    def causes(self, case: VectorCase, got: dict[str, np.ndarray]) -> list[str]:
+        """A descale left out or applied twice, or P rounded to e4m3 under a float32 claim: the
+        suite's own FP8 causes (`attnspec.conformance.causes.fp8_causes`)."""
+        from attnspec.conformance.causes import fp8_causes
+
+        if "out" not in got:
+            return []
+        arrays, options = self.spec_call(case)
+        q, k, v = (arrays.pop(n) for n in self.positional)
+        claim = str(case.options.get("p_precision", "float32"))
+        with np.errstate(all="ignore"):
+            return fp8_causes(q, k, v, {**options, **arrays}, got["out"], case.expected["out"].allowed, claim)
+
     def refusals(self, backend: Any, case: VectorCase, device: str | None) -> list[str]:
         claim = getattr(backend, "fp8_p_precision", "float32")
         if case.options.get("p_precision") != claim:

@@ -208,7 +208,7 @@ def test_paged_runners(bundles, tmp_path, bug):
 @pytest.mark.parametrize("dtype", FP8_DTYPES)
 def test_fp8_kernel_control_and_forgotten_descale(folder, tmp_path, dtype):
     b = next(x for x in load(folder) if x.family == "sdpa_fp8" and x.manifest["dtype"] == dtype)
-    verdicts = {}
+    verdicts, messages = {}, {}
     for name, backend in {
         "control": MF.control(),
         "forget_descale": MF.mutant_forget_descale(),
@@ -216,10 +216,14 @@ def test_fp8_kernel_control_and_forgotten_descale(folder, tmp_path, dtype):
         "p_e4m3": MF.mutant_p_e4m3(),
     }.items():
         run(backend, [b], tmp_path / name)
-        verdicts[name] = _verify(b, tmp_path / name, name)[1]
+        results, verdicts[name] = _verify(b, tmp_path / name, name)
+        messages[name] = [f["message"].splitlines()[0] for f in results["failures"]]
     half = len(b.cases) // 2
     assert verdicts["control"]["passed"] == half and verdicts["control"]["failed"] == 0
     assert verdicts["forget_descale"]["failed"] >= half // 2
+    # verify names the bug as the suite does (`causes.fp8_causes`), not only the error's size
+    assert any("left out (within the allowed error): a descale bug" in m for m in messages["forget_descale"])
+    assert any("within the budget of P rounded to e4m3" in m for m in messages["p_e4m3"])
     # FA3's P rounding conforms on the cases of its claim, and fails those that claim float32
     assert verdicts["p_e4m3_claimed"]["passed"] == half and verdicts["p_e4m3_claimed"]["failed"] == 0
     assert verdicts["p_e4m3"]["failed"] >= 1

@@ -13,9 +13,9 @@ Built in (``CONVENTIONS``):
 ``torch_sdpa``  ``fn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                 scale=None, enable_gqa=False)`` on (..., H, L, D) arrays (torch's
                 ``F.scaled_dot_product_attention``). ``is_causal`` is upper-left; ``attn_mask``
-                is bool (True = attend) or an additive float mask. Lower-right causal, windows
-                and lengths go into ``attn_mask``; a bias makes it a float mask with -inf where
-                not visible. No weights.
+                is bool (True = attend) or an additive float mask. Lower-right causal (on the
+                padded or on each sequence's lengths), windows, lengths and segment ids go into
+                ``attn_mask``; a bias makes it a float mask with -inf where not visible. No weights.
 ``flash``       ``fn(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1),
                 softcap=0.0, alibi_slopes=None, return_attn_probs=False)`` on (B, L, H, D)
                 arrays (FlashAttention's ``flash_attn_func``). ``causal``, ``window_size`` and
@@ -396,6 +396,8 @@ class TorchSDPA(Convention):
     arrays = "torch"
     cannot: ClassVar[dict[str, str | None]] = {"return_weights": "returns no attention weights"}
     causal_flag = "upper_left"
+    #: rules of its own that only decide visibility: folded into attn_mask like lengths and windows
+    variants = frozenset({"causal_lower_right_lengths", "segments"})
 
     def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,
              options: dict[str, Any]) -> tuple[Any, Any]:
@@ -404,15 +406,17 @@ class TorchSDPA(Convention):
             kw["scale"] = p.scale
         if p.group > 1:
             kw["enable_gqa"] = True
-        rules = (options.get(o) is not None for o in ("mask", "bias", "window", "q_lengths", "kv_lengths"))
+        rules = (options.get(o) is not None for o in ("mask", "bias", "window", "q_lengths", "kv_lengths",
+                                                      "q_segment_ids", "kv_segment_ids"))
+        segments = _segment_ids(options)
         mask = None
         if p.causal == "upper_left" and not any(rules):
             kw["is_causal"] = True  # is_causal is upper-left
         elif options.get("bias") is not None:
-            mask = additive_mask(p, options.get("mask"), options["bias"])
+            mask = additive_mask(p, options.get("mask"), options["bias"], **segments)
             assert mask is not None  # never None with a bias
         else:
-            mask = attend_mask(p, options.get("mask"))
+            mask = attend_mask(p, options.get("mask"), **segments)
         if self.canonical:
             q, k, v, mask = canonical_inputs(p, lib, q, k, v, mask)
         elif mask is not None:
@@ -535,10 +539,12 @@ class Tutorial(Convention):
         "bias": "has no bias argument",
         "scale": "fixes the scale at 1/sqrt(dk)",
     }
+    #: rules that only decide visibility: folded into the mask like lengths and windows
+    variants = frozenset({"causal_lower_right_lengths", "segments"})
 
     def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,
              options: dict[str, Any]) -> tuple[Any, Any]:
-        vis = attend_mask(p, options.get("mask"))
+        vis = attend_mask(p, options.get("mask"), **_segment_ids(options))
         if self.canonical:
             q, k, v, vis = canonical_inputs(p, lib, q, k, v, vis)
         elif vis is not None:
@@ -554,6 +560,11 @@ class Tutorial(Convention):
             if weights is not None:  # (B, Hq, n, m) -> the spec's weights shape
                 weights = lib.reshape(weights, p.weights_shape)
         return out, weights
+
+
+def _segment_ids(options: dict[str, Any]) -> dict[str, Any]:
+    """A call's segment ids as `attend_mask`'s keywords (None where not given)."""
+    return {name: options.get(name) for name in ("q_segment_ids", "kv_segment_ids")}
 
 
 CONVENTIONS: dict[str, Convention] = {c.name: c for c in (TorchSDPA(), Flash(), Jax(), Tutorial())}

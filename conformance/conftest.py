@@ -60,7 +60,7 @@ def judge(attn_backend, attn_device, pytestconfig, request):
         # whether the implementation itself is called (bad input stops at validation, the signature
         # test inspects), and what the call asks of it: the verdict's coverage
         base["called"] = not (feature_case or {}).get("no_call") and not (feature_case or {}).get("bad_input")
-        base["needs"] = case_needs(case) if function == "sdpa" and base["called"] else []
+        base["needs"] = case_needs(case) if function in ("sdpa", "sdpa_fp8") and base["called"] else []
         key = base["key"] = case_key(nodeid, case.describe(), case.seed)
         if state.phase == "sweep" and key in state.judged:
             return  # judged before the first failure: the sweep only adds the cases after it

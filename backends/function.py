@@ -155,11 +155,19 @@ class FunctionBackend(Backend):
         refused = self.convention.refusals(call_needs(q.shape, k.shape, v.shape, options))
         if refused:
             raise Unsupported(f"{fn}: " + "; ".join(refused))
+        return self._through_convention(fn, p, q, k, v, options, return_weights)
+
+    def _through_convention(self, fn: str, p: Any, q: Any, k: Any, v: Any, options: dict[str, Any],
+                            return_weights: bool, extra: dict[str, Any] | None = None) -> Any:
+        """Call the function once through the convention (``extra`` keywords added to its call:
+        an FP8 call's descales) and return what the spec function returns."""
         self.last_causes = []
         call = self.fn
-        if self.record_calls:  # keep the exact arguments, for reproducers that call fn directly
+        if self.record_calls or extra:  # keep the exact arguments, for reproducers that call fn directly
             def call(*args: Any, **kwargs: Any) -> Any:
-                self.last_call = (args, kwargs)
+                kwargs.update(extra or {})
+                if self.record_calls:
+                    self.last_call = (args, kwargs)
                 self.last_result = self.fn(*args, **kwargs)
                 return self.last_result
         out, weights = self.convention.call(call, self.arrays, p, q, k, v, options)
@@ -206,24 +214,7 @@ class FunctionBackend(Backend):
         device = self.device_of(q) if lib.is_array(q) else self.device
         descales = self.convention.descale_keywords(
             fp, lib, {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}, device)
-        self.last_causes = []
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            kwargs.update(descales)
-            if self.record_calls:
-                self.last_call = (args, kwargs)
-            self.last_result = self.fn(*args, **kwargs)
-            return self.last_result
-
-        out, weights = self.convention.call(call, lib, fp.sdpa, q, k, v, options)
-        lse = None
-        if fp.sdpa.return_lse:
-            out, lse = out
-        self.last_causes = self.convention.output_causes(fp.sdpa, lib, q, k, v, options, out)
-        if return_weights and weights is None:
-            raise Unsupported(f"{fn}: the function returned no attention weights")
-        found = [out] + ([weights] if return_weights else []) + ([lse] if fp.sdpa.return_lse else [])
-        return found[0] if len(found) == 1 else tuple(found)
+        return self._through_convention(fn, fp.sdpa, q, k, v, options, return_weights, descales)
 
 
 def from_function(fn: Callable[..., Any], convention: str | Convention, *, name: str | None = None,

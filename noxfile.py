@@ -226,6 +226,22 @@ def vectors_c(session: nox.Session) -> None:
 
 
 @nox.session
+def mutation(session: nox.Session) -> None:
+    """Mutation testing (#28): cosmic-ray over tests/mutation/reference_sdpa.py and the conventions.
+
+    Every mutant is judged by the `attnspec check` machinery (dev profile, first failure), two at a
+    time, each worker in its own copy of the tree under build/mutation; an interrupted run resumes
+    (``-- --fresh`` starts over). Writes reports/results/mutation.json and renders
+    reports/mutation.md. ``-- --target reference`` or ``conventions`` runs one target;
+    ``-- --sample ci`` runs the 20 mutants of tests/mutation/ci_sample.toml and fails unless all die.
+    """
+    install(session, ".[mutation]")
+    session.run("python", "tests/mutation/run_mutation.py", *session.posargs)
+    if "--sample" not in session.posargs:
+        session.run("python", "-m", "attnspec.reports.mutation")
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """Train the copy-task example through torch's and JAX's mha (seconds), then render."""
     install(session, ".[torch,jax,report]")

@@ -371,6 +371,8 @@ def simplest(strategy) -> Any:
         return [simplest(s.element_strategy) for _ in range(s.min_size)]
     if name == "PermutationStrategy":
         return list(s.values)
+    if name == "BuildsStrategy":  # lists(..., max_size=0) is builds(list): a zero-length axis
+        return s.target(*(simplest(a) for a in s.args), **{k: simplest(v) for k, v in s.kwargs.items()})
     raise TypeError(f"Corner.draw: no simplest value for {strategy!r} ({name}); add it to corners.simplest")
 
 

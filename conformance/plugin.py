@@ -15,16 +15,21 @@ import os
 import time
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from attnspec.conformance.profiles import DEFAULT_PROFILE, PROFILE_EXAMPLES, PROFILES
 
 # `judge` is a function-scoped fixture on purpose: it is a stateless closure over the test's node id.
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
             HealthCheck.function_scoped_fixture]
+#: ``ATTNSPEC_FAIL_FAST=1``: a property stops at its first failing example, unshrunk, and no sweep
+#: follows (conftest.py). For runs that ask only "does anything fail?", one per mutant
+#: (`nox -s mutation`); never for a verdict, which names every distinct failure.
+FAIL_FAST = os.environ.get("ATTNSPEC_FAIL_FAST") == "1"
+_PHASES = (Phase.explicit, Phase.reuse, Phase.generate) if FAIL_FAST else tuple(Phase)
 for _name, (_examples, _derandomize) in PROFILE_EXAMPLES.items():
     settings.register_profile(_name, max_examples=_examples, deadline=None, derandomize=_derandomize,
-                              suppress_health_check=_SLOW_OK, print_blob=True)
+                              suppress_health_check=_SLOW_OK, print_blob=True, phases=_PHASES)
 
 
 def pytest_addoption(parser) -> None:
@@ -136,8 +141,8 @@ def _param_text(value) -> str:
 
 def pytest_runtest_logreport(report) -> None:
     rec = _recorder_of(report)
-    if rec is not None and report.when == "call":
-        rec.test_finished(report.nodeid, report.outcome)
+    if rec is not None and (report.when == "call" or (report.when == "setup" and report.failed)):
+        rec.test_finished(report.nodeid, report.outcome)  # a setup error is the suite's own failure
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

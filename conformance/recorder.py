@@ -44,6 +44,8 @@ class Recorder:
         self.started = time.time()
         self.deviation_exercised: dict[str, int] = defaultdict(int)
         self.first_result_at: float | None = None  # the first case's journal time (replayed runs)
+        #: properties that raised with no failing case: the suite broke there (`test_finished`)
+        self.suite_errors: list[str] = []
 
     def _log(self, event: dict[str, Any]) -> None:
         if self.journal:
@@ -76,6 +78,10 @@ class Recorder:
 
     def test_finished(self, nodeid: str, outcome: str, log: bool = True) -> None:
         recs = self.pending.pop(nodeid, [])
+        if outcome == "failed" and not any(r["status"] in ("failed", "crashed", "timeout") for r in recs):
+            # the property raised, yet no case of it failed: the suite itself broke there (a bug of
+            # its strategies, an error outside any case), so its cases stopped: never a pass
+            self.suite_errors.append(nodeid)
         # drop Hypothesis' shrinking replays but the last failing one (the minimal example), unless
         # it is a case already recorded
         shrunk = [r for r in recs if r.get("phase") == "shrink" and r["status"] == "failed"][-1:]
@@ -156,6 +162,8 @@ class Recorder:
             "failures": failures,
             "deviations": deviations,
         }
+        if self.suite_errors:
+            results["suite_errors"] = sorted(set(self.suite_errors))
         # a function checked through a convention: what was called, and what the probe found
         convention = None
         if hasattr(self.backend, "describe") and hasattr(self.backend, "capabilities"):

@@ -369,9 +369,13 @@ def summary(results: dict) -> dict:
             f"{tot['deviation']} declared deviations, {tot['crashed']} crashed, {tot['timeout']} timed out")
     if stale:
         text += f"; STALE deviations (declared, no longer reproduced): {', '.join(stale)}"
+    errors = results.get("suite_errors", [])
+    if errors:
+        text += (f"; {len(errors)} properties stopped on an error of the suite itself, no case of theirs "
+                 f"failing (a bug of attnspec: the logs have the traceback): {', '.join(errors[:3])}")
     if results.get("incomplete"):
         text += " (incomplete: interrupted)"
-    bad = bool(tot["failed"] or tot["crashed"] or tot["timeout"] or stale or results.get("incomplete"))
+    bad = bool(tot["failed"] or tot["crashed"] or tot["timeout"] or stale or errors or results.get("incomplete"))
     return {"text": text, "bad": bad, "totals": tot}
 
 

@@ -2,13 +2,13 @@
 
     python -m attnspec.reports.render [--results DIR] [--out DIR] [--no-plots]
 
-Reads ``conformance-*.json``, ``bench-*.json``, ``lsh-quality*.json`` and ``copy_task.json``
-from ``--results`` (default ``reports/results``) and writes ``index.md``, ``accuracy.md``,
-``deviations.md``, ``performance.md`` and ``plots/*.png`` under ``--out`` (default ``reports``),
-both relative to the current directory. Everything is rendered into a temporary directory
-inside ``--out`` first and moved into place file by file, so an interrupted render leaves the
-previous report intact. The same JSON always gives the same bytes. Exit status 2 (with every
-problem listed, file by file) when a results file is malformed.
+Reads ``conformance-*.json``, ``bench-*.json``, ``lsh-quality*.json``, ``copy_task.json`` and
+``mutation.json`` from ``--results`` (default ``reports/results``) and writes ``index.md``,
+``accuracy.md``, ``deviations.md``, ``performance.md``, ``mutation.md`` and ``plots/*.png``
+under ``--out`` (default ``reports``), both relative to the current directory. Everything is
+rendered into a temporary directory inside ``--out`` first and moved into place file by file, so
+an interrupted render leaves the previous report intact. The same JSON always gives the same
+bytes. Exit status 2 (with every problem listed, file by file) when a results file is malformed.
 """
 
 from __future__ import annotations
@@ -187,6 +187,13 @@ def render(results_dir: str | os.PathLike = "reports/results", out_dir: str | os
             "LSH approximation error": [quality] if quality else [],
         }
         copy_lines = _copy_task_section(copy_doc, staged, _relpath(results.directory, out), plots)
+        mutation = results.directory / "mutation.json"
+        if mutation.is_file():  # nox -s mutation (#28)
+            from attnspec.reports.mutation import load as load_mutation
+            from attnspec.reports.mutation import mutation_page
+
+            staged.write_text("mutation.md", mutation_page(load_mutation(mutation),
+                                                           f"{_relpath(results.directory, out)}/mutation.json"))
         staged.write_text("index.md", index_page(results, out, figures, notes, copy_lines))
         written = list(staged.written)
     return sorted(written)

@@ -1,0 +1,401 @@
+"""Functions with the built-in conventions' signatures, for the conventions' mutation run.
+
+Each ``<convention>_ok`` decodes its convention's arguments (layouts, packed sequences, block
+tables, FlashAttention's alignment, vLLM's sliding window) and computes what a correct function of
+that signature returns, through the reference sdpa (reference_sdpa.py). A convention mutant is
+killed when the suite fails such a correct function through it. The known-wrong twins are
+``<convention>_tiled_gqa`` (query head h reads kv head h % Hkv instead of h // G) and, where the
+function takes a mask, ``<convention>_fill_1e9`` (a hidden key gets the logit -1e9, so a row that
+sees no key averages V instead of giving 0): a convention mutant is killed too when the suite
+passes one of them through it, since the convention then hides a wrong function.
+
+The arrays are NumPy's (``--arrays numpy``). These functions are not mutated.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+
+def _load_reference():
+    path = Path(__file__).with_name("reference_sdpa.py")
+    spec = importlib.util.spec_from_file_location("attnspec_mutation_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.sdpa
+
+
+sdpa = _load_reference()
+
+
+# -- the FlashAttention family: one sequence at a time -----------------------------------------
+
+
+def _one_sequence(q, k, v, offset, causal, window, softcap, slopes, scale):
+    """q (n, Hq, dk), k (m, Hkv, dk), v (m, Hkv, dv) of one sequence, FlashAttention's rules:
+    causal, window and ALiBi anchored at i + offset; window -1 = unbounded. (out (n, Hq, dv),
+    lse (Hq, n))."""
+    n, m = q.shape[0], k.shape[0]
+    anchor = np.arange(n)[:, None] + offset
+    j = np.arange(m)[None, :]
+    vis = np.ones((n, m), bool)
+    if causal:
+        vis &= j <= anchor
+    left, right = (-1, -1) if window is None else window
+    if left >= 0:
+        vis &= j >= anchor - left
+    if right >= 0:
+        vis &= j <= anchor + right
+    bias = None
+    if slopes is not None:
+        bias = -np.asarray(slopes, np.float64).reshape(-1)[:, None, None] * np.abs(anchor - j)[None]
+    out, lse = sdpa(
+        q.transpose(1, 0, 2),
+        k.transpose(1, 0, 2),
+        v.transpose(1, 0, 2),
+        mask=vis,
+        bias=bias,
+        scale=scale,
+        softcap=softcap or None,
+        return_lse=True,
+    )
+    return out.transpose(1, 0, 2), lse
+
+
+def _slopes_row(alibi_slopes, row):
+    if alibi_slopes is None:
+        return None
+    s = np.asarray(alibi_slopes)
+    return s[row] if s.ndim == 2 else s
+
+
+def flash_ok(
+    q,
+    k,
+    v,
+    causal=False,
+    softmax_scale=None,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    return_attn_probs=False,
+):
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        o, lse = _one_sequence(
+            q[b],
+            k[b],
+            v[b],
+            k.shape[1] - q.shape[1],
+            causal,
+            window_size,
+            softcap,
+            _slopes_row(alibi_slopes, b),
+            softmax_scale,
+        )
+        outs.append(o)
+        lses.append(lse)
+    out = np.stack(outs) if outs else np.zeros((0, *q.shape[1:3], v.shape[-1]), q.dtype)
+    if not return_attn_probs:
+        return out
+    return out, (np.stack(lses) if lses else np.zeros((0, q.shape[2], q.shape[1]), np.float32)), None
+
+
+def flash_kvcache_ok(
+    q,
+    k_cache,
+    v_cache,
+    cache_seqlens=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    return_softmax_lse=False,
+):
+    n, m = q.shape[1], k_cache.shape[1]
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        length = m if cache_seqlens is None else int(cache_seqlens[b])
+        o, lse = _one_sequence(
+            q[b],
+            k_cache[b, :length],
+            v_cache[b, :length],
+            length - n,
+            causal,
+            window_size,
+            softcap,
+            _slopes_row(alibi_slopes, b),
+            softmax_scale,
+        )
+        outs.append(o)
+        lses.append(lse)
+    out = np.stack(outs) if outs else np.zeros((0, n, q.shape[2], v_cache.shape[-1]), q.dtype)
+    if not return_softmax_lse:
+        return out
+    return out, (np.stack(lses) if lses else np.zeros((0, q.shape[2], n), np.float32))
+
+
+def flash_varlen_ok(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    return_attn_probs=False,
+):
+    cu_q, cu_k = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
+    out = np.zeros((q.shape[0], q.shape[1], v.shape[-1]), q.dtype)
+    lse = np.full((q.shape[1], q.shape[0]), -np.inf, np.float64 if q.dtype == np.float64 else np.float32)
+    for s in range(len(cu_q) - 1):
+        qs, ks = slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])
+        o, l_ = _one_sequence(
+            q[qs],
+            k[ks],
+            v[ks],
+            (cu_k[s + 1] - cu_k[s]) - (cu_q[s + 1] - cu_q[s]),
+            causal,
+            window_size,
+            softcap,
+            _slopes_row(alibi_slopes, s),
+            softmax_scale,
+        )
+        out[qs] = o
+        lse[:, qs] = l_
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _gather(cache, table_row, length):
+    """The first ``length`` keys of a sequence from its block table: (length, H, d)."""
+    size = cache.shape[1]
+    blocks = [int(x) for x in table_row[: -(-length // size)]]
+    rows = cache[blocks].reshape(-1, *cache.shape[2:]) if blocks else cache[:0, 0]
+    return rows[:length]
+
+
+def flash_kvcache_paged_ok(
+    q,
+    k_cache,
+    v_cache,
+    cache_seqlens=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    return_softmax_lse=False,
+):
+    n = q.shape[1]
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        length = int(cache_seqlens[b])
+        o, lse = _one_sequence(
+            q[b],
+            _gather(k_cache, block_table[b], length),
+            _gather(v_cache, block_table[b], length),
+            length - n,
+            causal,
+            window_size,
+            softcap,
+            _slopes_row(alibi_slopes, b),
+            softmax_scale,
+        )
+        outs.append(o)
+        lses.append(lse)
+    out = np.stack(outs) if outs else np.zeros((0, n, q.shape[2], v_cache.shape[-1]), q.dtype)
+    if not return_softmax_lse:
+        return out
+    return out, (np.stack(lses) if lses else np.zeros((0, q.shape[2], n), np.float32))
+
+
+def vllm_paged_ok(
+    query,
+    key_cache,
+    value_cache,
+    query_lens,
+    kv_lens,
+    block_tables,
+    scale,
+    sliding_window=None,
+    soft_cap=None,
+):
+    out = np.zeros((query.shape[0], query.shape[1], value_cache.shape[-1]), query.dtype)
+    start = 0
+    for b, (nq, nk) in enumerate(zip(query_lens, kv_lens)):
+        window = None if sliding_window is None else (sliding_window - 1, -1)
+        o, _ = _one_sequence(
+            query[start : start + nq],
+            _gather(key_cache, block_tables[b], nk),
+            _gather(value_cache, block_tables[b], nk),
+            nk - nq,
+            True,
+            window,
+            soft_cap,
+            None,
+            scale,
+        )
+        out[start : start + nq] = o
+        start += nq
+    return out
+
+
+# -- functions that take a mask ------------------------------------------------------------------
+
+
+def torch_sdpa_ok(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    if dropout_p:
+        raise ValueError(f"dropout_p={dropout_p}: this function draws no dropout")
+    if attn_mask is not None and is_causal:
+        raise ValueError("attn_mask and is_causal cannot both be set (PyTorch raises)")
+    if query.shape[-3:-2] != key.shape[-3:-2] and query.ndim >= 3 and not enable_gqa:
+        raise ValueError(f"query has {query.shape[-3]} heads, key {key.shape[-3]}: GQA needs enable_gqa=True")
+    mask = bias = None
+    if attn_mask is not None:
+        if attn_mask.dtype == np.bool_:
+            mask = attn_mask
+        else:
+            bias = attn_mask
+    return sdpa(
+        query, key, value, mask=mask, bias=bias, causal="upper_left" if is_causal else None, scale=scale
+    )
+
+
+def jax_ok(
+    query,
+    key,
+    value,
+    bias=None,
+    mask=None,
+    *,
+    scale=None,
+    is_causal=False,
+    query_seq_lengths=None,
+    key_value_seq_lengths=None,
+    local_window_size=None,
+):
+    window = local_window_size
+    if isinstance(window, int):
+        window = (window, window)
+    q, k, v = (x.swapaxes(1, 2) for x in (query, key, value))  # (B, T, N, H) -> (B, N, T, H)
+    out = sdpa(
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        scale=scale,
+        causal="upper_left" if is_causal else None,
+        window=None if window is None else tuple(window),
+        q_lengths=None if query_seq_lengths is None else np.asarray(query_seq_lengths),
+        kv_lengths=None if key_value_seq_lengths is None else np.asarray(key_value_seq_lengths),
+    )
+    return out.swapaxes(1, 2)
+
+
+def tutorial_ok(Q, K, V, mask=None):
+    return sdpa(Q, K, V, mask=None if mask is None else np.asarray(mask).astype(bool), return_weights=True)
+
+
+# -- the known-wrong twins -------------------------------------------------------------------------
+
+
+def _tile_heads(x, hq, axis):
+    """kv heads repeated whole (h -> h % Hkv), the tiled-GQA bug, along ``axis``."""
+    return np.concatenate([x] * (hq // x.shape[axis]), axis=axis) if x.shape[axis] != hq else x
+
+
+def torch_sdpa_tiled_gqa(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    hq = query.shape[-3] if query.ndim >= 3 else 1
+    key, value = (_tile_heads(x, hq, -3) if x.ndim >= 3 else x for x in (key, value))
+    return torch_sdpa_ok(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def flash_tiled_gqa(q, k, v, *args, **kwargs):
+    return flash_ok(q, _tile_heads(k, q.shape[2], 2), _tile_heads(v, q.shape[2], 2), *args, **kwargs)
+
+
+def flash_kvcache_tiled_gqa(q, k_cache, v_cache, *args, **kwargs):
+    return flash_kvcache_ok(
+        q, _tile_heads(k_cache, q.shape[2], 2), _tile_heads(v_cache, q.shape[2], 2), *args, **kwargs
+    )
+
+
+def flash_varlen_tiled_gqa(q, k, v, *args, **kwargs):
+    return flash_varlen_ok(q, _tile_heads(k, q.shape[1], 1), _tile_heads(v, q.shape[1], 1), *args, **kwargs)
+
+
+def flash_kvcache_paged_tiled_gqa(q, k_cache, v_cache, *args, **kwargs):
+    return flash_kvcache_paged_ok(
+        q, _tile_heads(k_cache, q.shape[2], 2), _tile_heads(v_cache, q.shape[2], 2), *args, **kwargs
+    )
+
+
+def vllm_paged_tiled_gqa(query, key_cache, value_cache, *args, **kwargs):
+    return vllm_paged_ok(
+        query,
+        _tile_heads(key_cache, query.shape[1], 2),
+        _tile_heads(value_cache, query.shape[1], 2),
+        *args,
+        **kwargs,
+    )
+
+
+def jax_tiled_gqa(query, key, value, **kwargs):
+    return jax_ok(query, _tile_heads(key, query.shape[2], 2), _tile_heads(value, query.shape[2], 2), **kwargs)
+
+
+def _filled(mask, bias):
+    """A visibility (bool mask, and -inf in an additive one) as -1e9 logits."""
+    fill = np.zeros((), np.float64) if bias is None else np.asarray(bias, np.float64)
+    if mask is not None:
+        fill = np.where(np.asarray(mask).astype(bool), fill, -1e9)
+    return np.where(np.isneginf(fill), -1e9, fill)
+
+
+def torch_sdpa_fill_1e9(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    if attn_mask is not None:
+        is_bool = attn_mask.dtype == np.bool_
+        attn_mask = _filled(attn_mask if is_bool else None, None if is_bool else attn_mask)
+    return torch_sdpa_ok(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def jax_fill_1e9(query, key, value, bias=None, mask=None, **kwargs):
+    if mask is not None or bias is not None:
+        bias, mask = _filled(mask, bias), None
+    return jax_ok(query, key, value, bias=bias, mask=None, **kwargs)
+
+
+def tutorial_fill_1e9(Q, K, V, mask=None):
+    if mask is None:
+        return tutorial_ok(Q, K, V)
+    return sdpa(Q, K, V, bias=_filled(mask, None), return_weights=True)
+
+
+#: convention -> (the correct function, the known-wrong ones), by name in this file
+SUBJECTS = {
+    "tutorial": ("tutorial_ok", ("tutorial_fill_1e9",)),
+    "torch_sdpa": ("torch_sdpa_ok", ("torch_sdpa_tiled_gqa", "torch_sdpa_fill_1e9")),
+    "flash": ("flash_ok", ("flash_tiled_gqa",)),
+    "flash_kvcache": ("flash_kvcache_ok", ("flash_kvcache_tiled_gqa",)),
+    "flash_varlen": ("flash_varlen_ok", ("flash_varlen_tiled_gqa",)),
+    "flash_kvcache_paged": ("flash_kvcache_paged_ok", ("flash_kvcache_paged_tiled_gqa",)),
+    "vllm_paged": ("vllm_paged_ok", ("vllm_paged_tiled_gqa",)),
+    "jax": ("jax_ok", ("jax_tiled_gqa", "jax_fill_1e9")),
+}

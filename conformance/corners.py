@@ -55,6 +55,9 @@ MASK_ONLY = (
     "corner_empty_rows_mask_only",
     "corner_hidden_nonfinite_mask_only",
 )
+#: fixed cases of one rule's edges, run by `test_matches_golden` besides `CORNERS` (not exported
+#: as vectors): ``corner_window_edge`` shows every key at a window's edge (`window_edge_case`)
+EDGE_CORNERS = ("corner_window_edge",)
 _N = _M = 8  # rows and keys: n, m of the corner cases
 _FLOOR_ROWS = (1, 2, 3, 4)  # rows whose visible keys sit at a floor level
 
@@ -99,8 +102,10 @@ def corner_case(kind: str, dtype: str):
 
     if kind in MASK_ONLY:
         return mask_only_case(kind, dtype)
+    if kind in EDGE_CORNERS:
+        return window_edge_case(dtype)
     if kind not in CORNERS:
-        raise ValueError(f"corner_case: kind={kind!r}, expected one of {CORNERS + MASK_ONLY}")
+        raise ValueError(f"corner_case: kind={kind!r}, expected one of {CORNERS + MASK_ONLY + EDGE_CORNERS}")
     rng, q, k, v, j, mask = _drawn(19 + CORNERS.index(kind))
     bias = rng.standard_normal((_N, _M)) * 2
     for r in range(_N):
@@ -127,6 +132,30 @@ def corner_case(kind: str, dtype: str):
     options["bias"] = bias.astype(npdt)
     _tag_visibility(tags, q, k, v, options)
     return SDPACase(kind, dtype, q, k, v, options, frozenset(tags), 19)
+
+
+def window_edge_case(dtype: str):
+    """``corner_window_edge``: a window with no causal rule, where its right edge shows.
+
+    Under any causal rule a window's right edge is hidden anyway (j <= i'), so a backend that
+    shows one key too many on the right, ``window=(left, right + 1)``, differs from the spec only
+    without one, and on rows whose extra key exists: drawn cases meet that too rarely (mutation
+    testing found the gap, reports/mutation.md). Here q = 0, so every row averages its visible
+    values exactly, and v[j] = j + 1 (exact in every dtype): with ``window=(1, 2)`` row i averages
+    keys i - 1 .. i + 2, and a key gained or lost at either edge moves the mean by at least 0.4,
+    far past the tolerance. The shape is the other corners' (B, H, n, m) = (2, 2, 8, 8), square,
+    so conventions that anchor windows lower-right express it too."""
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
+
+    _, q, k, v, j, _ = _drawn(29)
+    q[:] = 0.0
+    v[:] = (j + 1.0)[:, None]
+    npdt = NP_DTYPES[dtype]
+    q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
+    options: dict[str, Any] = {"window": (1, 2)}
+    tags = {"corner_window_edge", dtype, "window"}
+    _tag_visibility(tags, q, k, v, options)
+    return SDPACase("corner_window_edge", dtype, q, k, v, options, frozenset(tags), 19)
 
 
 def mask_only_case(kind: str, dtype: str):
@@ -420,6 +449,8 @@ def with_corners(test=None, *, kinds: tuple[str, ...] = CORNERS):
                 inner(*args, data=Corner(twin), **kwargs)
             except AssertionError as exc:
                 failed = failed or exc
+        if failed is not None and os.environ.get("ATTNSPEC_FAIL_FAST") == "1":
+            raise failed  # the run asks only whether anything fails
         if os.environ.get("ATTNSPEC_TOUR") == "1":
             for i, feature in enumerate(tour_features()):
                 try:
@@ -428,6 +459,8 @@ def with_corners(test=None, *, kinds: tuple[str, ...] = CORNERS):
                     continue
                 except AssertionError as exc:
                     failed = failed or exc
+        if failed is not None and os.environ.get("ATTNSPEC_FAIL_FAST") == "1":
+            raise failed
         if state is not None and not sweep:
             state.phase = "drawn"
         test(*args, **kwargs)

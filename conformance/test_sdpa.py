@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnspec.conformance.causes import sdpa_causes
-from attnspec.conformance.corners import with_corners
+from attnspec.conformance.corners import CORNERS, EDGE_CORNERS, with_corners
 from attnspec.conformance.hypothesis_helpers import (
     SDPACase,
     _tag_visibility,
@@ -73,7 +73,7 @@ def _judge_output(backend, device, prop, case, result, golden_case=None, **extra
 
 
 @DTYPES
-@with_corners
+@with_corners(kinds=(*CORNERS, *EDGE_CORNERS))
 @given(data=st.data())
 def test_matches_golden(attn_backend, attn_device, judge, dtype, data):
     """Output (and, when asked, weights) equal the golden within the tolerance rule."""

@@ -63,7 +63,8 @@ class Naive(Backend):
         if causal is not None:
             vis &= (j <= anchor + 1) if bug == "causal_off_by_one" else (j <= anchor)
         if window is not None:
-            vis &= (j >= anchor - window[0]) & (j <= anchor + window[1])
+            right = window[1] + (bug == "window_right_plus_one")  # one key too many on the right
+            vis &= (j >= anchor - window[0]) & (j <= anchor + right)
         if kv_lengths is not None:
             vis &= j < p.kv_lengths[..., None, None, None]
         if q_lengths is not None:
@@ -214,6 +215,8 @@ MUTANTS = {
     "no_scale": ("no_scale", "plain"),
     "scale_1_over_dk": ("scale_1_over_dk", "plain"),
     "causal_off_by_one": ("causal_off_by_one", "causal_upper_left"),
+    # found by mutation testing (#28): only the corner_window_edge corner shows it in dev
+    "window_right_plus_one": ("window_right_plus_one", "window"),
     "wrong_alignment": ("wrong_alignment", "causal_lower_right"),
     "fill_minus_1e9": ("fill_minus_1e9", "masked_nonfinite"),
     "softmax_wrong_axis": ("softmax_wrong_axis", "plain"),

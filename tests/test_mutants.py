@@ -13,7 +13,8 @@ from mutants import FILL_MUTANTS, FILL_RUN, MUTANTS, VARIANT_MUTANTS, VARIANT_RU
 from suite_runs import run_all
 
 #: a drawn feature -> the corner case that exercises the same rule
-CORNER_OF = {"no_visible_rows": "corner_empty_rows", "masked_nonfinite": "corner_hidden_nonfinite"}
+CORNER_OF = {"no_visible_rows": "corner_empty_rows", "masked_nonfinite": "corner_hidden_nonfinite",
+             "window": "corner_window_edge"}
 
 
 @pytest.fixture(scope="module")

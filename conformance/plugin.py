@@ -26,6 +26,8 @@ _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter
 #: follows (conftest.py). For runs that ask only "does anything fail?", one per mutant
 #: (`nox -s mutation`); never for a verdict, which names every distinct failure.
 FAIL_FAST = os.environ.get("ATTNSPEC_FAIL_FAST") == "1"
+_FAIL_FAST_ORDER = {name: i for i, name in enumerate(("test_sdpa.py", "test_variants.py", "test_serving.py",
+                                                      "test_dropout.py", "test_signatures.py"))}
 _PHASES = (Phase.explicit, Phase.reuse, Phase.generate) if FAIL_FAST else tuple(Phase)
 for _name, (_examples, _derandomize) in PROFILE_EXAMPLES.items():
     settings.register_profile(_name, max_examples=_examples, deadline=None, derandomize=_derandomize,
@@ -85,6 +87,8 @@ def pytest_collection_modifyitems(config, items) -> None:
             if drop:
                 config.hook.pytest_deselected(items=drop)
                 items[:] = keep
+        if FAIL_FAST:  # the properties that catch most bugs first: the run ends at the first failure
+            items.sort(key=lambda item: _FAIL_FAST_ORDER.get(item.path.name, len(_FAIL_FAST_ORDER)))
         shard = config.getoption("--attn-shard")
         if shard:
             index, count = _shard(shard)

@@ -100,12 +100,19 @@ def _sdpa_case(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
         tags.add("n_gt_m")
 
     q_batch = batch
-    k_batch = batch
+    k_batch = v_batch = batch
     if feature == "batch_broadcast" and batch:
-        k_batch = (1,) * len(batch)  # k/v broadcast against q's batch
+        # some of q, k and v have size-1 batch axes that broadcast against the others': k and v
+        # together, or one alone, or q (with k): each one's batch is its own (a bug taking the batch
+        # from q and k only passed every property until mutation testing, reports/mutation.md)
+        ones = (1,) * len(batch)
+        small = draw(st.sampled_from(["kv", "k", "v", "q", "qk"]))
+        q_batch = ones if "q" in small else batch
+        k_batch = ones if "k" in small else batch
+        v_batch = ones if "v" in small else batch
     rank2 = feature == "rank2"
     if rank2:
-        q_batch = k_batch = batch = ()
+        q_batch = k_batch = v_batch = batch = ()
         hkv = hq = 1
 
     def shape(b, h, length, d):
@@ -116,7 +123,7 @@ def _sdpa_case(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
         magnitude = float(draw(st.sampled_from([8.0, 16.0])))  # logits up to ~magnitude^2 * sqrt(dk)
     q = rng.standard_normal(shape(q_batch, hq, n, dk)) * magnitude
     k = rng.standard_normal(shape(k_batch, hkv, m, dk)) * magnitude
-    v = rng.standard_normal(shape(k_batch, hkv, m, dv))
+    v = rng.standard_normal(shape(v_batch, hkv, m, dv))
     if feature == "ties_and_zeros" and m > 1:
         k[..., 1::2, :] = k[..., :1, :]  # exact ties among logits
         q[..., ::2, :] = 0.0  # zero queries: uniform weights

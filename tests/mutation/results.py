@@ -111,7 +111,28 @@ def collect(sessions: dict[str, Path], work: Path, sample: str | None) -> dict:
                         m["reason"] = reason
                 m["diff"] = r.diff
             mutants.append(m)
-    return summarise(mutants, elapsed, sample)
+    data = summarise(mutants, elapsed, sample)
+    gaps = []
+    before_totals = {}
+    for name in sessions:
+        before = work / f"{name}-before.json"
+        if not before.exists():
+            continue
+        saved = json.loads(before.read_text())
+        before_totals[name] = saved["totals"]
+        now = {m["id"]: m for m in mutants}
+        for job_id, m in saved["survivors"].items():
+            after = now.get(job_id)
+            if after and after["outcome"] in ("killed", "timed_out"):
+                gaps.append(
+                    {
+                        "mutant": f"{m['file']}:{m['line']} {m.get('before', '')} -> {m.get('after', '')}",
+                        "fixed_by": after.get("why", ""),
+                    }
+                )
+    if before_totals:
+        data["before_after"] = {"before": before_totals, "gaps": gaps}
+    return data
 
 
 def summarise(mutants: list[dict], elapsed: float, sample: str | None) -> dict:

@@ -111,10 +111,87 @@ def shard(db: Path, dest: Path, index: int, count: int) -> None:
                 )
 
 
-def run_target(target: str, workers: list[Path], sample: str | None, fresh: bool) -> Path:
+def rerun_survivors(name: str, count: int) -> int:
+    """Forget the results of the surviving mutants of session ``name``, so the next exec judges
+    them again with the suite as it is now; the first time, keep the survivors and the totals as
+    the run's "before" (build/mutation/<name>-before.json). Returns how many were reset."""
+    import sqlite3
+
+    from results import collect  # type: ignore[import-not-found]
+
+    before = WORK / f"{name}-before.json"
+    if not before.exists():
+        data = collect({name: WORK / f"{name}.sqlite"}, WORK, None)
+        survivors = {m["id"]: m for m in data["mutants"] if m["outcome"].startswith("survived")}
+        before.write_text(json.dumps({"totals": data["totals"], "survivors": survivors}, indent=1) + "\n")
+    reset = 0
+    for i in range(count):
+        with sqlite3.connect(WORK / f"{name}-shard{i}.sqlite") as db:
+            ids = [
+                r[0] for r in db.execute("SELECT job_id FROM work_results WHERE test_outcome = 'SURVIVED'")
+            ]
+            db.executemany("DELETE FROM work_results WHERE job_id = ?", [(j,) for j in ids])
+            reset += len(ids)
+    return reset
+
+
+def draw_sample(results: Path, size: int = 20, seed: int = 28) -> str:
+    """The CI sample: ``size`` killed mutants of a full run, drawn with a fixed seed, spread over
+    both targets, their definitions and operator kinds; as ci_sample.toml's text."""
+    import random
+
+    data = json.loads(results.read_text())
+    killed = [m for m in data["mutants"] if m["outcome"] == "killed"]
+    rng = random.Random(seed)
+    rng.shuffle(killed)
+    picked: list[dict] = []
+    want = {"reference": size * 2 // 5, "conventions": size - size * 2 // 5}
+    for target, n in want.items():
+        seen: set[tuple[str, str]] = set()
+        for m in (m for m in killed if m["target"] == target):
+            key = (m["definition"], m["operator"].split("_")[0])
+            if key not in seen and sum(p["target"] == target for p in picked) < n:
+                seen.add(key)
+                picked.append(m)
+    lines = [
+        "# The 20 mutants CI runs (nox -s mutation -- --sample ci): each must be killed. Drawn by",
+        "# tests/mutation/run_mutation.py --draw-sample from a full run, then frozen. A mutant is named",
+        "# by its file, operator, the source line it changes and the column on that line.",
+        "",
+    ]
+    for m in sorted(picked, key=lambda m: (m["file"], m["line"], m["col"])):
+        source = (
+            (
+                WORK
+                / "pristine"
+                / ("tests/mutation/reference_sdpa.py" if m["target"] == "reference" else m["file"])
+            )
+            .read_text()
+            .splitlines()[m["line"] - 1]
+        )
+        lines += [
+            "[[mutant]]",
+            f'file = "{m["file"]}"',
+            f'operator = "core/{m["operator"]}"',
+            f"line = {json.dumps(source)}",
+            f"col = {m['col']}",
+            f"# {m['definition']}: {m['why'][:100]}",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def run_target(
+    target: str, workers: list[Path], sample: str | None, fresh: bool, rerun: bool = False
+) -> Path:
     """Run one target's session on the workers; return the merged results' path."""
     name = target if sample is None else f"{target}-sample-{sample}"
     db = WORK / f"{name}.sqlite"
+    if rerun and db.exists():
+        print(
+            f"mutation: {name}: {rerun_survivors(name, len(workers))} survivors to judge again",
+            file=sys.stderr,
+        )
     if fresh:
         db.unlink(missing_ok=True)
         for w in workers:
@@ -172,10 +249,23 @@ def main(argv: list[str] | None = None) -> int:
         help="only the mutants of tests/mutation/ci_sample.toml; each must be killed",
     )
     ap.add_argument("--fresh", action="store_true", help="start over instead of resuming")
+    ap.add_argument(
+        "--rerun-survivors",
+        action="store_true",
+        help="judge the surviving mutants again with the suite as it is now (after closing gaps)",
+    )
+    ap.add_argument(
+        "--draw-sample",
+        action="store_true",
+        help="write tests/mutation/ci_sample.toml from reports/results/mutation.json and stop",
+    )
     ap.add_argument("--workers", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     args = ap.parse_args(argv)
     from results import collect, write_results  # type: ignore[import-not-found]
 
+    if args.draw_sample:
+        (HERE / "ci_sample.toml").write_text(draw_sample(REPO / "reports" / "results" / "mutation.json"))
+        return 0
     WORK.mkdir(parents=True, exist_ok=True)
     files = tree_files()
     copy_tree(WORK / "pristine", files)
@@ -183,8 +273,16 @@ def main(argv: list[str] | None = None) -> int:
     for w in workers:  # always fresh: a worker killed mid-mutant leaves its mutant in its copy
         prepare_worker(w, files)
     targets = ["reference", "conventions"] if args.target == "all" else [args.target]
-    sessions = {t: run_target(t, workers, args.sample, args.fresh) for t in targets}
+    sessions = {
+        t: run_target(t, workers, args.sample, args.fresh or bool(args.sample), args.rerun_survivors)
+        for t in targets
+    }
+    if not args.sample:  # the report covers every target run so far, not only this call's
+        sessions = {
+            t: WORK / f"{t}.sqlite" for t in ("reference", "conventions") if (WORK / f"{t}.sqlite").exists()
+        }
     data = collect(sessions, WORK, args.sample)
+    data["workers"] = len(workers)
     path = write_results(data, REPO, args.sample)
     t = data["totals"]
     print(

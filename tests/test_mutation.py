@@ -1,0 +1,139 @@
+"""The mutation run's parts (#28): the reference conforms, the gap the issue names is now caught,
+the driver maps a mutated line to the conventions it reaches, and the report renders.
+
+The run itself is `nox -s mutation` (hours); CI runs its sample of 20 mutants."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MUTATION = REPO / "tests" / "mutation"
+sys.path.insert(0, str(MUTATION))
+
+import check_mutant  # noqa: E402
+import filters  # noqa: E402
+from results import summarise  # noqa: E402
+
+CHECK = [sys.executable, "-m", "attnspec", "check"]
+CONVENTION = ["--convention", f"{MUTATION / 'reference_convention.py'}:SPEC_KEYWORDS", "--arrays", "numpy"]
+
+
+def _check(target: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CHECK, f"{target}:sdpa", *CONVENTION, "--profile", "dev", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+    )
+
+
+def test_reference_conforms(tmp_path):
+    """The mutation target is a correct sdpa: every mutant starts from a verdict of CONFORMS."""
+    proc = _check(MUTATION / "reference_sdpa.py", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CONFORMS" in proc.stderr and "needs run (26 of 26)" in proc.stderr
+
+
+def test_window_one_key_too_wide_fails(tmp_path):
+    """The gap the issue names: a window showing one key too many on the right passed every sdpa
+    property in dev and default; corner_window_edge catches it now."""
+    source = (MUTATION / "reference_sdpa.py").read_text()
+    edge = "cols[None, :] <= a[:, None] + window[1]"
+    assert source.count(edge) == 1
+    mutant = tmp_path / "wide_window.py"
+    mutant.write_text(source.replace(edge, edge + " + 1"))
+    proc = _check(mutant, tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "corner_window_edge" in proc.stderr
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+@pytest.mark.parametrize(
+    ("module", "text", "expected"),
+    [
+        ("conventions.py", "why.append(\"the flash convention's causal is lower-right", {"flash"}),
+        ("conventions.py", 'kw["enable_gqa"] = True', {"torch_sdpa"}),
+        (
+            "conventions_flash.py",
+            'kw["softmax_scale"] = p.scale',
+            {"flash_kvcache", "flash_varlen", "flash_kvcache_paged"},
+        ),
+        ("conventions_paged.py", 'kw["sliding_window"] = p.window[0] + 1', {"vllm_paged"}),
+        (
+            "conventions_paged.py",
+            "size = block_sizes[seed % len(block_sizes)]",
+            {"flash_kvcache_paged", "vllm_paged"},
+        ),
+    ],
+)
+def test_a_mutated_line_reaches_its_conventions(monkeypatch, module, text, expected):
+    monkeypatch.setattr(check_mutant, "PRISTINE", REPO / "backends")
+    _, conventions = check_mutant.reached(module, _line_of(REPO / "backends" / module, text))
+    assert set(conventions) == expected
+
+
+def test_filters_know_annotations_and_definitions():
+    import ast
+
+    path = REPO / "backends" / "conventions.py"
+    tree = ast.parse(path.read_text())
+    assert filters.definition_at(tree, _line_of(path, "def extend(")) == "Convention.extend"
+    assert filters.definition_at(tree, _line_of(path, 'kw["enable_gqa"] = True')) == "TorchSDPA.call"
+    spans = filters.annotation_spans(tree)
+    line = _line_of(path, "def _first(result: Any) -> Any:")
+    assert any(s[0] == line for s, _ in spans)  # result: Any and -> Any
+    assert "Convention.extend" in filters.OUT_OF_SCOPE
+    # a sample key does not move when the line is indented differently or moves
+    assert filters.sample_key("f.py", "op", "    x = a + b", 10) == filters.sample_key(
+        "f.py", "op", "x = a + b", 6
+    )
+
+
+def test_results_and_page():
+    from attnspec.reports.mutation import mutation_page
+
+    mutants = [
+        {
+            "id": str(i),
+            "target": "reference",
+            "file": "tests/mutation/reference_sdpa.py",
+            "line": i,
+            "col": 0,
+            "definition": "sdpa",
+            "operator": "NumberReplacer",
+            "occurrence": 0,
+            "outcome": o,
+            "why": "",
+            "before": "a",
+            "after": "b",
+        }
+        for i, o in enumerate(
+            ["killed"] * 6 + ["timed_out", "survived_equivalent", "survived_gap", "skipped"]
+        )
+    ]
+    mutants[7]["reason"] = "the same function"
+    data = summarise(mutants, 12.0, None)
+    t = data["totals"]
+    assert (t["generated"], t["run"], t["killed"], t["survived_gap"]) == (10, 9, 6, 1)
+    assert t["score"] == pytest.approx(7 / 8)
+    page = mutation_page({**data, "workers": 2})
+    assert "87.5%" in page and "the same function" in page and "1 mutants survive" in page
+
+
+def test_a_bad_results_file_is_refused(tmp_path):
+    from attnspec.reports._io import ResultsError
+    from attnspec.reports.mutation import load
+
+    path = tmp_path / "mutation.json"
+    path.write_text('{"schema": "attnspec.mutation/0"}')
+    with pytest.raises(ResultsError, match="schema"):
+        load(path)

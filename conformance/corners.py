@@ -56,8 +56,10 @@ MASK_ONLY = (
     "corner_hidden_nonfinite_mask_only",
 )
 #: fixed cases of one rule's edges, run by `test_matches_golden` besides `CORNERS` (not exported
-#: as vectors): ``corner_window_edge`` shows every key at a window's edge (`window_edge_case`)
-EDGE_CORNERS = ("corner_window_edge",)
+#: as vectors), each added when mutation testing found drawn cases too rare to reach its rule
+#: (reports/mutation.md): a window's edges (`window_edge_case`), NaN/inf values a row sees
+#: (`visible_nonfinite_case`), a NaN bias (`nan_bias_case`)
+EDGE_CORNERS = ("corner_window_edge", "corner_visible_nonfinite", "corner_nan_bias")
 _N = _M = 8  # rows and keys: n, m of the corner cases
 _FLOOR_ROWS = (1, 2, 3, 4)  # rows whose visible keys sit at a floor level
 
@@ -103,7 +105,8 @@ def corner_case(kind: str, dtype: str):
     if kind in MASK_ONLY:
         return mask_only_case(kind, dtype)
     if kind in EDGE_CORNERS:
-        return window_edge_case(dtype)
+        return {"corner_window_edge": window_edge_case, "corner_visible_nonfinite": visible_nonfinite_case,
+                "corner_nan_bias": nan_bias_case}[kind](dtype)
     if kind not in CORNERS:
         raise ValueError(f"corner_case: kind={kind!r}, expected one of {CORNERS + MASK_ONLY + EDGE_CORNERS}")
     rng, q, k, v, j, mask = _drawn(19 + CORNERS.index(kind))
@@ -156,6 +159,45 @@ def window_edge_case(dtype: str):
     tags = {"corner_window_edge", dtype, "window"}
     _tag_visibility(tags, q, k, v, options)
     return SDPACase("corner_window_edge", dtype, q, k, v, options, frozenset(tags), 19)
+
+
+def visible_nonfinite_case(dtype: str):
+    """``corner_visible_nonfinite``: a NaN or inf value a row sees reaches its output.
+
+    Hidden non-finite values must never reach a row, visible ones always do (spec decisions 2
+    and 3). Drawn cases poison hidden keys only, so an implementation that scrubs non-finite
+    values (or takes them as 0) passed; this corner is causal (square, so every convention takes
+    it): in batch 0 key 0's value is NaN, and row 0 sees key 0 alone, so every row of batch 0
+    is NaN; in batch 1 key 3's value is +inf in its first component only, so rows 3.. are +inf
+    there and finite elsewhere, and rows 0-2, which cannot see key 3, stay finite."""
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
+
+    _, q, k, v, _, _ = _drawn(31)
+    v[0, :, 0, :] = np.nan
+    v[1, :, 3, 0] = np.inf
+    npdt = NP_DTYPES[dtype]
+    q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
+    options: dict[str, Any] = {"causal": "lower_right"}
+    tags = {"corner_visible_nonfinite", dtype, "causal_lower_right"}
+    _tag_visibility(tags, q, k, v, options)
+    return SDPACase("corner_visible_nonfinite", dtype, q, k, v, options, frozenset(tags), 19)
+
+
+def nan_bias_case(dtype: str):
+    """``corner_nan_bias``: a NaN bias on a visible key makes its row NaN, like any NaN logit;
+    only -inf hides a key. Row 2 of batch 0, head 0 has a NaN bias at key 5; every other row is
+    finite. An implementation that tests visibility as ``bias > -inf`` drops the key instead."""
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
+
+    rng, q, k, v, _, _ = _drawn(37)
+    bias = rng.standard_normal((2, 2, _N, _M))
+    bias[0, 0, 2, 5] = np.nan
+    npdt = NP_DTYPES[dtype]
+    q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
+    options: dict[str, Any] = {"bias": bias.astype(npdt)}
+    tags = {"corner_nan_bias", dtype, "bias"}
+    _tag_visibility(tags, q, k, v, options)
+    return SDPACase("corner_nan_bias", dtype, q, k, v, options, frozenset(tags), 19)
 
 
 def mask_only_case(kind: str, dtype: str):

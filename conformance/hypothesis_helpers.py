@@ -102,11 +102,11 @@ def _sdpa_case(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
     q_batch = batch
     k_batch = v_batch = batch
     if feature == "batch_broadcast" and batch:
-        # some of q, k and v have size-1 batch axes that broadcast against the others': k and v
-        # together, or one alone, or q (with k): each one's batch is its own (a bug taking the batch
+        # some of q, k and v have size-1 batch axes that broadcast against the others', so that
+        # each of them carries the batch alone in some case: each one's batch is its own (a bug taking the batch
         # from q and k only passed every property until mutation testing, reports/mutation.md)
         ones = (1,) * len(batch)
-        small = draw(st.sampled_from(["kv", "k", "v", "q", "qk"]))
+        small = draw(st.sampled_from(["kv", "k", "v", "q", "qk", "qv"]))
         q_batch = ones if "q" in small else batch
         k_batch = ones if "k" in small else batch
         v_batch = ones if "v" in small else batch

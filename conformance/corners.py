@@ -58,8 +58,9 @@ MASK_ONLY = (
 #: fixed cases of one rule's edges, run by `test_matches_golden` besides `CORNERS` (not exported
 #: as vectors), each added when mutation testing found drawn cases too rare to reach its rule
 #: (reports/mutation.md): a window's edges (`window_edge_case`), NaN/inf values a row sees
-#: (`visible_nonfinite_case`), a NaN bias (`nan_bias_case`)
-EDGE_CORNERS = ("corner_window_edge", "corner_visible_nonfinite", "corner_nan_bias")
+#: (`visible_nonfinite_case`), a NaN bias (`nan_bias_case`), batch axes each of q, k, v carries
+#: alone (`batch_carriers_case`)
+EDGE_CORNERS = ("corner_window_edge", "corner_visible_nonfinite", "corner_nan_bias", "corner_batch_carriers")
 _N = _M = 8  # rows and keys: n, m of the corner cases
 _FLOOR_ROWS = (1, 2, 3, 4)  # rows whose visible keys sit at a floor level
 
@@ -106,7 +107,7 @@ def corner_case(kind: str, dtype: str):
         return mask_only_case(kind, dtype)
     if kind in EDGE_CORNERS:
         return {"corner_window_edge": window_edge_case, "corner_visible_nonfinite": visible_nonfinite_case,
-                "corner_nan_bias": nan_bias_case}[kind](dtype)
+                "corner_nan_bias": nan_bias_case, "corner_batch_carriers": batch_carriers_case}[kind](dtype)
     if kind not in CORNERS:
         raise ValueError(f"corner_case: kind={kind!r}, expected one of {CORNERS + MASK_ONLY + EDGE_CORNERS}")
     rng, q, k, v, j, mask = _drawn(19 + CORNERS.index(kind))
@@ -181,6 +182,27 @@ def visible_nonfinite_case(dtype: str):
     tags = {"corner_visible_nonfinite", dtype, "causal_lower_right"}
     _tag_visibility(tags, q, k, v, options)
     return SDPACase("corner_visible_nonfinite", dtype, q, k, v, options, frozenset(tags), 19)
+
+
+def batch_carriers_case(dtype: str):
+    """``corner_batch_carriers``: three batch axes, each of which only one of q, k, v has.
+
+    q is (2, 1, 1, H, n, dk), k (1, 2, 1, H, m, dk), v (1, 1, 2, H, m, dv): the batch is (2, 2, 2)
+    only if it is taken from all three. An implementation that takes it from q and k alone (or
+    reads one of them as if it had the whole batch) fails here; drawn cases broadcast one of the
+    three at a time, and the dev profile met too few of them to catch it (mutation testing)."""
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
+
+    rng = np.random.default_rng(41)
+    q = rng.standard_normal((2, 1, 1, 2, _N, 4))
+    k = rng.standard_normal((1, 2, 1, 2, _M, 4))
+    v = rng.standard_normal((1, 1, 2, 2, _M, 4))
+    npdt = NP_DTYPES[dtype]
+    q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
+    options: dict[str, Any] = {}
+    tags = {"corner_batch_carriers", dtype, "batch_broadcast"}
+    _tag_visibility(tags, q, k, v, options)
+    return SDPACase("corner_batch_carriers", dtype, q, k, v, options, frozenset(tags), 19)
 
 
 def nan_bias_case(dtype: str):

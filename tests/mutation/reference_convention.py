@@ -52,7 +52,16 @@ class SpecKeywords(Convention):
         if p.return_lse:
             kw["return_lse"] = True
         result = fn(q, k, v, **kw)
-        if not isinstance(result, tuple):
+        # exactly what attnspec.spec.sdpa returns: the output alone, or a tuple of the output, then
+        # the weights and the lse when asked for; anything else is the function's error
+        wanted = 1 + bool(options.get("return_weights")) + bool(p.return_lse)
+        got = len(result) if isinstance(result, tuple) else 1
+        if got != wanted or (wanted == 1 and isinstance(result, tuple)):
+            raise TypeError(
+                f"returned {type(result).__name__} of {got}, expected what attnspec.spec.sdpa returns: "
+                f"{'a tuple of ' + str(wanted) if wanted > 1 else 'the output array alone'}"
+            )
+        if wanted == 1:
             return result, None
         out, rest = result[0], list(result[1:])
         weights = rest.pop(0) if options.get("return_weights") else None

@@ -284,6 +284,17 @@ def main(argv: list[str] | None = None) -> int:
     data = collect(sessions, WORK, args.sample)
     data["workers"] = len(workers)
     path = write_results(data, REPO, args.sample)
+    if not args.sample:  # the page, whatever the verdict: the gaps are what it is for
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "attnspec.reports.mutation",
+                str(path),
+                str(REPO / "reports" / "mutation.md"),
+            ],
+            check=True,
+        )
     t = data["totals"]
     print(
         f"mutation: {t['generated']} mutants, {t['run']} run: {t['killed']} killed, {t['timed_out']} timed out, "

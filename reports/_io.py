@@ -230,6 +230,20 @@ def _read(path: Path, kind: str) -> tuple[dict | None, list[str]]:
     return doc, _validate(doc, kind)
 
 
+def read_document(path: str | os.PathLike, schema: str) -> dict[str, Any]:
+    """A results file of one schema (a page of its own: copy task, mutation), read as JSON and
+    its ``schema`` checked; `ResultsError` names the file and the problem."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ResultsError(f"{path}: cannot be read as JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != schema:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise ResultsError(f"{path}: schema is {json.dumps(got)}, expected {schema!r}")
+    return doc
+
+
 def load_results(directory: str | os.PathLike) -> Results:
     """Read and validate every ``conformance-*.json``, ``bench-*.json``, ``lsh-quality*.json`` and
     ``suite-timings/*.json``.

@@ -5,14 +5,13 @@ trains the model and writes the file; this module never imports torch or JAX.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from attnspec.reports._io import ResultsError
+from attnspec.reports._io import ResultsError, read_document
 
 __all__ = ["SCHEMA", "index_section", "load", "plot"]
 
@@ -25,14 +24,7 @@ def _is_num(x: Any) -> bool:
 
 def load(path: str | Path) -> dict[str, Any]:
     """Read and check a copy-task results file; `ResultsError` names the file and the problem."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ResultsError(f"{path}: cannot be read as JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise ResultsError(f"{path}: schema is {json.dumps(got)}, expected {SCHEMA!r}")
+    doc = read_document(path, SCHEMA)
     problems = []
     settings = doc.get("settings")
     keys = ("vocab", "n", "embed_dim", "num_heads", "batch", "eval_batch")

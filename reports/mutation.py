@@ -8,11 +8,10 @@ which survive as equivalent programs (each with its reason) and which survive as
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from attnspec.reports._io import ResultsError
+from attnspec.reports._io import ResultsError, read_document
 from attnspec.reports._md import cell, seconds, table
 
 __all__ = ["SCHEMA", "load", "mutation_page"]
@@ -33,14 +32,7 @@ _TOTALS = (
 
 def load(path: str | Path) -> dict[str, Any]:
     """Read and check a mutation results file; `ResultsError` names the file and the problem."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ResultsError(f"{path}: cannot be read as JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise ResultsError(f"{path}: schema is {json.dumps(got)}, expected {SCHEMA!r}")
+    doc = read_document(path, SCHEMA)
     problems = [
         f"{key}: missing"
         for key in (

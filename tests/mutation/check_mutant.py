@@ -13,9 +13,12 @@ failure (``-x`` and ``ATTNSPEC_FAIL_FAST=1``: no shrinking, no sweep).
   verdict is FAILS or INCOMPLETE.
 - conventions: the mutated line is found by comparing the worker's installed convention modules
   with their pristine copies, and mapped (through the modules' AST) to the conventions whose code
-  runs it. For each, cheapest first: the correct function of adapters.py through it (killed on
-  FAILS or INCOMPLETE, or when it refuses a need the unmutated convention expresses, by the
-  baseline), then each known-wrong function (killed when it CONFORMS: the convention hid it).
+  runs it. For each, cheapest first: the correct function of adapters.py through it, killed on
+  FAILS or INCOMPLETE, when it refuses a need the unmutated convention expresses, or when the
+  coverage it reports (cases run and declined per need, totals) differs from the unmutated
+  convention's (the baseline: the runs are derandomized, so a correct function through an
+  unmutated convention reports the same numbers every time); then each known-wrong function,
+  killed when it CONFORMS (the convention hid it).
 
 The worker's tree is this file's ``../..``; it holds ``site/`` (its own install of attnspec, which
 cosmic-ray mutates in place) and ``pristine/`` (the unmutated modules). Each verdict is appended
@@ -99,6 +102,8 @@ def check(spec: str, fail_fast: bool = True) -> dict:
         env = {"ATTNSPEC_CAPABILITIES": str(out / "capabilities.json"), "ATTNSPEC_TOUR": "1"}
         if fail_fast:
             env["ATTNSPEC_FAIL_FAST"] = "1"
+        else:
+            os.environ.pop("ATTNSPEC_FAIL_FAST", None)
         os.environ.update(env)
         try:
             backend = load(spec)
@@ -130,7 +135,17 @@ def check(spec: str, fail_fast: bool = True) -> dict:
     elif missing:
         why = "; ".join(missing)[:300]
     refused = sorted(n for n, e in cov.get("needs", {}).items() if e["status"] == "not expressible")
-    return {"verdict": verdict, "why": why, "not_expressible": refused, "seconds": round(time.time() - t0, 1)}
+    # what the run reports it exercised: cases per need, and per status (the runs are derandomized,
+    # so a correct function through an unmutated convention gives the same numbers every time)
+    exercised = {n: [e["cases"], e["declined"]] for n, e in cov.get("needs", {}).items()}
+    exercised["<totals>"] = [s["totals"][k] for k in ("run", "passed", "unsupported")]
+    return {
+        "verdict": verdict,
+        "why": why,
+        "not_expressible": refused,
+        "exercised": exercised,
+        "seconds": round(time.time() - t0, 1),
+    }
 
 
 def subject(fn: str, convention: str) -> str:
@@ -215,17 +230,35 @@ def conventions_verdict(conventions: list[str], baseline: dict) -> tuple[bool, s
     from adapters import SUBJECTS  # type: ignore[import-not-found]
 
     runs = []
+    # the correct functions first, cheapest first (most mutants die there), then the wrong ones
     for name in conventions:
-        correct, wrongs = SUBJECTS[name]
+        correct, _ = SUBJECTS[name]
         r = check(subject(correct, name))
         r["subject"] = f"{name}:{correct}"
         runs.append(r)
         if r["verdict"] != "CONFORMS":
             return True, f"{name} correct {r['verdict']}: {r['why']}", runs
-        more = sorted(set(r["not_expressible"]) - set(baseline.get(name, {}).get("not_expressible", [])))
+        base = baseline.get(name, {})
+        more = sorted(set(r["not_expressible"]) - set(base.get("not_expressible", [])))
         if more:
             return True, f"{name} correct: refuses {', '.join(more)}, which the convention expresses", runs
-        for wrong in wrongs:
+        changed = sorted(
+            n
+            for n in set(r["exercised"]) | set(base.get("exercised", {}))
+            if r["exercised"].get(n) != base.get("exercised", {}).get(n)
+        )
+        if base.get("exercised") is not None and changed:
+            n = changed[0]
+            return (
+                True,
+                (
+                    f"{name} correct: the coverage changed: {n} cases run, declined "
+                    f"{r['exercised'].get(n)}, unmutated {base['exercised'].get(n)}"
+                ),
+                runs,
+            )
+    for name in conventions:
+        for wrong in SUBJECTS[name][1]:
             w = check(subject(wrong, name))
             w["subject"] = f"{name}:{wrong}"
             runs.append(w)
@@ -241,8 +274,13 @@ def record_baseline(path: Path) -> int:
 
     found, bad = {}, []
     for name, (correct, wrongs) in SUBJECTS.items():
-        r = check(subject(correct, name), fail_fast=False)
-        entry = {"not_expressible": r.get("not_expressible", []), "seconds": r["seconds"], "wrong": {}}
+        r = check(subject(correct, name))  # as a mutant's check runs it: the coverage must match
+        entry = {
+            "not_expressible": r.get("not_expressible", []),
+            "exercised": r.get("exercised"),
+            "seconds": r["seconds"],
+            "wrong": {},
+        }
         if r["verdict"] != "CONFORMS":
             bad.append(f"{name}: the correct {correct} {r['verdict']}: {r['why']}")
         for wrong in wrongs:

@@ -112,10 +112,10 @@ def mutation_page(doc: dict[str, Any], source: str = "results/mutation.json") ->
         "profile, stopping at the first failure:",
         "",
         "- a **reference** mutant is killed when the verdict on it is FAILS or INCOMPLETE;",
-        "- a **convention** mutant is killed when the suite fails a correct function through it (or the "
-        "function refuses a need the unmutated convention expresses), or passes a known-wrong one (tiled "
-        "GQA, a -1e9 mask fill): tests/mutation/adapters.py has both, for every convention the mutated "
-        "line reaches.",
+        "- a **convention** mutant is killed when the suite fails a correct function through it, when "
+        "that function refuses a need or reports a coverage (cases per need) the unmutated convention "
+        "does not, or when the suite passes a known-wrong one (tiled GQA, a -1e9 mask fill): "
+        "tests/mutation/adapters.py has both, for every convention the mutated line reaches.",
         "",
         "A survivor is either **equivalent** (it computes the same function; listed below with the reason, "
         "from `tests/mutation/equivalent.toml`) or a **gap**, which gets a new property, strategy or corner. "

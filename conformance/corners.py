@@ -167,20 +167,22 @@ def visible_nonfinite_case(dtype: str):
 
     Hidden non-finite values must never reach a row, visible ones always do (spec decisions 2
     and 3). Drawn cases poison hidden keys only, so an implementation that scrubs non-finite
-    values (or takes them as 0) passed; this corner is causal (square, so every convention takes
-    it): in batch 0 key 0's value is NaN, and row 0 sees key 0 alone, so every row of batch 0
-    is NaN; in batch 1 key 3's value is +inf in its first component only, so rows 3.. are +inf
-    there and finite elsewhere, and rows 0-2, which cannot see key 3, stay finite."""
+    values (or takes them as 0) passed. This corner is causal (square, so every convention takes
+    it), and every non-finite value sits on key 0, which every row sees, so nothing here is
+    hidden (hidden ones are the other corners' business): in batch 0 key 0's value is NaN, and row
+    0 sees key 0 alone, so every row of batch 0 is NaN; in batch 1 key 0's value is +inf in its
+    first component only, so every row is +inf there and finite in the others."""
     from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
 
     _, q, k, v, _, _ = _drawn(31)
     v[0, :, 0, :] = np.nan
-    v[1, :, 3, 0] = np.inf
+    v[1, :, 0, 0] = np.inf
     npdt = NP_DTYPES[dtype]
     q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
     options: dict[str, Any] = {"causal": "lower_right"}
     tags = {"corner_visible_nonfinite", dtype, "causal_lower_right"}
     _tag_visibility(tags, q, k, v, options)
+    tags.discard("masked_nonfinite")  # no non-finite value is hidden: no deviation about hidden ones applies
     return SDPACase("corner_visible_nonfinite", dtype, q, k, v, options, frozenset(tags), 19)
 
 

@@ -404,7 +404,7 @@ class TorchSDPA(Convention):
         kw: dict[str, Any] = {}
         if options.get("scale") is not None:
             kw["scale"] = p.scale
-        if p.group > 1:
+        if p.hq != p.hkv:  # GQA, or no query heads at all (Hq = 0: PyTorch needs enable_gqa there too)
             kw["enable_gqa"] = True
         rules = (options.get(o) is not None for o in ("mask", "bias", "window", "q_lengths", "kv_lengths",
                                                       "q_segment_ids", "kv_segment_ids"))
@@ -524,8 +524,9 @@ class Jax(Convention):
                 kw[name] = lib.asarray(np.reshape(lengths, (math.prod(p.batch),)).astype(np.int32), device=dev)  # (B,)
         if options.get("scale") is not None:
             kw["scale"] = p.scale
-        if self.canonical and kw.get("mask") is not None:  # (B, 1, n, m) -> (B, Hq, n, m)
-            kw["mask"] = full_mask(p, lib, kw["mask"], dev)
+        for name in ("mask", "bias") if self.canonical else ():  # (B, 1, n, m) -> (B, Hq, n, m)
+            if kw.get(name) is not None:
+                kw[name] = full_mask(p, lib, kw[name], dev)
         out = _first(fn(qf, kf, vf, **kw, **self.pass_keywords(p, options)))  # (B, n, Hq, dv)
         return unflatten_batch(p, out, layout="blhd"), None
 

@@ -61,7 +61,12 @@ def _line_of(path: Path, text: str) -> int:
     ("module", "text", "expected"),
     [
         ("conventions.py", "why.append(\"the flash convention's causal is lower-right", {"flash"}),
-        ("conventions.py", 'kw["enable_gqa"] = True', {"torch_sdpa"}),
+        (
+            "conventions.py",
+            'kw["enable_gqa"] = True',
+            {"torch_sdpa", "torch_sdpa+canonical", "torch_sdpa_keywords"},
+        ),
+        ("conventions.py", "kw[name] = full_mask(p, lib, kw[name], dev)", {"jax", "jax+canonical"}),
         (
             "conventions_flash.py",
             'kw["softmax_scale"] = p.scale',
@@ -79,6 +84,32 @@ def test_a_mutated_line_reaches_its_conventions(monkeypatch, module, text, expec
     monkeypatch.setattr(check_mutant, "PRISTINE", REPO / "backends")
     _, conventions = check_mutant.reached(module, _line_of(REPO / "backends" / module, text))
     assert set(conventions) == expected
+
+
+def test_the_correct_functions_keep_their_signatures_contracts():
+    """A correct function is as strict as the library it stands for, or a convention mutant that
+    breaks the contract passes through it: the tutorial's Q @ K^T takes no GQA but one kv head,
+    FlashAttention's maxima are the longest sequences, a canonical function takes 4-D arrays and
+    full-size masks."""
+    import adapters
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((1, 4, 3, 8)), rng.standard_normal((1, 2, 5, 8))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        adapters.tutorial_ok(q, k, k)
+    out, weights = adapters.tutorial_ok(q, k[:, :1], k[:, :1])  # one kv head broadcasts, as matmul does
+    assert out.shape == (1, 4, 3, 8) and weights.shape == (1, 4, 3, 5)
+    packed, cu = rng.standard_normal((5, 2, 8)), np.array([0, 2, 5], np.int32)
+    assert adapters.flash_varlen_ok(packed, packed, packed, cu, cu, 3, 3).shape == (5, 2, 8)
+    with pytest.raises(ValueError, match="max_seqlen_k=4"):
+        adapters.flash_varlen_ok(packed, packed, packed, cu, cu, 3, 4)
+    with pytest.raises(ValueError, match="4-D"):
+        adapters.torch_sdpa_canonical_ok(q[0], k[0], k[0])
+    with pytest.raises(ValueError, match="full-size"):
+        adapters.torch_sdpa_canonical_ok(q, q, q, np.ones((1, 1, 3, 3), bool))
+    assert adapters.torch_sdpa_canonical_ok(q, q, q, np.ones((1, 4, 3, 3), bool)).shape == (1, 4, 3, 8)
+    assert set(adapters.SUBJECTS) == set(check_mutant.CONVENTION_CLASSES)
 
 
 def test_filters_know_annotations_and_definitions():

@@ -6,8 +6,16 @@ that signature returns, through the reference sdpa (reference_sdpa.py). A conven
 killed when the suite fails such a correct function through it. The known-wrong twins are
 ``<convention>_tiled_gqa`` (query head h reads kv head h % Hkv instead of h // G) and, where the
 function takes a mask, ``<convention>_fill_1e9`` (a hidden key gets the logit -1e9, so a row that
-sees no key averages V instead of giving 0): a convention mutant is killed too when the suite
+sees no key averages V instead of giving 0), and ``torch_sdpa_causal_lower_right`` (is_causal on
+FlashAttention's diagonal, where PyTorch's is upper-left): a convention mutant is killed too when the suite
 passes one of them through it, since the convention then hides a wrong function.
+
+Three more kinds of subject reach code the built-in conventions' plain calls leave alone: the
+``NAME+canonical`` conventions (paddle's canonical inputs: ``<convention>_canonical_ok`` refuses an
+array that is not 4-D or a mask with a size-1 axis, as such a library does), and a convention
+made with ``Convention.extend`` that passes the spec's softcap and sinks through keywords
+(``TORCH_SDPA_KEYWORDS``; its wrong twin takes sinks and ignores them). ``tutorial_ok`` multiplies
+as the tutorial does (Q @ K^T), so K and V with fewer heads than Q work only when they have one.
 
 The arrays are NumPy's (``--arrays numpy``). These functions are not mutated.
 """
@@ -155,6 +163,12 @@ def flash_varlen_ok(
     return_attn_probs=False,
 ):
     cu_q, cu_k = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
+    # FlashAttention sizes its grid by the maxima and picks its decode path when max_seqlen_q is 1:
+    # they must be the batch's longest sequences
+    for name, cu, given in (("max_seqlen_q", cu_q, max_seqlen_q), ("max_seqlen_k", cu_k, max_seqlen_k)):
+        longest = int(np.diff(cu).max(initial=0))
+        if given != longest:
+            raise ValueError(f"{name}={given}, but the longest sequence in its cu_seqlens has {longest}")
     out = np.zeros((q.shape[0], q.shape[1], v.shape[-1]), q.dtype)
     lse = np.full((q.shape[1], q.shape[0]), -np.inf, np.float64 if q.dtype == np.float64 else np.float32)
     for s in range(len(cu_q) - 1):
@@ -256,6 +270,11 @@ def vllm_paged_ok(
 def torch_sdpa_ok(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
+    return _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, **spec_keywords):
+    """PyTorch's rules for torch_sdpa's arguments; ``spec_keywords`` go to the reference as they are."""
     if dropout_p:
         raise ValueError(f"dropout_p={dropout_p}: this function draws no dropout")
     if attn_mask is not None and is_causal:
@@ -268,9 +287,8 @@ def torch_sdpa_ok(
             mask = attn_mask
         else:
             bias = attn_mask
-    return sdpa(
-        query, key, value, mask=mask, bias=bias, causal="upper_left" if is_causal else None, scale=scale
-    )
+    causal = "upper_left" if is_causal else None
+    return sdpa(query, key, value, mask=mask, bias=bias, causal=causal, scale=scale, **spec_keywords)
 
 
 def jax_ok(
@@ -306,6 +324,14 @@ def jax_ok(
 
 
 def tutorial_ok(Q, K, V, mask=None):
+    # the tutorial's body is Q @ K^T: its leading axes broadcast as matmul's do, heads included, so
+    # K and V with fewer heads than Q (GQA) work only when they have one; the convention expands
+    # kv heads for it
+    for name, x in (("K", K), ("V", V)):
+        try:
+            np.broadcast_shapes(Q.shape[:-2], x.shape[:-2])
+        except ValueError:
+            raise ValueError(f"Q @ {name}^T: leading axes {Q.shape[:-2]} and {x.shape[:-2]} do not broadcast") from None
     return sdpa(Q, K, V, mask=None if mask is None else np.asarray(mask).astype(bool), return_weights=True)
 
 
@@ -376,6 +402,15 @@ def torch_sdpa_fill_1e9(
     return torch_sdpa_ok(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
+def torch_sdpa_causal_lower_right(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """is_causal aligned lower-right (FlashAttention's diagonal), where PyTorch's is upper-left."""
+    if not is_causal:
+        return torch_sdpa_ok(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return sdpa(query, key, value, causal="lower_right", scale=scale)
+
+
 def jax_fill_1e9(query, key, value, bias=None, mask=None, **kwargs):
     if mask is not None or bias is not None:
         bias, mask = _filled(mask, bias), None
@@ -388,14 +423,108 @@ def tutorial_fill_1e9(Q, K, V, mask=None):
     return sdpa(Q, K, V, bias=_filled(mask, None), return_weights=True)
 
 
+# -- canonical inputs (NAME+canonical): q, k, v always 4-D, every mask full-size -----------------
+
+
+def _canonical(q, k, v, masks, layout):
+    """Refuse what a canonical-input function (paddle's) refuses: an array not 4-D, batch sizes
+    that differ, a mask with a size-1 axis. ``layout`` "bhld" or "blhd" (q's axes)."""
+    if any(x.ndim != 4 for x in (q, k, v)):
+        raise ValueError(f"canonical inputs are 4-D: got q {q.shape}, k {k.shape}, v {v.shape}")
+    if not q.shape[0] == k.shape[0] == v.shape[0]:
+        raise ValueError(f"canonical inputs share their batch size: q {q.shape}, k {k.shape}, v {v.shape}")
+    hq, n, m = (q.shape[1], q.shape[2], k.shape[2]) if layout == "bhld" else (q.shape[2], q.shape[1], k.shape[1])
+    for name, mask in masks.items():
+        if mask is not None and tuple(mask.shape) != (q.shape[0], hq, n, m):
+            raise ValueError(f"canonical {name} is full-size {(q.shape[0], hq, n, m)}, got {tuple(mask.shape)}")
+
+
+def torch_sdpa_canonical_ok(query, key, value, attn_mask=None, *args, **kwargs):
+    _canonical(query, key, value, {"attn_mask": attn_mask}, "bhld")
+    return torch_sdpa_ok(query, key, value, attn_mask, *args, **kwargs)
+
+
+def torch_sdpa_canonical_tiled_gqa(query, key, value, attn_mask=None, *args, **kwargs):
+    _canonical(query, key, value, {"attn_mask": attn_mask}, "bhld")
+    return torch_sdpa_tiled_gqa(query, key, value, attn_mask, *args, **kwargs)
+
+
+def jax_canonical_ok(query, key, value, bias=None, mask=None, **kwargs):
+    _canonical(query, key, value, {"mask": mask, "bias": bias}, "blhd")
+    return jax_ok(query, key, value, bias=bias, mask=mask, **kwargs)
+
+
+def jax_canonical_tiled_gqa(query, key, value, bias=None, mask=None, **kwargs):
+    _canonical(query, key, value, {"mask": mask, "bias": bias}, "blhd")
+    return jax_tiled_gqa(query, key, value, bias=bias, mask=mask, **kwargs)
+
+
+def tutorial_canonical_ok(Q, K, V, mask=None):
+    _canonical(Q, K, V, {"mask": mask}, "bhld")
+    return tutorial_ok(Q, K, V, mask)
+
+
+def tutorial_canonical_fill_1e9(Q, K, V, mask=None):
+    _canonical(Q, K, V, {"mask": mask}, "bhld")
+    return tutorial_fill_1e9(Q, K, V, mask)
+
+
+# -- keywords added with Convention.extend ----------------------------------------------------------
+
+
+def _keywords_convention():
+    from attnspec.backends import get_convention
+
+    return get_convention("torch_sdpa").extend(
+        "torch_sdpa_keywords", keywords={"softcap": "softcap", "sinks": "sinks"}
+    )
+
+
+#: torch_sdpa plus the spec's softcap and sinks passed through keywords of the same names, as a
+#: user's `extend` makes it (README, "Extending a convention")
+TORCH_SDPA_KEYWORDS = _keywords_convention()
+
+
+def torch_sdpa_keywords_ok(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    softcap=None,
+    sinks=None,
+):
+    return _torch_sdpa(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, softcap=softcap, sinks=sinks
+    )
+
+
+def torch_sdpa_keywords_no_sinks(query, key, value, *args, sinks=None, **kwargs):
+    """Takes sinks and ignores them."""
+    return torch_sdpa_keywords_ok(query, key, value, *args, **kwargs)
+
+
 #: convention -> (the correct function, the known-wrong ones), by name in this file
 SUBJECTS = {
     "tutorial": ("tutorial_ok", ("tutorial_fill_1e9",)),
-    "torch_sdpa": ("torch_sdpa_ok", ("torch_sdpa_tiled_gqa", "torch_sdpa_fill_1e9")),
+    "torch_sdpa": (
+        "torch_sdpa_ok",
+        ("torch_sdpa_tiled_gqa", "torch_sdpa_fill_1e9", "torch_sdpa_causal_lower_right"),
+    ),
     "flash": ("flash_ok", ("flash_tiled_gqa",)),
     "flash_kvcache": ("flash_kvcache_ok", ("flash_kvcache_tiled_gqa",)),
     "flash_varlen": ("flash_varlen_ok", ("flash_varlen_tiled_gqa",)),
     "flash_kvcache_paged": ("flash_kvcache_paged_ok", ("flash_kvcache_paged_tiled_gqa",)),
     "vllm_paged": ("vllm_paged_ok", ("vllm_paged_tiled_gqa",)),
     "jax": ("jax_ok", ("jax_tiled_gqa", "jax_fill_1e9")),
+    "tutorial+canonical": ("tutorial_canonical_ok", ("tutorial_canonical_fill_1e9",)),
+    "torch_sdpa+canonical": ("torch_sdpa_canonical_ok", ("torch_sdpa_canonical_tiled_gqa",)),
+    "jax+canonical": ("jax_canonical_ok", ("jax_canonical_tiled_gqa",)),
+    "torch_sdpa_keywords": ("torch_sdpa_keywords_ok", ("torch_sdpa_keywords_no_sinks",)),
 }
+
+#: how a subject names its convention on the command line, where not by its name
+CONVENTION_TARGETS = {"torch_sdpa_keywords": f"{__file__}:TORCH_SDPA_KEYWORDS"}

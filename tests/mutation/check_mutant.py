@@ -48,7 +48,8 @@ if SITE.is_dir():  # this worker's own attnspec, before any installed one
 
 #: the modules of the conventions' run, in site/attnspec/backends
 CONVENTION_MODULES = ("conventions.py", "conventions_flash.py", "conventions_paged.py")
-#: convention -> its class, in the order checked (cheapest first: measured by the baseline)
+#: subject (adapters.SUBJECTS) -> its convention's class; a mutated line of a class reaches every
+#: subject of that class and its subclasses (the order checked is the baseline's, cheapest first)
 CONVENTION_CLASSES = {
     "tutorial": "Tutorial",
     "torch_sdpa": "TorchSDPA",
@@ -58,6 +59,10 @@ CONVENTION_CLASSES = {
     "flash_kvcache_paged": "FlashKVCachePaged",
     "vllm_paged": "VllmPaged",
     "jax": "Jax",
+    "tutorial+canonical": "Tutorial",
+    "torch_sdpa+canonical": "TorchSDPA",
+    "jax+canonical": "Jax",
+    "torch_sdpa_keywords": "TorchSDPA",
 }
 PROFILE = "dev"
 CASE_TIMEOUT = 60.0
@@ -149,7 +154,9 @@ def check(spec: str, fail_fast: bool = True) -> dict:
 
 
 def subject(fn: str, convention: str) -> str:
-    return f"{HERE / 'adapters.py'}:{fn}@{convention}/numpy"
+    from adapters import CONVENTION_TARGETS  # type: ignore[import-not-found]
+
+    return f"{HERE / 'adapters.py'}:{fn}@{CONVENTION_TARGETS.get(convention, convention)}/numpy"
 
 
 # -- which conventions a mutated line reaches ------------------------------------------------------

@@ -47,6 +47,15 @@ def _equivalent_reason(m: dict, table: list[dict]) -> str | None:
     return None
 
 
+def _same_mutant(m: dict) -> tuple:
+    """What names a mutant across sessions of the same file: where, and the line before and after."""
+    return (m["file"], m["line"], m.get("before", ""), m.get("after", ""))
+
+
+def target_of(session_name: str) -> str:
+    return session_name.split("-sample-")[0]
+
+
 def collect(sessions: dict[str, Path], work: Path, sample: str | None) -> dict:
     from cosmic_ray.work_db import WorkDB, use_db
 
@@ -120,9 +129,11 @@ def collect(sessions: dict[str, Path], work: Path, sample: str | None) -> dict:
             continue
         saved = json.loads(before.read_text())
         before_totals[name] = saved["totals"]
-        now = {m["id"]: m for m in mutants}
-        for job_id, m in saved["survivors"].items():
-            after = now.get(job_id)
+        # a survivor is found again by what it changes, not by its job id, so a "before" kept from
+        # an earlier session (or another machine's) still meets its mutant in a fresh one
+        now = {_same_mutant(m): m for m in mutants if m["target"] == target_of(name)}
+        for m in saved["survivors"].values():
+            after = now.get(_same_mutant(m))
             if after and after["outcome"] in ("killed", "timed_out"):
                 gaps.append(
                     {
@@ -169,9 +180,13 @@ def summarise(mutants: list[dict], elapsed: float, sample: str | None) -> dict:
         commit = ""
     from importlib import metadata
 
+    try:  # the run's environment has it (nox -s mutation); the kit's tests summarise without it
+        version = metadata.version("cosmic-ray")
+    except metadata.PackageNotFoundError:
+        version = "not installed"
     return {
         "schema": SCHEMA,
-        "tool": {"name": "cosmic-ray", "version": metadata.version("cosmic-ray")},
+        "tool": {"name": "cosmic-ray", "version": version},
         "git_commit": commit,
         "date": datetime.date.today().isoformat(),
         "profile": "dev",

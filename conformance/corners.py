@@ -106,8 +106,12 @@ def corner_case(kind: str, dtype: str):
     if kind in MASK_ONLY:
         return mask_only_case(kind, dtype)
     if kind in EDGE_CORNERS:
-        return {"corner_window_edge": window_edge_case, "corner_visible_nonfinite": visible_nonfinite_case,
-                "corner_nan_bias": nan_bias_case, "corner_batch_carriers": batch_carriers_case}[kind](dtype)
+        return {
+            "corner_window_edge": window_edge_case,
+            "corner_visible_nonfinite": visible_nonfinite_case,
+            "corner_nan_bias": nan_bias_case,
+            "corner_batch_carriers": batch_carriers_case,
+        }[kind](dtype)
     if kind not in CORNERS:
         raise ValueError(f"corner_case: kind={kind!r}, expected one of {CORNERS + MASK_ONLY + EDGE_CORNERS}")
     rng, q, k, v, j, mask = _drawn(19 + CORNERS.index(kind))

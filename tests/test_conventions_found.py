@@ -26,15 +26,30 @@ def test_torch_sdpa_passes_enable_gqa_with_no_query_heads():
 def test_jax_canonical_bias_is_full_size():
     seen = {}
 
-    def fn(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False, query_seq_lengths=None,
-           key_value_seq_lengths=None, local_window_size=None):
+    def fn(
+        query,
+        key,
+        value,
+        bias=None,
+        mask=None,
+        *,
+        scale=None,
+        is_causal=False,
+        query_seq_lengths=None,
+        key_value_seq_lengths=None,
+        local_window_size=None,
+    ):
         seen["bias"] = None if bias is None else tuple(np.shape(bias))
         q, k, v = (np.swapaxes(x, 1, 2) for x in (query, key, value))
         return np.swapaxes(spec.sdpa(q, k, v, bias=np.asarray(bias)), 1, 2)
 
     backend = from_function(fn, get_convention("jax+canonical"), arrays="numpy")
     rng = np.random.default_rng(1)
-    q, k, v = rng.standard_normal((2, 4, 3, 8)), rng.standard_normal((2, 4, 5, 8)), rng.standard_normal((2, 4, 5, 8))
+    q, k, v = (
+        rng.standard_normal((2, 4, 3, 8)),
+        rng.standard_normal((2, 4, 5, 8)),
+        rng.standard_normal((2, 4, 5, 8)),
+    )
     bias = rng.standard_normal((1, 1, 3, 5))  # broadcasts over batch and heads
     out = backend.sdpa(q, k, v, bias=bias)
     assert seen["bias"] == (2, 4, 3, 5)

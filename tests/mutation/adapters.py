@@ -331,7 +331,9 @@ def tutorial_ok(Q, K, V, mask=None):
         try:
             np.broadcast_shapes(Q.shape[:-2], x.shape[:-2])
         except ValueError:
-            raise ValueError(f"Q @ {name}^T: leading axes {Q.shape[:-2]} and {x.shape[:-2]} do not broadcast") from None
+            raise ValueError(
+                f"Q @ {name}^T: leading axes {Q.shape[:-2]} and {x.shape[:-2]} do not broadcast"
+            ) from None
     return sdpa(Q, K, V, mask=None if mask is None else np.asarray(mask).astype(bool), return_weights=True)
 
 
@@ -433,10 +435,14 @@ def _canonical(q, k, v, masks, layout):
         raise ValueError(f"canonical inputs are 4-D: got q {q.shape}, k {k.shape}, v {v.shape}")
     if not q.shape[0] == k.shape[0] == v.shape[0]:
         raise ValueError(f"canonical inputs share their batch size: q {q.shape}, k {k.shape}, v {v.shape}")
-    hq, n, m = (q.shape[1], q.shape[2], k.shape[2]) if layout == "bhld" else (q.shape[2], q.shape[1], k.shape[1])
+    hq, n, m = (
+        (q.shape[1], q.shape[2], k.shape[2]) if layout == "bhld" else (q.shape[2], q.shape[1], k.shape[1])
+    )
     for name, mask in masks.items():
         if mask is not None and tuple(mask.shape) != (q.shape[0], hq, n, m):
-            raise ValueError(f"canonical {name} is full-size {(q.shape[0], hq, n, m)}, got {tuple(mask.shape)}")
+            raise ValueError(
+                f"canonical {name} is full-size {(q.shape[0], hq, n, m)}, got {tuple(mask.shape)}"
+            )
 
 
 def torch_sdpa_canonical_ok(query, key, value, attn_mask=None, *args, **kwargs):

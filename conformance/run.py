@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     pytest_args = [a for a in pytest_args if a != "--"]
     backend = resolve_backend(args.backend)
     device = args.device or backend.devices()[0]
-    out = Path(args.out or f"reports/results/conformance-{slug(args.backend)}-{slug(device)}.json")
+    out = Path(args.out or f"reports/results/conformance-{slug(args.backend, 100)}-{slug(device)}.json")
     try:
         results = run_suite(args.backend, backend, device, args.profile, out, args.case_timeout,
                             pytest_args, device_given=args.device is not None, jobs=args.jobs,
@@ -236,7 +236,7 @@ def _write_timing(directory: Path, target: str, device: str, profile: str, pytes
     """One `attnspec.suite_timing/1` file per backend, device, profile and selection (reports/SCHEMA.md)."""
     env = results["environment"]
     selection = " ".join(pytest_args)
-    name = "-".join(filter(None, [slug(target), slug(device), profile, slug(selection)[:60]]))
+    name = "-".join(filter(None, [slug(target, 100), slug(device), profile, slug(selection, 60)]))
     write_json_atomic(directory / f"{name}.json", {
         "schema": "attnspec.suite_timing/1", "backend": target, "device": device, "profile": profile,
         "selection": selection, "jobs": jobs, "tests": tests,
@@ -379,8 +379,16 @@ def summary(results: dict) -> dict:
     return {"text": text, "bad": bad, "totals": tot}
 
 
-def slug(s: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
+def slug(s: str, limit: int | None = None) -> str:
+    """``s`` as a file-name part; past ``limit`` characters, its start and a hash of the whole (a
+    target named by a long path would otherwise pass the file system's 255-byte name limit, and a
+    plain cut would give two targets the same name)."""
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
+    if limit is None or len(name) <= limit:
+        return name
+    import hashlib
+
+    return f"{name[: limit - 9]}-{hashlib.sha256(s.encode()).hexdigest()[:8]}"
 
 
 if __name__ == "__main__":

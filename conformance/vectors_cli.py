@@ -178,7 +178,7 @@ def _verify(args: argparse.Namespace) -> int:
         results = verify(bundles, outputs, args.name, args.device, args.case)
     except BundleError as e:
         raise _USAGE_ERROR(str(e)) from None
-    path = out / "results" / f"conformance-{slug(args.name)[:100]}-vectors.json"
+    path = out / "results" / f"conformance-{slug(args.name, 100)}-vectors.json"
     write_json_atomic(path, results)
     if args.atlas:
         from attnspec.conformance.vectors import atlas_answers
@@ -192,7 +192,7 @@ def _verify(args: argparse.Namespace) -> int:
             )
         doc["environment"] = {"frameworks": {}, "spec_version": results["spec_version"]}
         if doc["answers"]:
-            write_json_atomic(out / "results" / f"atlas-{slug(args.name)[:100]}.json", doc)
+            write_json_atomic(out / "results" / f"atlas-{slug(args.name, 100)}.json", doc)
         for a in doc["answers"]:
             differs = a["spec"] and a["answer"] != a["spec"] and not a["answer"].startswith("n/a")
             differs = "   <- differs from the spec" if differs else ""

@@ -114,8 +114,9 @@ def mutation_page(doc: dict[str, Any], source: str = "results/mutation.json") ->
         "- a **reference** mutant is killed when the verdict on it is FAILS or INCOMPLETE;",
         "- a **convention** mutant is killed when the suite fails a correct function through it, when "
         "that function refuses a need or reports a coverage (cases per need) the unmutated convention "
-        "does not, or when the suite passes a known-wrong one (tiled GQA, a -1e9 mask fill): "
-        "tests/mutation/adapters.py has both, for every convention the mutated line reaches.",
+        "does not, or when the suite passes a known-wrong one (tiled GQA, a -1e9 mask fill, is_causal "
+        "on the wrong diagonal, sinks ignored): tests/mutation/adapters.py has both, for every convention "
+        "the mutated line reaches, its `+canonical` form and a convention made with `Convention.extend`.",
         "",
         "A survivor is either **equivalent** (it computes the same function; listed below with the reason, "
         "from `tests/mutation/equivalent.toml`) or a **gap**, which gets a new property, strategy or corner. "
@@ -146,12 +147,41 @@ def mutation_page(doc: dict[str, Any], source: str = "results/mutation.json") ->
         ]
     else:
         lines += ["None: every mutant that is not equivalent is killed.", ""]
+    before = doc.get("before_after", {}).get("before", {})
+    if before:
+        lines += [
+            "## Before and after",
+            "",
+            "Each target's first run, before its gaps were closed, beside this run:",
+            "",
+            table(
+                ["", "run", "killed", "survived", "of them gaps now", "score", "first run"],
+                [
+                    [
+                        name,
+                        b.get("run", ""),
+                        b.get("killed", 0) + b.get("timed_out", 0),
+                        b.get("survived_equivalent", 0) + b.get("survived_gap", 0),
+                        doc["by_target"].get(name, {}).get("survived_gap", ""),
+                        f"{b.get('score', 0.0):.1%} -> {doc['by_target'].get(name, {}).get('score', 0.0):.1%}",
+                        b.get("note", ""),
+                    ]
+                    for name, b in before.items()
+                ],
+            ),
+            "",
+            "(The first runs count every survivor as a gap: the equivalents were sorted out after them.)",
+            "",
+        ]
     found = doc.get("before_after", {}).get("gaps", [])
     if found:
         lines += [
-            "Gaps the first full run found, and what closed each:",
+            "Gaps the first runs found, and what killed each mutant once the gap was closed:",
             "",
-            table(["mutant", "fixed by"], [[f"`{g['mutant']}`", g["fixed_by"]] for g in found]),
+            table(
+                ["target", "mutant", "killed now by"],
+                [[g.get("target", ""), f"`{g['mutant']}`", g["fixed_by"]] for g in found],
+            ),
             "",
         ]
     eq = [m for m in doc["mutants"] if m["outcome"] == "survived_equivalent"]

@@ -168,3 +168,14 @@ def test_a_bad_results_file_is_refused(tmp_path):
     path.write_text('{"schema": "attnspec.mutation/0"}')
     with pytest.raises(ResultsError, match="schema"):
         load(path)
+
+
+def test_a_long_target_gets_a_bounded_file_name():
+    """Found by the conventions' run: a function named by a long path through a convention named by
+    another path gave a suite-timing file name past the 255-byte limit, and the run died (OSError)."""
+    from attnspec.conformance.run import slug
+
+    long = f"{MUTATION / 'adapters.py'}:torch_sdpa_keywords_ok@{MUTATION / 'adapters.py'}:TORCH_SDPA_KEYWORDS" * 2
+    assert slug("numpy") == "numpy" and slug("numpy", 100) == "numpy"
+    a, b = slug(long, 100), slug(long + "x", 100)
+    assert len(a) == len(b) == 100 and a != b and a[:60] == b[:60]

@@ -193,7 +193,7 @@ def _check(args: argparse.Namespace) -> int:
     if backend is None:
         backend = load(spec)  # a function: after the probe, so it reads the probe's findings
     device = args.device or backend.devices()[0]
-    results_path = out / "results" / f"conformance-{slug(subject(spec))[:100]}-{slug(device)}.json"
+    results_path = out / "results" / f"conformance-{slug(subject(spec), 100)}-{slug(device)}.json"
     pytest_args = [a for d in (args.dtype or []) for a in ("--attn-dtype", d)]
     if args.keyword:
         pytest_args += ["-k", args.keyword]

@@ -128,7 +128,7 @@ def collect(sessions: dict[str, Path], work: Path, sample: str | None) -> dict:
         if not before.exists():
             continue
         saved = json.loads(before.read_text())
-        before_totals[name] = saved["totals"]
+        before_totals[name] = {**saved["totals"], "note": saved.get("note", "")}
         # a survivor is found again by what it changes, not by its job id, so a "before" kept from
         # an earlier session (or another machine's) still meets its mutant in a fresh one
         now = {_same_mutant(m): m for m in mutants if m["target"] == target_of(name)}
@@ -137,6 +137,7 @@ def collect(sessions: dict[str, Path], work: Path, sample: str | None) -> dict:
             if after and after["outcome"] in ("killed", "timed_out"):
                 gaps.append(
                     {
+                        "target": target_of(name),
                         "mutant": f"{m['file']}:{m['line']} {m.get('before', '')} -> {m.get('after', '')}",
                         "fixed_by": after.get("why", ""),
                     }

@@ -175,7 +175,10 @@ def test_a_long_target_gets_a_bounded_file_name():
     another path gave a suite-timing file name past the 255-byte limit, and the run died (OSError)."""
     from attnspec.conformance.run import slug
 
-    long = f"{MUTATION / 'adapters.py'}:torch_sdpa_keywords_ok@{MUTATION / 'adapters.py'}:TORCH_SDPA_KEYWORDS" * 2
+    long = (
+        f"{MUTATION / 'adapters.py'}:torch_sdpa_keywords_ok@{MUTATION / 'adapters.py'}:TORCH_SDPA_KEYWORDS"
+        * 2
+    )
     assert slug("numpy") == "numpy" and slug("numpy", 100) == "numpy"
     a, b = slug(long, 100), slug(long + "x", 100)
     assert len(a) == len(b) == 100 and a != b and a[:60] == b[:60]

@@ -6,8 +6,9 @@ that signature returns, through the reference sdpa (reference_sdpa.py). A conven
 killed when the suite fails such a correct function through it. The known-wrong twins are
 ``<convention>_tiled_gqa`` (query head h reads kv head h % Hkv instead of h // G) and, where the
 function takes a mask, ``<convention>_fill_1e9`` (a hidden key gets the logit -1e9, so a row that
-sees no key averages V instead of giving 0), and ``torch_sdpa_causal_lower_right`` (is_causal on
-FlashAttention's diagonal, where PyTorch's is upper-left): a convention mutant is killed too when the suite
+sees no key averages V instead of giving 0); besides, ``torch_sdpa_causal_lower_right`` (is_causal
+on FlashAttention's diagonal, where PyTorch's is upper-left) and ``tutorial_three_values`` (a third
+value past the tutorial's (output, weights)). A convention mutant is killed too when the suite
 passes one of them through it, since the convention then hides a wrong function.
 
 Three more kinds of subject reach code the built-in conventions' plain calls leave alone: the
@@ -404,6 +405,12 @@ def torch_sdpa_fill_1e9(
     return torch_sdpa_ok(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
+def tutorial_three_values(Q, K, V, mask=None):
+    """Returns (output, weights, lse): not the tutorial's (output, weights)."""
+    out, weights = tutorial_ok(Q, K, V, mask)
+    return out, weights, np.log(np.ones(out.shape[:-1]))
+
+
 def torch_sdpa_causal_lower_right(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
@@ -515,7 +522,7 @@ def torch_sdpa_keywords_no_sinks(query, key, value, *args, sinks=None, **kwargs)
 
 #: convention -> (the correct function, the known-wrong ones), by name in this file
 SUBJECTS = {
-    "tutorial": ("tutorial_ok", ("tutorial_fill_1e9",)),
+    "tutorial": ("tutorial_ok", ("tutorial_fill_1e9", "tutorial_three_values")),
     "torch_sdpa": (
         "torch_sdpa_ok",
         ("torch_sdpa_tiled_gqa", "torch_sdpa_fill_1e9", "torch_sdpa_causal_lower_right"),

@@ -23,6 +23,13 @@ def hidden_nan_key() -> Case:
     return q, k, v, {"mask": np.arange(5) < 4}
 
 
+def mask_batch_beyond_qk() -> Case:
+    """v and the mask carry a batch axis of 2 that q and k do not have."""
+    r = np.random.default_rng(0)
+    q, k, v = (r.standard_normal(s).astype(np.float32) for s in ((1, 1, 3, 4), (1, 1, 5, 4), (2, 1, 5, 4)))
+    return q, k, v, {"mask": np.ones((2, 1, 3, 5), bool)}
+
+
 def hidden_nan_value() -> Case:
     q, k, v = qkv()
     v[..., 4, :] = np.nan

@@ -84,6 +84,34 @@ assert (out[0, 0, 1] == 0).all()  # the spec: NaN
         case=c.nan_query_row,
         shows=c.row1_is_zero,
     ),
+    Deviation(
+        deviation_id="torch.mask-batch-beyond-qk",
+        tags=frozenset(["mask_batch_beyond_qk"]),
+        backend="torch-native",
+        feature="sdpa: an attn_mask with batch axes that q and k lack (v carries them)",
+        spec_says="q, k, v and the mask broadcast together: each may carry batch axes the others lack "
+        "(the output has the broadcast batch)",
+        native_does="RuntimeError 'output with shape [...] doesn't match the broadcast shape [...]': the "
+        "mask is added in place to q @ k^T, which has q and k's batch only (without a mask, a batch "
+        "v alone carries broadcasts)",
+        reproducer="""\
+import torch
+import torch.nn.functional as F
+
+q, k, v = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 5, 4), torch.randn(2, 1, 5, 4)
+mask = torch.ones(2, 1, 3, 5, dtype=torch.bool)  # the call's batch (2,), as v's
+assert F.scaled_dot_product_attention(q, k, v).shape == (2, 1, 3, 4)  # no mask: broadcasts
+try:
+    F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # the spec: (2, 1, 3, 4)
+except RuntimeError as e:
+    assert "broadcast shape" in str(e)
+else:
+    raise AssertionError("torch broadcast the mask's batch")
+""",
+        fixed_by="torch: TorchBackend.sdpa expands q, k and v to the call's batch (views) before any kernel",
+        case=c.mask_batch_beyond_qk,
+        shows=c.refused,
+    ),
     # -- torch.nn.MultiheadAttention (function="mha": the case is (query, key, value, options) with
     # params and num_heads in options; the result is (out, weights) from `run_mha`) --
     Deviation(

@@ -218,7 +218,8 @@ class TorchBackend(TorchArrays):
         if drawn_p:  # keep each weight with probability 1 - p, independently (rand is in [0, 1))
             dropout_mask = torch.rand(p.full_weights_shape, device=q.device) >= drawn_p  # (*batch, Hq, n, m)
             p = dataclasses.replace(p, dropout_p=drawn_p)
-        # Kernels differ in which batch broadcasts they accept; expand (a view) makes them equal.
+        # Kernels differ in which batch broadcasts they accept; expand (a view) makes them equal
+        # (torch.mask-batch-beyond-qk: SDPA refuses a mask whose batch only v shares)
         q = with_head(q).expand(*p.batch, p.hq, p.n, p.dk)
         k = with_head(k).expand(*p.batch, p.hkv, p.m, p.dk)
         v = with_head(v).expand(*p.batch, p.hkv, p.m, p.dv)

@@ -218,12 +218,25 @@ def _tag_visibility(tags: set[str], q, k, v, options) -> None:
         tags.add("masked_nonfinite")
     if options.get("causal"):
         tags.add(f"causal_{options['causal']}")
+    if _mask_batch_beyond_qk(q, k, options, plan):
+        tags.add("mask_batch_beyond_qk")
     for name in ("mask", "bias", "window", "kv_lengths", "q_lengths", "scale"):
         if name in options:
             tags.add(name)
     from attnspec.backends._base import variant_features
 
     tags.update(variant_features(options))
+
+
+def _mask_batch_beyond_qk(q, k, options, plan) -> bool:
+    """Whether a mask, bias or lengths (a visibility with batch axes) carries batch axes that q and
+    k lack, as when v alone carries the batch (PyTorch's SDPA adds the mask into q @ k^T in place:
+    the torch.mask-batch-beyond-qk deviation)."""
+    qk = tuple(np.broadcast_shapes(q.shape[:-3], k.shape[:-3]))
+    carried = [tuple(np.shape(options[name]))[:-3] for name in ("mask", "bias") if options.get(name) is not None]
+    if options.get("q_lengths") is not None or options.get("kv_lengths") is not None:
+        carried.append(tuple(plan.batch))
+    return any(tuple(np.broadcast_shapes(qk, c)) != qk for c in carried)
 
 
 def full_visibility(plan, options) -> np.ndarray:

@@ -66,7 +66,7 @@ class TorchNativeBackend(TorchArrays):
         self.refuse_variants("sdpa", {**variants, "causal": causal})
         if return_weights:
             raise Unsupported("torch-native.sdpa: torch SDPA returns no attention weights")
-        kw = {"scale": p.scale, "enable_gqa": p.group > 1}
+        kw = {"scale": p.scale, "enable_gqa": p.hq != p.hkv}  # Hq = 0 needs it too (torch checks heads)
         if drawn_p:
             kw["dropout_p"] = drawn_p
         structural_only = (mask is None and bias is None and p.window is None

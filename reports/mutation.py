@@ -140,9 +140,13 @@ def mutation_page(doc: dict[str, Any], source: str = "results/mutation.json") ->
     lines += ["## Gaps", ""]
     if gaps:
         lines += [
-            f"{len(gaps)} mutants survive and are not known equivalents: the suite cannot see them.",
+            f"{len(gaps)} mutants survive and are not known equivalents: the suite cannot see them. Those "
+            "analysed and left open say why (tests/mutation/open_gaps.toml).",
             "",
-            table(["where", "definition", "operator", "before", "after"], [_mutant_line(m) for m in gaps]),
+            table(
+                ["where", "definition", "operator", "before", "after", "why it is still open"],
+                [[*_mutant_line(m), m.get("open", "not analysed yet")] for m in gaps],
+            ),
             "",
         ]
     else:

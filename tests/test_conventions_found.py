@@ -4,6 +4,8 @@
   heads (Hq = 0, which the spec admits) has group 0 and PyTorch refuses different head counts
   without ``enable_gqa``.
 - ``jax+canonical`` promised full-size masks and passed the bias with its size-1 axes.
+- torch-native called PyTorch the same way (measured while looking at zero-size calls, which the
+  suite does not draw yet: see tests/mutation/open_gaps.toml).
 """
 
 from __future__ import annotations
@@ -54,3 +56,11 @@ def test_jax_canonical_bias_is_full_size():
     out = backend.sdpa(q, k, v, bias=bias)
     assert seen["bias"] == (2, 4, 3, 5)
     np.testing.assert_allclose(np.asarray(out), spec.sdpa(q, k, v, bias=bias), rtol=1e-12, atol=1e-12)
+
+
+def test_torch_native_passes_enable_gqa_with_no_query_heads():
+    torch = pytest.importorskip("torch")
+    from attnspec.backends import get
+
+    q, k = torch.zeros(2, 0, 3, 4), torch.zeros(2, 2, 5, 4)
+    assert tuple(get("torch-native").sdpa(q, k, k).shape) == (2, 0, 3, 4)

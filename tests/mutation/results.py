@@ -24,6 +24,12 @@ def equivalents() -> list[dict]:
     return tomllib.loads((HERE / "equivalent.toml").read_text()).get("mutant", [])
 
 
+def open_gaps() -> list[dict]:
+    """Gaps analysed and not closed yet (open_gaps.toml): still counted as gaps, with the reason."""
+    path = HERE / "open_gaps.toml"
+    return tomllib.loads(path.read_text()).get("mutant", []) if path.exists() else []
+
+
 def _diff_lines(diff: str) -> tuple[str, str]:
     """The first removed and added source lines of a unified diff, stripped."""
     minus = next(
@@ -60,6 +66,7 @@ def collect(sessions: dict[str, Path], work: Path, sample: str | None) -> dict:
     from cosmic_ray.work_db import WorkDB, use_db
 
     table = equivalents()
+    still_open = open_gaps()
     mutants = []
     elapsed = 0.0
     for target, db in sessions.items():
@@ -118,6 +125,8 @@ def collect(sessions: dict[str, Path], work: Path, sample: str | None) -> dict:
                     m["outcome"] = "survived_equivalent" if reason else "survived_gap"
                     if reason:
                         m["reason"] = reason
+                    elif why_open := _equivalent_reason(m, still_open):
+                        m["open"] = why_open
                 m["diff"] = r.diff
             mutants.append(m)
     data = summarise(mutants, elapsed, sample)

@@ -268,11 +268,15 @@ _VARIANT_BASES = ("plain", "gqa", "mask", "bias", "kv_lengths", "q_lengths", "ca
                   "window_lower_right", "large_logits", "combined")
 
 
-def segment_ids(rng: np.random.Generator, shape: tuple[int, ...], segments: int) -> np.ndarray:
-    """Sorted ids in [0, segments) along the last axis, with a tail of -1 (padding) at times."""
+def segment_ids(rng: np.random.Generator, shape: tuple[int, ...], segments: int,
+                padded: bool = False) -> np.ndarray:
+    """Sorted ids in [0, segments) along the last axis, with a tail of -1 (padding) at times;
+    ``padded``: always, at least one position (a feature tour pads queries and keys both)."""
     ids = np.sort(rng.integers(0, segments, size=shape), axis=-1)
-    if shape[-1] and rng.random() < 0.5:
+    if shape[-1] and (padded or rng.random() < 0.5):
         pad = int(rng.integers(0, shape[-1] // 2 + 1))
+        if padded:
+            pad = max(pad, 1)
         ids[..., shape[-1] - pad:] = -1
     return ids.astype(np.int64)
 
@@ -324,8 +328,11 @@ def draw_packing_and_dropout(draw, rng, feature: str, every: bool, options: dict
     sdpa and the mha variant strategies share them; the order of the draws is part of the cases)."""
     if feature == "segments" or every or (feature == "causal_lower_right_lengths" and draw(st.booleans())):
         segments = draw(st.sampled_from([1, 2, 3]))
-        options["q_segment_ids"] = segment_ids(rng, (*batch, n), segments)
-        options["kv_segment_ids"] = segment_ids(rng, (*batch, m), segments)
+        # the segments tour pads both sides, which few drawn cases do: padding queries must see no
+        # padding key (mutation testing found flash_varlen's packing could pair them unseen)
+        padded = getattr(draw, "kind", None) == "tour_segments"
+        options["q_segment_ids"] = segment_ids(rng, (*batch, n), segments, padded)
+        options["kv_segment_ids"] = segment_ids(rng, (*batch, m), segments, padded)
     if feature == "causal_lower_right_lengths" or (every and draw(st.booleans())):
         options["causal"] = "lower_right_lengths"
         options["kv_lengths"] = rng.integers(0, m + 1, size=batch)

@@ -112,27 +112,24 @@ def shard(db: Path, dest: Path, index: int, count: int) -> None:
 
 
 def rerun_survivors(name: str, count: int) -> int:
-    """Forget the results of the surviving mutants of session ``name``, so the next exec judges
-    them again with the suite as it is now; the first time, keep the survivors and the totals as
-    the run's "before" (build/mutation/<name>-before.json). Returns how many were reset."""
+    """Forget the results of the surviving mutants of session ``name`` that are not listed as
+    equivalent (an equivalent computes the same function whatever the suite is), so the next exec
+    judges them again with the suite as it is now; the first time, keep the survivors and the
+    totals as the run's "before" (build/mutation/<name>-before.json). Returns how many were reset."""
     import sqlite3
 
     from results import collect  # type: ignore[import-not-found]
 
+    data = collect({name: WORK / f"{name}.sqlite"}, WORK, None)
     before = WORK / f"{name}-before.json"
     if not before.exists():
-        data = collect({name: WORK / f"{name}.sqlite"}, WORK, None)
         survivors = {m["id"]: m for m in data["mutants"] if m["outcome"].startswith("survived")}
         before.write_text(json.dumps({"totals": data["totals"], "survivors": survivors}, indent=1) + "\n")
-    reset = 0
+    gaps = [(m["id"],) for m in data["mutants"] if m["outcome"] == "survived_gap"]
     for i in range(count):
         with sqlite3.connect(WORK / f"{name}-shard{i}.sqlite") as db:
-            ids = [
-                r[0] for r in db.execute("SELECT job_id FROM work_results WHERE test_outcome = 'SURVIVED'")
-            ]
-            db.executemany("DELETE FROM work_results WHERE job_id = ?", [(j,) for j in ids])
-            reset += len(ids)
-    return reset
+            db.executemany("DELETE FROM work_results WHERE job_id = ? AND test_outcome = 'SURVIVED'", gaps)
+    return len(gaps)
 
 
 def draw_sample(results: Path, size: int = 20, seed: int = 28) -> str:
@@ -252,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--rerun-survivors",
         action="store_true",
-        help="judge the surviving mutants again with the suite as it is now (after closing gaps)",
+        help="judge the surviving mutants not listed as equivalent again, with the suite as it is now "
+        "(after closing gaps)",
     )
     ap.add_argument(
         "--draw-sample",

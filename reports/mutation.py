@@ -127,6 +127,15 @@ def mutation_page(doc: dict[str, Any], source: str = "results/mutation.json") ->
         table(_HEAD, [*(_row(k, v) for k, v in doc["by_target"].items()), _row("**all**", t)]),
         "",
     ]
+    pending = {k: v.get("pending", 0) for k, v in doc["by_target"].items() if v.get("pending")}
+    if pending:
+        lines += [
+            "**Not finished:** "
+            + ", ".join(f"{n} mutants of the {k} target" for k, n in pending.items())
+            + " have not run yet (the run was stopped before them; `nox -s mutation` resumes it and "
+            "runs only those). The counts and the score cover the mutants that ran.",
+            "",
+        ]
     skipped = doc["filters"].get("skipped", {})
     if skipped:
         lines += [

@@ -109,7 +109,9 @@ class Naive(Backend):
                 w = _softmax(np.where(vis, s, -np.inf), -2)
             else:
                 w = _softmax(np.where(vis, s, -np.inf), -1)
-            w = np.where(vis, np.nan_to_num(w), 0)
+            # a row with no visible key has 0/0 = NaN weights: it gives 0; a NaN logit on a visible
+            # key (a NaN bias) leaves its row NaN, as the spec says (corner_nan_bias)
+            w = np.where(vis & vis.any(-1, keepdims=True), w, 0)
             if dropout_mask is not None:
                 keep = dropout_mask.astype(ct)
                 w = w * keep if bug == "dropout_not_rescaled" else w * keep / ct(1.0 - dropout_p)

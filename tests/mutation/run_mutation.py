@@ -112,8 +112,9 @@ def shard(db: Path, dest: Path, index: int, count: int) -> None:
 
 
 def rerun_survivors(name: str, count: int) -> int:
-    """Forget the results of the surviving mutants of session ``name`` that are not listed as
-    equivalent (an equivalent computes the same function whatever the suite is), so the next exec
+    """Forget the results of the surviving mutants of session ``name`` that are listed neither as
+    equivalent (it computes the same function whatever the suite is) nor as an open gap (analysed,
+    its fix still to come), so the next exec
     judges them again with the suite as it is now; the first time, keep the survivors and the
     totals as the run's "before" (build/mutation/<name>-before.json). Returns how many were reset."""
     import sqlite3
@@ -125,7 +126,7 @@ def rerun_survivors(name: str, count: int) -> int:
     if not before.exists():
         survivors = {m["id"]: m for m in data["mutants"] if m["outcome"].startswith("survived")}
         before.write_text(json.dumps({"totals": data["totals"], "survivors": survivors}, indent=1) + "\n")
-    gaps = [(m["id"],) for m in data["mutants"] if m["outcome"] == "survived_gap"]
+    gaps = [(m["id"],) for m in data["mutants"] if m["outcome"] == "survived_gap" and not m.get("open")]
     for i in range(count):
         with sqlite3.connect(WORK / f"{name}-shard{i}.sqlite") as db:
             db.executemany("DELETE FROM work_results WHERE job_id = ? AND test_outcome = 'SURVIVED'", gaps)
@@ -249,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--rerun-survivors",
         action="store_true",
-        help="judge the surviving mutants not listed as equivalent again, with the suite as it is now "
-        "(after closing gaps)",
+        help="judge the surviving mutants listed neither as equivalent nor as open gaps again, with the "
+        "suite as it is now (after closing gaps)",
     )
     ap.add_argument(
         "--draw-sample",

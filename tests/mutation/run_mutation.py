@@ -137,9 +137,23 @@ def draw_sample(results: Path, size: int = 20, seed: int = 28) -> str:
     """The CI sample: ``size`` killed mutants of a full run, drawn with a fixed seed, spread over
     both targets, their definitions and operator kinds; as ci_sample.toml's text."""
     import random
+    from collections import Counter
+
+    from filters import sample_key  # type: ignore[import-not-found]
 
     data = json.loads(results.read_text())
-    killed = [m for m in data["mutants"] if m["outcome"] == "killed"]
+
+    def line_of(m: dict) -> str:
+        path = "tests/mutation/reference_sdpa.py" if m["target"] == "reference" else m["file"]
+        return (WORK / "pristine" / path).read_text().splitlines()[m["line"] - 1]
+
+    def key(m: dict) -> str:
+        return sample_key(m["file"], f"core/{m['operator']}", line_of(m), m["col"])
+
+    # a key that names several mutants (the same line in two places) would bring its twins into the
+    # sample, equivalent ones included: only mutants their key names alone are drawn
+    counts = Counter(key(m) for m in data["mutants"] if m["outcome"] != "skipped")
+    killed = [m for m in data["mutants"] if m["outcome"] == "killed" and counts[key(m)] == 1]
     rng = random.Random(seed)
     rng.shuffle(killed)
     picked: list[dict] = []

@@ -19,7 +19,7 @@ def _attend(q, k, v, vis, scale, bias=None, softcap=None):
     if softcap is not None:
         s = softcap * np.tanh(s / softcap)
     if bias is not None:
-        s = s + np.where(np.isfinite(bias), bias, 0.0)
+        s = s + np.where(bias == -np.inf, 0.0, bias)  # -inf hides (vis); NaN stays NaN (corner_nan_bias)
     vis = np.broadcast_to(vis, s.shape)
     s = np.where(vis, s, -np.inf)
     top = s.max(axis=-1, keepdims=True, initial=-np.inf)

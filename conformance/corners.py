@@ -55,8 +55,8 @@ MASK_ONLY = (
     "corner_empty_rows_mask_only",
     "corner_hidden_nonfinite_mask_only",
 )
-#: fixed cases of one rule's edges, run by `test_matches_golden` besides `CORNERS` (not exported
-#: as vectors), each added when mutation testing found drawn cases too rare to reach its rule
+#: fixed cases of one rule's edges, run by `test_matches_golden` besides `CORNERS` and exported in
+#: the sdpa bundles (a bundle must be as strong as the suite), each added when mutation testing found drawn cases too rare to reach its rule
 #: (reports/mutation.md): a window's edges (`window_edge_case`), NaN/inf values a row sees
 #: (`visible_nonfinite_case`), a NaN bias (`nan_bias_case`), batch axes each of q, k, v carries
 #: alone (`batch_carriers_case`)

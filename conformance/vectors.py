@@ -244,11 +244,11 @@ class SDPAVectors(Family):
         return self._vector(case)
 
     def corners(self, dtype: str) -> list[VectorCase]:
-        from attnspec.conformance.corners import CORNERS, MASK_ONLY, corner_case
+        from attnspec.conformance.corners import CORNERS, EDGE_CORNERS, MASK_ONLY, corner_case
 
         found = [
             self._vector(corner_case(kind, dtype).with_options(return_weights=True))
-            for kind in (*CORNERS, *MASK_ONLY)
+            for kind in (*CORNERS, *MASK_ONLY, *EDGE_CORNERS)
         ]
         return found + [self._vector(c) for c in atlas_cases(dtype)]
 

@@ -56,10 +56,10 @@ MASK_ONLY = (
     "corner_hidden_nonfinite_mask_only",
 )
 #: fixed cases of one rule's edges, run by `test_matches_golden` besides `CORNERS` and exported in
-#: the sdpa bundles (a bundle must be as strong as the suite), each added when mutation testing found drawn cases too rare to reach its rule
-#: (reports/mutation.md): a window's edges (`window_edge_case`), NaN/inf values a row sees
-#: (`visible_nonfinite_case`), a NaN bias (`nan_bias_case`), batch axes each of q, k, v carries
-#: alone (`batch_carriers_case`)
+#: the sdpa bundles (a bundle must be as strong as the suite), each added when mutation testing
+#: found drawn cases too rare to reach its rule (reports/mutation.md): a window's edges
+#: (`window_edge_case`), NaN/inf values a row sees (`visible_nonfinite_case`), a NaN bias
+#: (`nan_bias_case`), batch axes each of q, k, v carries alone (`batch_carriers_case`)
 EDGE_CORNERS = ("corner_window_edge", "corner_visible_nonfinite", "corner_nan_bias", "corner_batch_carriers")
 _N = _M = 8  # rows and keys: n, m of the corner cases
 _FLOOR_ROWS = (1, 2, 3, 4)  # rows whose visible keys sit at a floor level

@@ -66,7 +66,7 @@ def _line_of(path: Path, text: str) -> int:
             'kw["enable_gqa"] = True',
             {"torch_sdpa", "torch_sdpa+canonical", "torch_sdpa_keywords"},
         ),
-        ("conventions.py", "kw[name] = full_mask(p, lib, kw[name], dev)", {"jax", "jax+canonical"}),
+        ("conventions.py", "kw[name] = full_mask(p, lib, kw[name], dev)", {"jax", "keras", "jax+canonical"}),
         (
             "conventions_flash.py",
             'kw["softmax_scale"] = p.scale',

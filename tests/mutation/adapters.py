@@ -7,15 +7,19 @@ killed when the suite fails such a correct function through it. The known-wrong 
 ``<convention>_tiled_gqa`` (query head h reads kv head h % Hkv instead of h // G) and, where the
 function takes a mask, ``<convention>_fill_1e9`` (a hidden key gets the logit -1e9, so a row that
 sees no key averages V instead of giving 0); besides, ``torch_sdpa_causal_lower_right`` (is_causal
-on FlashAttention's diagonal, where PyTorch's is upper-left) and ``tutorial_three_values`` (a third
-value past the tutorial's (output, weights)). A convention mutant is killed too when the suite
+on FlashAttention's diagonal, where PyTorch's is upper-left), ``tutorial_three_values`` (a third
+value past the tutorial's (output, weights)), ``tutorial_4d_only`` (refuses arrays that are not
+4-D, as only ``+canonical`` may assume), and ``jax_ignores_lengths`` / ``jax_ignores_window``
+(take jax's length and window arguments and drop them, which a convention that folds those into
+the mask instead would hide). A convention mutant is killed too when the suite
 passes one of them through it, since the convention then hides a wrong function.
 
-Three more kinds of subject reach code the built-in conventions' plain calls leave alone: the
+Four more kinds of subject reach code the built-in conventions' plain calls leave alone: the
 ``NAME+canonical`` conventions (paddle's canonical inputs: ``<convention>_canonical_ok`` refuses an
 array that is not 4-D or a mask with a size-1 axis, as such a library does), and a convention
 made with ``Convention.extend`` that passes the spec's softcap and sinks through keywords
-(``TORCH_SDPA_KEYWORDS``; its wrong twin takes sinks and ignores them). ``tutorial_ok`` multiplies
+(``TORCH_SDPA_KEYWORDS``; its wrong twin takes sinks and ignores them), and the atlas's ``keras``
+convention (jax's with no lengths or window arguments: ``keras_ok`` has no such keywords). ``tutorial_ok`` multiplies
 as the tutorial does (Q @ K^T), so K and V with fewer heads than Q work only when they have one.
 
 The arrays are NumPy's (``--arrays numpy``). These functions are not mutated.
@@ -426,6 +430,40 @@ def jax_fill_1e9(query, key, value, bias=None, mask=None, **kwargs):
     return jax_ok(query, key, value, bias=bias, mask=None, **kwargs)
 
 
+def jax_ignores_lengths(query, key, value, bias=None, mask=None, **kwargs):
+    """Takes query_seq_lengths and key_value_seq_lengths and ignores them: only a convention that
+    passes the lengths as those arguments (not folded into the mask) shows it."""
+    kwargs.pop("query_seq_lengths", None), kwargs.pop("key_value_seq_lengths", None)
+    return jax_ok(query, key, value, bias=bias, mask=mask, **kwargs)
+
+
+def jax_ignores_window(query, key, value, bias=None, mask=None, **kwargs):
+    """Takes local_window_size and ignores it: only a convention that passes the window as that
+    argument (not folded into the mask) shows it."""
+    kwargs.pop("local_window_size", None)
+    return jax_ok(query, key, value, bias=bias, mask=mask, **kwargs)
+
+
+def keras_ok(query, key, value, bias=None, mask=None, scale=None, is_causal=False):
+    """keras.ops.dot_product_attention's signature: jax's layout and flags, no lengths or window
+    arguments (the convention folds them into the mask)."""
+    return jax_ok(query, key, value, bias=bias, mask=mask, scale=scale, is_causal=is_causal)
+
+
+def keras_tiled_gqa(query, key, value, *args, **kwargs):
+    return keras_ok(
+        query, _tile_heads(key, query.shape[2], 2), _tile_heads(value, query.shape[2], 2), *args, **kwargs
+    )
+
+
+def tutorial_4d_only(Q, K, V, mask=None):
+    """Refuses arrays that are not 4-D, as a canonical-input function does: wrong for the plain
+    tutorial convention, which passes every rank the spec admits (only ``+canonical`` makes them 4-D)."""
+    if any(np.ndim(x) != 4 for x in (Q, K, V)):
+        raise ValueError(f"expected 4-D Q, K, V, got shapes {Q.shape}, {K.shape}, {V.shape}")
+    return tutorial_ok(Q, K, V, mask)
+
+
 def tutorial_fill_1e9(Q, K, V, mask=None):
     if mask is None:
         return tutorial_ok(Q, K, V)
@@ -498,6 +536,16 @@ def _keywords_convention():
 TORCH_SDPA_KEYWORDS = _keywords_convention()
 
 
+def _keras_convention():
+    from attnspec.backends.atlas.conventions import ATLAS_CONVENTIONS
+
+    return ATLAS_CONVENTIONS["keras"]
+
+
+#: the atlas's Keras convention: jax's, with lengths and windows folded into the mask (no arguments)
+KERAS = _keras_convention()
+
+
 def torch_sdpa_keywords_ok(
     query,
     key,
@@ -522,7 +570,7 @@ def torch_sdpa_keywords_no_sinks(query, key, value, *args, sinks=None, **kwargs)
 
 #: convention -> (the correct function, the known-wrong ones), by name in this file
 SUBJECTS = {
-    "tutorial": ("tutorial_ok", ("tutorial_fill_1e9", "tutorial_three_values")),
+    "tutorial": ("tutorial_ok", ("tutorial_fill_1e9", "tutorial_three_values", "tutorial_4d_only")),
     "torch_sdpa": (
         "torch_sdpa_ok",
         ("torch_sdpa_tiled_gqa", "torch_sdpa_fill_1e9", "torch_sdpa_causal_lower_right"),
@@ -532,7 +580,8 @@ SUBJECTS = {
     "flash_varlen": ("flash_varlen_ok", ("flash_varlen_tiled_gqa",)),
     "flash_kvcache_paged": ("flash_kvcache_paged_ok", ("flash_kvcache_paged_tiled_gqa",)),
     "vllm_paged": ("vllm_paged_ok", ("vllm_paged_tiled_gqa",)),
-    "jax": ("jax_ok", ("jax_tiled_gqa", "jax_fill_1e9")),
+    "jax": ("jax_ok", ("jax_tiled_gqa", "jax_fill_1e9", "jax_ignores_lengths", "jax_ignores_window")),
+    "keras": ("keras_ok", ("keras_tiled_gqa",)),
     "tutorial+canonical": ("tutorial_canonical_ok", ("tutorial_canonical_fill_1e9",)),
     "torch_sdpa+canonical": ("torch_sdpa_canonical_ok", ("torch_sdpa_canonical_tiled_gqa",)),
     "jax+canonical": ("jax_canonical_ok", ("jax_canonical_tiled_gqa",)),
@@ -540,4 +589,4 @@ SUBJECTS = {
 }
 
 #: how a subject names its convention on the command line, where not by its name
-CONVENTION_TARGETS = {"torch_sdpa_keywords": f"{__file__}:TORCH_SDPA_KEYWORDS"}
+CONVENTION_TARGETS = {"torch_sdpa_keywords": f"{__file__}:TORCH_SDPA_KEYWORDS", "keras": f"{__file__}:KERAS"}

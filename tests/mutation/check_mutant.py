@@ -59,6 +59,7 @@ CONVENTION_CLASSES = {
     "flash_kvcache_paged": "FlashKVCachePaged",
     "vllm_paged": "VllmPaged",
     "jax": "Jax",
+    "keras": "Jax",  # the atlas's Keras(Jax): no lengths or window arguments
     "tutorial+canonical": "Tutorial",
     "torch_sdpa+canonical": "TorchSDPA",
     "jax+canonical": "Jax",

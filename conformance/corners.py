@@ -47,6 +47,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+#: the bases a refused tour falls back to (`Tour.fallbacks`): the plainest, and a causal one for
+#: conventions that are always causal (vLLM's paged attention)
+FALLBACK_BASES = ("plain", "causal_lower_right")
 #: the fixed cases
 CORNERS = ("corner_finite_floor", "corner_empty_rows", "corner_hidden_nonfinite")
 #: their twins without a bias, run where a backend refuses the first (`with_corners`)
@@ -390,12 +393,29 @@ class Tour:
     (``ATTNSPEC_TOUR=1``, set by ``attnspec check``), so no feature its convention can express is
     left to the luck of a few drawn examples."""
 
-    def __init__(self, feature: str, seed: int) -> None:
+    def __init__(self, feature: str, seed: int, base: str | None = None) -> None:
         self.kind = f"tour_{feature}"
         self.feature = feature
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.armed: tuple[str, ...] | None = None  # the features the next feature draw chooses among
         self.chosen = False
+        #: a fallback tour (`fallbacks`): the base feature its case is built on, and no optional
+        #: output (weights, lse) asked for; None: the tour draws both
+        self.base = base
+        self.optional_outputs = base is None
+        #: what the draws gave: weights asked for, a base drawn (besides the tour's feature)
+        self.asked_weights = False
+        self.drew_base = False
+
+    def fallbacks(self) -> list[Tour]:
+        """The tours to run, one after the other, while a backend refuses this one: the same feature
+        on the bases of `FALLBACK_BASES` with no optional output, so a convention that takes only
+        some bases (no mask, no bias, always causal) or returns no weights still meets the feature.
+        Only what the first tour drew can differ: none when it drew neither a base nor weights."""
+        if self.drew_base:
+            return [Tour(self.feature, self.seed, base) for base in FALLBACK_BASES]
+        return [Tour(self.feature, self.seed, FALLBACK_BASES[0])] if self.asked_weights else []
 
     def choosing(self, features: tuple[str, ...]) -> Tour:
         """Arm the next ``sampled_from(features)`` to give the tour's feature (the first such draw
@@ -411,13 +431,17 @@ class Tour:
         if build is not None:
             return build(self)
         s = getattr(strategy, "wrapped_strategy", strategy)
-        if (
-            self.armed is not None
-            and type(s).__name__ == "SampledFromStrategy"
-            and tuple(s.elements) == self.armed
-        ):
-            self.armed, self.chosen = None, True
-            return self.feature
+        if label == "return_weights":  # drawn in every tour, so the draws after it are the same
+            self.asked_weights = bool(_seeded(s, self.rng)) and self.optional_outputs
+            return self.asked_weights
+        if type(s).__name__ == "SampledFromStrategy":
+            if self.armed is not None and tuple(s.elements) == self.armed:
+                self.armed, self.chosen = None, True
+                return self.feature
+            if self.chosen and "plain" in s.elements:  # a base feature, under the tour's feature
+                drawn = _seeded(s, self.rng)
+                self.drew_base = True
+                return drawn if self.base is None or self.base not in s.elements else self.base
         return _seeded(s, self.rng)
 
     __call__ = draw
@@ -523,12 +547,28 @@ def with_corners(test=None, *, kinds: tuple[str, ...] = CORNERS):
             raise failed  # the run asks only whether anything fails
         if os.environ.get("ATTNSPEC_TOUR") == "1":
             for i, feature in enumerate(tour_features()):
+                tour = Tour(feature, 1009 * i + 17)
+                refused = [True]
+                kwargs["judge"] = functools.partial(_watched, judge, refused)
                 try:
-                    inner(*args, data=Tour(feature, 1009 * i + 17), **kwargs)
+                    inner(*args, data=tour, **kwargs)
                 except NotThisProperty:
                     continue
                 except AssertionError as exc:
                     failed = failed or exc
+                finally:
+                    kwargs["judge"] = judge
+                for fallback in tour.fallbacks() if refused[0] else ():
+                    refused[0] = True
+                    kwargs["judge"] = functools.partial(_watched, judge, refused)
+                    try:
+                        inner(*args, data=fallback, **kwargs)
+                    except AssertionError as exc:
+                        failed = failed or exc
+                    finally:
+                        kwargs["judge"] = judge
+                    if not refused[0]:
+                        break
         if failed is not None and os.environ.get("ATTNSPEC_FAIL_FAST") == "1":
             raise failed
         if state is not None and not sweep:

@@ -67,7 +67,8 @@ def tests(session: nox.Session) -> None:
     """Run the kit's own tests (spec, backends, mutants, runner, plugin, check, atlas, reformer), all frameworks."""
     install(session, ".[all,atlas,reformer]")
     install(session, str(PLUGIN))
-    session.run("pytest", *session.posargs)
+    # --durations: where the time goes, printed by every run (CI's included)
+    session.run("pytest", "--durations=25", *session.posargs)
 
 
 def _conformance_args(posargs: list[str]) -> argparse.Namespace:

@@ -1,0 +1,77 @@
+"""ARCHITECTURE.md's import rules hold: each folder imports from attnspec only what its table allows.
+
+Every ``import`` and ``from ... import`` of every module is read, those inside functions too (the
+kit imports frameworks and heavy layers lazily, and a lazy import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+#: folder -> the name its modules have under attnspec (the root's leaf modules are their own)
+FOLDERS = {
+    "spec": "spec",
+    "backends": "backends",
+    "conformance": "conformance",
+    "bench": "bench",
+    "reports": "reports",
+    "src/attnspec": "",
+}
+
+
+def allowed() -> dict[str, set[str]]:
+    """The table at the end of ARCHITECTURE.md: folder -> the attnspec modules it may import."""
+    rows = {}
+    for line in (ROOT / "ARCHITECTURE.md").read_text().splitlines():
+        m = re.match(r"\| `([\w/]+)` \| (.+) \|$", line)
+        if m:
+            rows[m.group(1)] = {x.strip().strip("`") for x in m.group(2).split(",")}
+    return rows
+
+
+def imported(folder: str, root: Path = ROOT) -> dict[str, set[str]]:
+    """attnspec's top-level names (``spec``, ``_errors``, ``the root`` for ``attnspec`` itself)
+    the modules of ``folder`` import, each with the files that import it."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((root / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if parts[0] != "attnspec":
+                    continue
+                top = parts[1] if len(parts) > 1 else "the root"
+                found.setdefault(top, set()).add(str(path.relative_to(root)))
+    return found
+
+
+def test_the_table_names_every_folder():
+    assert set(allowed()) == set(FOLDERS)
+
+
+@pytest.mark.parametrize("folder", sorted(FOLDERS))
+def test_a_folder_imports_only_what_the_map_allows(folder):
+    rules = allowed()[folder]
+    if rules == {"everything"}:
+        return
+    own = FOLDERS[folder]
+    bad = {top: files for top, files in imported(folder).items() if top != own and top not in rules}
+    assert not bad, f"{folder} imports {sorted(bad)} (ARCHITECTURE.md allows {sorted(rules)}): {bad}"
+
+
+def test_the_reader_sees_a_lazy_import(tmp_path):
+    """A spec module importing a backend inside a function is found (and the map forbids it)."""
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "spec" / "x.py").write_text("def f():\n    from attnspec.backends import get_backend\n")
+    assert imported("spec", tmp_path) == {"backends": {"spec/x.py"}}
+    assert "backends" not in allowed()["spec"]

@@ -529,46 +529,21 @@ def with_corners(test=None, *, kinds: tuple[str, ...] = CORNERS):
         if state is not None and not sweep:
             state.phase = "corner"  # every corner is judged on its own, whatever failed before it
         for kind in kinds:
-            refused = [True]
-            kwargs["judge"] = functools.partial(_watched, judge, refused)
-            try:
-                inner(*args, data=Corner(kind), **kwargs)
-            except AssertionError as exc:
-                failed = failed or exc
-            kwargs["judge"] = judge
+            refused, exc = _attempt(inner, args, kwargs, Corner(kind))
+            failed = failed or exc
             twin = f"{kind}_mask_only"
-            if not refused[0] or twin not in MASK_ONLY:
-                continue
-            try:
-                inner(*args, data=Corner(twin), **kwargs)
-            except AssertionError as exc:
+            if refused and twin in MASK_ONLY:
+                _, exc = _attempt(inner, args, kwargs, Corner(twin))
                 failed = failed or exc
         if failed is not None and os.environ.get("ATTNSPEC_FAIL_FAST") == "1":
             raise failed  # the run asks only whether anything fails
         if os.environ.get("ATTNSPEC_TOUR") == "1":
             for i, feature in enumerate(tour_features()):
-                tour = Tour(feature, 1009 * i + 17)
-                refused = [True]
-                kwargs["judge"] = functools.partial(_watched, judge, refused)
                 try:
-                    inner(*args, data=tour, **kwargs)
+                    exc = run_tour(inner, args, kwargs, Tour(feature, 1009 * i + 17))
                 except NotThisProperty:
                     continue
-                except AssertionError as exc:
-                    failed = failed or exc
-                finally:
-                    kwargs["judge"] = judge
-                for fallback in tour.fallbacks() if refused[0] else ():
-                    refused[0] = True
-                    kwargs["judge"] = functools.partial(_watched, judge, refused)
-                    try:
-                        inner(*args, data=fallback, **kwargs)
-                    except AssertionError as exc:
-                        failed = failed or exc
-                    finally:
-                        kwargs["judge"] = judge
-                    if not refused[0]:
-                        break
+                failed = failed or exc
         if failed is not None and os.environ.get("ATTNSPEC_FAIL_FAST") == "1":
             raise failed
         if state is not None and not sweep:
@@ -578,6 +553,30 @@ def with_corners(test=None, *, kinds: tuple[str, ...] = CORNERS):
             raise failed
 
     return run
+
+
+def run_tour(inner, args, kwargs, tour: Tour) -> AssertionError | None:
+    """Run the property body ``inner`` on ``tour``, then on its `Tour.fallbacks` while the backend
+    refuses each; the first failure raised, if any (`NotThisProperty` goes on to the caller)."""
+    refused, failed = _attempt(inner, args, kwargs, tour)
+    for fallback in tour.fallbacks() if refused else ():
+        refused, exc = _attempt(inner, args, kwargs, fallback)
+        failed = failed or exc
+        if not refused:
+            break
+    return failed
+
+
+def _attempt(inner, args, kwargs, data) -> tuple[bool, AssertionError | None]:
+    """Run the property body ``inner`` on one fixed example ``data`` (a `Corner` or a `Tour`):
+    whether the backend refused it (the judge never ran its body, or the body raised
+    `Unsupported`), and the failure it raised, if any."""
+    refused = [True]
+    try:
+        inner(*args, data=data, **{**kwargs, "judge": functools.partial(_watched, kwargs["judge"], refused)})
+    except AssertionError as exc:
+        return refused[0], exc
+    return refused[0], None
 
 
 def _watched(judge, refused: list[bool], function, prop, case, body, *rest, **kw):

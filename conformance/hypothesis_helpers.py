@@ -330,8 +330,8 @@ def draw_packing_and_dropout(draw, rng, feature: str, every: bool, options: dict
     if feature == "segments" or every or (feature == "causal_lower_right_lengths" and draw(st.booleans())):
         segments = draw(st.sampled_from([1, 2, 3]))
         # the segments tour pads both sides, which few drawn cases do: padding queries must see no
-        # padding key (mutation testing found flash_varlen's packing could pair them unseen; that
-        # mutant still survives, as this case does not reach flash_varlen: tests/mutation/open_gaps.toml)
+        # padding key (mutation testing found flash_varlen's packing could pair them unseen; the
+        # tour reaches flash_varlen through its weight-free fallback, corners.Tour.fallbacks)
         padded = getattr(draw, "kind", None) == "tour_segments"
         options["q_segment_ids"] = segment_ids(rng, (*batch, n), segments, padded)
         options["kv_segment_ids"] = segment_ids(rng, (*batch, m), segments, padded)

@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnspec.conformance.causes import fp8_causes
-from attnspec.conformance.corners import NotThisProperty, Tour, with_corners
+from attnspec.conformance.corners import NotThisProperty, Tour, run_tour, with_corners
 from attnspec.conformance.fp8_cases import EXTRA_TOUR_FEATURES, FP8Case, fp8_cases
 from attnspec.conformance.pytest_helpers import Verdict, check_metadata, failure_message, to_backend
 from attnspec.spec.fp8 import FP8_DTYPES, plan_fp8
@@ -45,11 +45,10 @@ def with_fp8_tours(test):
                 state.phase = "corner"
             for i, feature in enumerate(EXTRA_TOUR_FEATURES):
                 try:
-                    inner(*args, data=Tour(feature, 7919 * i + 29), **kwargs)
+                    exc = run_tour(inner, args, kwargs, Tour(feature, 7919 * i + 29))
                 except NotThisProperty:
                     continue
-                except AssertionError as exc:
-                    failed = failed or exc
+                failed = failed or exc
             if state is not None and state.phase == "corner":
                 state.phase = "drawn"
         test(*args, **kwargs)

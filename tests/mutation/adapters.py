@@ -19,8 +19,9 @@ Four more kinds of subject reach code the built-in conventions' plain calls leav
 array that is not 4-D or a mask with a size-1 axis, as such a library does), and a convention
 made with ``Convention.extend`` that passes the spec's softcap and sinks through keywords
 (``TORCH_SDPA_KEYWORDS``; its wrong twin takes sinks and ignores them), and the atlas's ``keras``
-convention (jax's with no lengths or window arguments: ``keras_ok`` has no such keywords). ``tutorial_ok`` multiplies
-as the tutorial does (Q @ K^T), so K and V with fewer heads than Q work only when they have one.
+convention (jax's with no lengths or window arguments: ``keras_ok`` has no such keywords).
+``tutorial_ok`` multiplies as the tutorial does (Q @ K^T), so K and V with fewer heads than Q work
+only when they have one.
 
 The arrays are NumPy's (``--arrays numpy``). These functions are not mutated.
 """
@@ -433,7 +434,8 @@ def jax_fill_1e9(query, key, value, bias=None, mask=None, **kwargs):
 def jax_ignores_lengths(query, key, value, bias=None, mask=None, **kwargs):
     """Takes query_seq_lengths and key_value_seq_lengths and ignores them: only a convention that
     passes the lengths as those arguments (not folded into the mask) shows it."""
-    kwargs.pop("query_seq_lengths", None), kwargs.pop("key_value_seq_lengths", None)
+    for name in ("query_seq_lengths", "key_value_seq_lengths"):
+        kwargs.pop(name, None)
     return jax_ok(query, key, value, bias=bias, mask=mask, **kwargs)
 
 

@@ -320,6 +320,9 @@ class ArrayAPICupy(ArrayAPIBackend):
 
         return [cupy.cuda.Device(i) for i in range(cupy.cuda.runtime.getDeviceCount())]
 
+    def _device_name(self, d) -> str:
+        return f"cuda:{d.id}"  # as torch names it; CuPy prints "<CUDA Device 0>"
+
     def _host(self, x) -> np.ndarray:
         return x.get()  # CuPy refuses implicit device-to-host copies (np.from_dlpack included)
 

@@ -261,6 +261,10 @@ class TorchBackend(TorchArrays):
             additive if vis is None else torch.where(vis, additive, -math.inf))  # one additive term
         if attn_mask is not None and attn_mask.ndim < 2:  # torch wants (..., n, m)
             attn_mask = attn_mask.expand(p.n, p.m)
+        if attn_mask is not None and q.device.type != "cpu" and attn_mask.stride(-1) != 1:
+            # CUDA's memory-efficient backward refuses a broadcast mask ("(*bias): last dimension
+            # must be contiguous", seen on an H200 with torch 2.11 for q_lengths)
+            attn_mask = attn_mask.contiguous()
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=p.scale,
                                              enable_gqa=p.group > 1)
         if vis is not None and q.device.type != "cpu":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import traceback
 
 import pytest
@@ -11,6 +13,20 @@ from attnspec.backends import Unsupported
 from attnspec.conformance.pytest_helpers import label_clauses, resolve_backend
 from attnspec.conformance.recorder import case_key, declared_deviations, dev_id
 from attnspec.spec.clauses import case_clauses, property_clauses
+
+#: the exit status of a child whose device context a case broke (the runner restarts it)
+DEVICE_LOST_EXIT = 75
+#: errors after which a CUDA context is unusable: a kernel's fault is sticky, so every later call in
+#: the process raises it again, and blaming those cases would hide what they would have done
+_STICKY = re.compile(r"CUDA error: (misaligned address|an illegal memory access|unspecified launch failure|"
+                     r"device-side assert|an illegal instruction)"
+                     r"|CUDA_ERROR_(ILLEGAL_ADDRESS|MISALIGNED_ADDRESS|LAUNCH_FAILED|ILLEGAL_INSTRUCTION)")
+
+
+def device_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` says the accelerator context is lost for this process (torch's
+    AcceleratorError, CuPy's and JAX's CUDA errors), as opposed to one call failing."""
+    return bool(_STICKY.search(f"{type(exc).__name__}: {exc}"))
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +84,7 @@ def judge(attn_backend, attn_device, pytestconfig, request):
             state.judged.add(key)
         skipped = rec.start(nodeid, key)
         if skipped:
-            rec.record(nodeid, {**base, "status": skipped, "message": f"{skipped} in an earlier attempt"})
+            rec.record(nodeid, {**base, **skipped})
             return
         reasons = attn_backend.supports(function, dtype=case.dtype, device=attn_device,
                                         q_shape=case.q.shape, k_shape=case.k.shape,
@@ -85,6 +101,9 @@ def judge(attn_backend, attn_device, pytestconfig, request):
         except SpecError as exc:
             verdict = _raised(name, function, prop, case, attn_device, f"raised SpecError on a valid input: {exc}")
         except Exception as exc:
+            if device_lost(exc):  # every later call would fail alike: start again on a fresh device
+                rec.device_lost(nodeid, key, f"raised {type(exc).__name__}: {str(exc).strip()}")
+                os._exit(DEVICE_LOST_EXIT)
             # the innermost frames: where inside the implementation it failed
             verdict = _raised(name, function, prop, case, attn_device,
                               f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}")

@@ -35,7 +35,8 @@ class Recorder:
         self.profile = profile
         # open for the whole run (closed when the process ends): the runner reads each line as it lands
         self.journal = open(journal, "a", buffering=1) if journal else None  # noqa: SIM115
-        self.skips: dict[str, str] = json.loads(Path(skip_file).read_text()) if skip_file else {}
+        #: key -> {"status": "crashed" | "timeout", "message": why}: cases an earlier attempt lost
+        self.skips: dict[str, dict[str, str]] = json.loads(Path(skip_file).read_text()) if skip_file else {}
         self.pending: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.records: list[dict[str, Any]] = []
         self.backend = None
@@ -53,12 +54,19 @@ class Recorder:
             self.journal.write(json.dumps(event, sort_keys=True, default=str) + "\n")
             self.journal.flush()  # in the OS's hands now: it survives this process crashing
 
-    def start(self, nodeid: str, key: str) -> str | None:
-        """Journal that a case is about to run; return "crashed"/"timeout" if it must be skipped."""
+    def start(self, nodeid: str, key: str) -> dict[str, str] | None:
+        """Journal that a case is about to run; return its status and message if an earlier attempt
+        lost it (crashed or timed out), and it must be skipped."""
         if key in self.skips:
             return self.skips[key]
         self._log({"event": "start", "node": nodeid, "key": key})
         return None
+
+    def device_lost(self, nodeid: str, key: str, message: str) -> None:
+        """Journal that this case left the device unusable (a CUDA kernel fault is sticky: every
+        later call in the process fails the same way). The child then exits, the runner records the
+        case as crashed with this message and restarts the child on a fresh device context."""
+        self._log({"event": "device_lost", "node": nodeid, "key": key, "message": message})
 
     def record(self, nodeid: str, rec: dict[str, Any]) -> None:
         self.pending[nodeid].append(rec)

@@ -263,7 +263,7 @@ class _Shard:
 
     def run(self, base: list[str], env, procs: dict, case_timeout: float, label: str,
             interrupted: list[int]) -> None:
-        skips: dict[str, str] = {}
+        skips: dict[str, dict[str, str]] = {}
         finished: set[str] = set()
         if self.count > 1:
             label = f"{label} [{self.index + 1}/{self.count}]"
@@ -295,7 +295,10 @@ class _Shard:
             if key is None or key in skips:
                 print(f"[{label}] cannot isolate the failing case", file=sys.stderr)
                 return
-            skips[key] = status
+            lost = [e for e in events if e["event"] == "device_lost" and e["key"] == key]
+            message = (f"{lost[-1]['message']} (the device was lost; the process restarted)" if lost
+                       else f"{status} in an earlier attempt")
+            skips[key] = {"status": "crashed" if lost else status, "message": message}
             # drop the unfinished test's partial cases: it reruns from its start
             events = [e for e in events if e["event"] == "start" or e["node"] in finished]
             self.journal.write_text("".join(json.dumps(e) + "\n" for e in events))

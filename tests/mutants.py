@@ -298,6 +298,21 @@ class Crasher(Naive):
         return super().sdpa(q, k, v, **kw)
 
 
+class DeviceFault(Naive):
+    """A GPU kernel's fault, which is sticky: for float32 with n > m it raises CUDA's "misaligned
+    address", and from then on every call in the process raises it too (torch's AcceleratorError
+    does this on a real GPU). Correct until then."""
+
+    name = "device-fault"
+    faulted = False
+
+    def sdpa(self, q, k, v, **kw):
+        if DeviceFault.faulted or (q.dtype == np.float32 and q.shape[-2] > k.shape[-2]):
+            DeviceFault.faulted = True
+            raise RuntimeError("CUDA error: misaligned address\nCompile with `TORCH_USE_CUDA_DSA` ...")
+        return super().sdpa(q, k, v, **kw)
+
+
 class Hanger(Naive):
     """Never returns (a deadlocked kernel) for float32 with n > m; correct elsewhere."""
 

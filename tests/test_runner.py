@@ -14,8 +14,11 @@ import pytest
 HERE = Path(__file__).parent
 
 
-@pytest.mark.parametrize("target,status", [("mutants:Crasher", "crashed"), ("mutants:Hanger", "timeout")])
+@pytest.mark.parametrize("target,status", [("mutants:Crasher", "crashed"), ("mutants:Hanger", "timeout"),
+                                           ("mutants:DeviceFault", "crashed")])
 def test_runner_isolates_crash_and_hang(tmp_path, target, status):
+    """DeviceFault: a sticky GPU fault fails every later call in its process; the runner blames
+    only the case that caused it, restarts, and the later cases run on a fresh context."""
     out = tmp_path / "results.json"
     env = {**os.environ, "PYTHONPATH": str(HERE), "ATTNSPEC_MAX_SIDE": "16"}
     proc = subprocess.run(
@@ -31,6 +34,9 @@ def test_runner_isolates_crash_and_hang(tmp_path, target, status):
     # every dtype's test finished despite the restarts
     assert {r["dtype"] for r in rows if r["passed"]} == {"float16", "bfloat16", "float32", "float64"}
     assert any(f["status"] == status for f in results["failures"])
+    if target == "mutants:DeviceFault":  # each blamed case is one that faults, with CUDA's words
+        assert all(f["status"] == "crashed" and "misaligned address" in f["message"]
+                   and "the device was lost" in f["message"] for f in results["failures"]), results["failures"]
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])

@@ -112,8 +112,9 @@ def refuse(fn: str, name: str, x: object, expected: str) -> SpecError:
 
 
 def is_empty(p: SDPAPlan) -> bool:
-    """No query, no key or no head: the result is all zeros, nothing to compute."""
-    return p.n == 0 or p.m == 0 or p.hq == 0
+    """No query, no key, no head or no batch element: the result is all zeros, nothing to compute
+    (a reduction over the empty batch, a tile's running maximum, has no identity)."""
+    return p.n == 0 or p.m == 0 or p.hq == 0 or 0 in p.batch
 
 
 def lengths_column(p: SDPAPlan) -> tuple[np.ndarray | None, np.ndarray | None]:

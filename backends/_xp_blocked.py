@@ -48,7 +48,7 @@ def attention_blocked(xp, p: SDPAPlan, q, k, v, mask, bias, *, nonfinite_v: bool
     """out, and weights if asked (else None), shaped like sdpa's, in q's dtype.
 
     q, k, v carry a head axis (rank >= 3); mask (bool) and bias broadcast to (*batch, Hq, n, m),
-    or are None. Callers handle n = 0, m = 0 and Hq = 0.
+    or are None. Callers handle n = 0, m = 0, Hq = 0 and a batch of 0 (`is_empty`).
     """
     t = _Tiles(xp, p, q, k, v, mask, bias, nonfinite_v, device)
     outs, weight_rows = [], []

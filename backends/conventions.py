@@ -132,6 +132,8 @@ def call_needs(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tupl
     n, m = int(q_shape[-2]), int(k_shape[-2])
     if n == 0 or m == 0 or heads(q_shape) == 0:
         needs.add("empty")
+    if any(0 in s[:-3] for s in (q_shape, k_shape, v_shape)):  # no batch element (0 broadcasts)
+        needs.add("empty")
     for name in ("scale", "mask", "bias", "q_lengths", "kv_lengths"):
         if options.get(name) is not None:
             needs.add(name)
@@ -550,7 +552,7 @@ class Tutorial(Convention):
             q, k, v, vis = canonical_inputs(p, lib, q, k, v, vis)
         elif vis is not None:
             vis = lib.asarray(vis, device=_device(lib, q))
-        if p.group > 1:  # query head h reads kv head h // G
+        if p.hq != p.hkv:  # query head h reads kv head h // G; no query heads (G = 0): no kv heads
             k, v = expand_kv_heads(k, p.group), expand_kv_heads(v, p.group)
         args = (q, k, v) if vis is None else (q, k, v, vis)
         result = fn(*args, **self.pass_keywords(p, options))

@@ -85,8 +85,15 @@ def _sdpa_case(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
         hkv, group = 1, draw(st.sampled_from([2, 4]))
     hq = hkv * group
     n, m = draw(st.sampled_from(SIDES)), draw(st.sampled_from(SIDES))
-    if feature == "empty":
-        n, m = draw(st.sampled_from([(0, m), (n, 0), (0, 0)]))
+    if feature == "empty":  # no queries, no keys, or none of either; no batch elements or no query heads
+        zero = draw(st.sampled_from(["n", "m", "nm", "batch", "heads"]))
+        n, m = 0 if "n" in zero else n, 0 if "m" in zero else m
+        if zero == "batch":  # a serving step with no request left: often decode-shaped (n = 1)
+            batch = (0, *batch[1:])
+            n = draw(st.sampled_from([1, n]))
+        if zero == "heads":  # Hq = 0 reads no kv head (Hkv >= 1 stays: Hq is a multiple of it)
+            hq = 0
+        tags.add({"batch": "zero_batch", "heads": "zero_heads"}.get(zero, "zero_length"))
     dk = draw(st.sampled_from(DIMS))
     dv = draw(st.sampled_from([d for d in DIMS if d != dk] or [dk])) if feature == "dk_ne_dv" else (
         draw(st.sampled_from(DIMS)) if feature == "combined" else dk)
@@ -111,19 +118,23 @@ def _sdpa_case(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
         k_batch = ones if "k" in small else batch
         v_batch = ones if "v" in small else batch
     rank2 = feature == "rank2"
+    lifted = ""  # rank2: which of q and k, v has a head axis of 1 after all (mixed ranks)
     if rank2:
         q_batch = k_batch = v_batch = batch = ()
         hkv = hq = 1
+        lifted = draw(st.sampled_from(["", "", "q", "kv"]))
+        if lifted:
+            tags.add("mixed_ranks")
 
-    def shape(b, h, length, d):
-        return (length, d) if rank2 else (*b, h, length, d)
+    def shape(b, h, length, d, which=""):
+        return (length, d) if rank2 and which != lifted else (*b, h, length, d)
 
     magnitude = 1.0
     if feature == "large_logits":
         magnitude = float(draw(st.sampled_from([8.0, 16.0])))  # logits up to ~magnitude^2 * sqrt(dk)
-    q = rng.standard_normal(shape(q_batch, hq, n, dk)) * magnitude
-    k = rng.standard_normal(shape(k_batch, hkv, m, dk)) * magnitude
-    v = rng.standard_normal(shape(v_batch, hkv, m, dv))
+    q = rng.standard_normal(shape(q_batch, hq, n, dk, "q")) * magnitude
+    k = rng.standard_normal(shape(k_batch, hkv, m, dk, "kv")) * magnitude
+    v = rng.standard_normal(shape(v_batch, hkv, m, dv, "kv"))
     if feature == "ties_and_zeros" and m > 1:
         k[..., 1::2, :] = k[..., :1, :]  # exact ties among logits
         q[..., ::2, :] = 0.0  # zero queries: uniform weights
@@ -271,13 +282,18 @@ _VARIANT_BASES = ("plain", "gqa", "mask", "bias", "kv_lengths", "q_lengths", "ca
 def segment_ids(rng: np.random.Generator, shape: tuple[int, ...], segments: int,
                 padded: bool = False) -> np.ndarray:
     """Sorted ids in [0, segments) along the last axis, with a tail of -1 (padding) at times;
-    ``padded``: always, at least one position (a feature tour pads queries and keys both)."""
+    ``padded``: always, at least one position (a feature tour pads queries and keys both). Now and
+    then (not on a tour) the positions are shuffled: a segment need not be contiguous, and a packed
+    varlen kernel must refuse such ids rather than pack them as if they were (mutation testing
+    found that refusal untested)."""
     ids = np.sort(rng.integers(0, segments, size=shape), axis=-1)
     if shape[-1] and (padded or rng.random() < 0.5):
         pad = int(rng.integers(0, shape[-1] // 2 + 1))
         if padded:
             pad = max(pad, 1)
         ids[..., shape[-1] - pad:] = -1
+    if not padded and shape[-1] > 2 and rng.random() < 0.25:
+        ids = rng.permuted(ids, axis=-1)
     return ids.astype(np.int64)
 
 
@@ -335,6 +351,9 @@ def draw_packing_and_dropout(draw, rng, feature: str, every: bool, options: dict
         padded = getattr(draw, "kind", None) == "tour_segments"
         options["q_segment_ids"] = segment_ids(rng, (*batch, n), segments, padded)
         options["kv_segment_ids"] = segment_ids(rng, (*batch, m), segments, padded)
+        if not padded and rng.random() < 0.2:  # every position padding: nothing at all to pack
+            options["q_segment_ids"][...] = -1
+            options["kv_segment_ids"][...] = -1
     if feature == "causal_lower_right_lengths" or (every and draw(st.booleans())):
         options["causal"] = "lower_right_lengths"
         options["kv_lengths"] = rng.integers(0, m + 1, size=batch)

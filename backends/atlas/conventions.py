@@ -178,7 +178,7 @@ class Flex(Convention):
 
         qf, kf, vf = flat_qkv(p, q, k, v)  # (B, Hq, n, dk), (B, Hkv, m, dk), (B, Hkv, m, dv)
         kw: dict[str, Any] = {"scale": p.scale}
-        if p.group > 1:
+        if p.hq != p.hkv:  # GQA, or no query heads at all (Hq = 0: flex checks the head counts)
             kw["enable_gqa"] = True
         dev = _device(lib, q)
         q_ids, kv_ids = options.get("q_segment_ids"), options.get("kv_segment_ids")

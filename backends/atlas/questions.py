@@ -225,6 +225,14 @@ def _weights_answer(result, case: Case) -> str:
     return "returned, as the spec" if _close(result[1], w) else "returned, differ"
 
 
+def _zero_batch() -> Case:
+    """No batch element at all (the spec: an empty output), with a mask, as padded batches have."""
+    q, k, v = (x[:0] for x in _qkv())
+    mask = np.ones((3, 4), bool)
+    mask[:, 0] = False
+    return q, k, v, {"mask": mask}
+
+
 def _plain() -> Case:
     q, k, v = _qkv()
     return q, k, v, {}
@@ -254,6 +262,7 @@ QUESTIONS = [
     Question("finite_floor", "visible logits at finfo.min, a key masked", _finite_floor, _floor_answer, "as the spec"),
     Question("causal_floor", "its causal flag, a visible logit at -3e4", _causal_floor, _causal_floor_answer,
              "as the spec", "the framework's causal argument alone, n = m"),
+    Question("zero_batch", "a batch of 0, with a mask", _zero_batch, _matches, "as the spec"),
     Question("float64", "float64 in, what comes out", _plain, lambda out, case: "", "float64, as the spec"),
     # a scale float32 cannot hold (ONNX's attributes are float32): does the result keep float64's precision?
     Question("float64_scale", "float64 in, scale 0.3", _scaled, lambda out, case: "", "float64, as the spec"),
@@ -280,6 +289,7 @@ QUESTION_TAGS = {
     "nan_hidden_value": {"masked_nonfinite"},
     "dk_ne_dv": {"dk_ne_dv"},
     "finite_floor": {"finite_floor"},
+    "zero_batch": {"zero_batch"},
     "float64": {"float64"},
     "float64_scale": {"float64", "scale"},
 }

@@ -12,7 +12,8 @@ bundle_dir, outputs, device = sys.argv[1], sys.argv[2], os.environ.get("DEVICE",
 SAYABLE = {"q", "k", "v", "mask", "scale", "causal"}  # what SDPA's arguments can say
 for case in (case for bundle in load(bundle_dir) for case in bundle.read_cases()):
     o, asked = case.options, set(case.inputs) | {k for k, v in case.options.items() if v is not False}
-    if asked - SAYABLE or o.get("causal", "upper_left") != "upper_left" or case.inputs["q"].ndim < 3:
+    headless = min(case.inputs[n].ndim for n in "qkv") < 3  # enable_gqa below reads head axes
+    if asked - SAYABLE or o.get("causal", "upper_left") != "upper_left" or headless:
         write_unsupported(outputs, case.id, f"SDPA cannot express {sorted(asked - SAYABLE)} {o}")
         continue
     dtype = getattr(torch, case.dtype)  # float64 holds every input exactly; then the case's dtype

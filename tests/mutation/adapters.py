@@ -285,7 +285,8 @@ def _torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enabl
         raise ValueError(f"dropout_p={dropout_p}: this function draws no dropout")
     if attn_mask is not None and is_causal:
         raise ValueError("attn_mask and is_causal cannot both be set (PyTorch raises)")
-    if query.shape[-3:-2] != key.shape[-3:-2] and query.ndim >= 3 and not enable_gqa:
+    # PyTorch compares head counts only when both have a head axis: a rank-2 key broadcasts
+    if query.ndim >= 3 and key.ndim >= 3 and query.shape[-3] != key.shape[-3] and not enable_gqa:
         raise ValueError(f"query has {query.shape[-3]} heads, key {key.shape[-3]}: GQA needs enable_gqa=True")
     mask = bias = None
     if attn_mask is not None:
@@ -340,6 +341,11 @@ def tutorial_ok(Q, K, V, mask=None):
             raise ValueError(
                 f"Q @ {name}^T: leading axes {Q.shape[:-2]} and {x.shape[:-2]} do not broadcast"
             ) from None
+    lead = np.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
+    if 0 in lead:  # no batch element or no head: matmul and softmax give empty results, which the
+        # reference's head grouping (Hq // Hkv with no kv head) cannot compute
+        n, m = Q.shape[-2], K.shape[-2]
+        return np.zeros((*lead, n, V.shape[-1]), Q.dtype), np.zeros((*lead, n, m), Q.dtype)
     return sdpa(Q, K, V, mask=None if mask is None else np.asarray(mask).astype(bool), return_weights=True)
 
 

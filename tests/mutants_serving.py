@@ -41,7 +41,7 @@ class ServingBug(Naive):
             # a decode kernel that loads whole 16-key tiles and forgets the tail check
             options["kv_lengths"] = np.minimum(-(-lengths // 16) * 16, m)
         out = super().sdpa(q, k, v, **options)
-        if b == "gqa_ratio_16_heads_copied" and q.ndim > 2 and q.shape[-3] // k.shape[-3] >= 16:
+        if b == "gqa_ratio_16_heads_copied" and min(q.ndim, k.ndim) > 2 and q.shape[-3] // k.shape[-3] >= 16:
             out = np.array(out, copy=True)
             out[..., 8:, :, :] = out[..., :8, :, :][..., np.arange(q.shape[-3] - 8) % 8, :, :]
         if b == "empty_cache_nan" and lengths is not None:

@@ -30,8 +30,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any, cast
 
-from attnspec._errors import SpecError
-from attnspec.backends._base import Backend, MHAArrays, Unsupported
+from attnspec.backends.base import Backend, MHAArrays, Unsupported
 from attnspec.backends.conventions import (
     CANONICAL,
     CONVENTIONS,
@@ -41,6 +40,7 @@ from attnspec.backends.conventions import (
     register_convention,
 )
 from attnspec.backends.function import FunctionBackend, from_function
+from attnspec.errors import SpecError
 
 __all__ = [
     "CANONICAL",

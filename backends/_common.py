@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.spec._dtypes import NUMPY_DTYPES, compute_dtype_name, numpy_dtype  # noqa: F401  (re-exported)
-from attnspec.spec._validate import ArrayInfo, SDPAPlan, validate_sdpa
+from attnspec.errors import SpecError
+from attnspec.spec.dtypes import NUMPY_DTYPES, compute_dtype_name, numpy_dtype  # noqa: F401  (re-exported)
+from attnspec.spec.validate import ArrayInfo, SDPAPlan, validate_sdpa
 
 InfoFn = Callable[[str, str, Any], ArrayInfo]
 

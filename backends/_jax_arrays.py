@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnspec.backends import _vjp
-from attnspec.backends._base import Backend, MHAArrays
 from attnspec.backends._common import (
     lengths_column,
     refuse,
@@ -26,7 +25,8 @@ from attnspec.backends._common import (
     visibility,
     with_mask_and_bias,
 )
-from attnspec.spec._validate import ArrayInfo, SDPAPlan
+from attnspec.backends.base import Backend, MHAArrays
+from attnspec.spec.validate import ArrayInfo, SDPAPlan
 
 
 def use_compilation_cache() -> str | None:

@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from attnspec._errors import SpecError
-from attnspec.backends._base import Backend, MHAArrays
 from attnspec.backends._common import compute_dtype_name
-from attnspec.spec._validate import ArrayInfo, SDPAPlan
+from attnspec.backends.base import Backend, MHAArrays
+from attnspec.errors import SpecError
 from attnspec.spec.mha import MHAParams, ParamDims, check_param_infos, validate_mha
+from attnspec.spec.validate import ArrayInfo, SDPAPlan
 
 __all__ = ["HeadOps", "XPHeadOps", "arrays_of", "run", "validate"]
 

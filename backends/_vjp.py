@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, ClassVar
 
-from attnspec._errors import SpecError
 from attnspec.backends import _lsh_xp, _mha
-from attnspec.backends._base import MHAArrays
 from attnspec.backends._common import validate, variant_keywords
+from attnspec.backends.base import MHAArrays
+from attnspec.errors import SpecError
 
 #: vjp -> the forward method it differentiates
 FORWARD = {"sdpa_vjp": "sdpa", "mha_vjp": "mha", "lsh_attention_vjp": "lsh_attention"}
@@ -54,7 +54,7 @@ def refusals(backend, feature: str, reasons: list[str]) -> list[str]:
 
 
 def _need(backend, feature: str) -> None:
-    from attnspec.backends._base import Unsupported
+    from attnspec.backends.base import Unsupported
 
     if reasons := missing_forward(backend, feature):
         raise Unsupported("; ".join(reasons))

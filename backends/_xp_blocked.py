@@ -36,7 +36,7 @@ import numpy as np
 from array_api_compat import is_numpy_namespace
 
 from attnspec.backends._common import compute_dtype_name
-from attnspec.spec._validate import SDPAPlan
+from attnspec.spec.validate import SDPAPlan
 
 __all__ = ["attention_blocked"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from attnspec.backends._common import compute_dtype_name
-from attnspec.spec._validate import SDPAPlan
+from attnspec.spec.validate import SDPAPlan
 
 
 def attention(xp, p: SDPAPlan, q, k, v, vis, bias, *, nonfinite_v: bool, want_weights: bool,

@@ -22,9 +22,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from attnspec._errors import SpecError
 from attnspec.backends import _lsh_xp, _mha, _xp_blocked, _xp_core
-from attnspec.backends._base import VARIANT_FEATURES, Backend, Unsupported, variant_features
 from attnspec.backends._common import (
     alibi_distance,
     compute_dtype_name,
@@ -38,9 +36,11 @@ from attnspec.backends._common import (
     visibility,
     with_mask_and_bias,
 )
-from attnspec.spec._validate import ArrayInfo, SDPAPlan
+from attnspec.backends.base import VARIANT_FEATURES, Backend, Unsupported, variant_features
+from attnspec.errors import SpecError
 from attnspec.spec.blocked import check_block
 from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS
+from attnspec.spec.validate import ArrayInfo, SDPAPlan
 
 __all__ = ["ArrayAPIBackend", "ArrayAPICupy", "ArrayAPINumpy", "ArrayAPIStrict", "ArrayAPITorch"]
 

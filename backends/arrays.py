@@ -23,8 +23,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from attnspec._errors import SpecError
 from attnspec.backends._common import to_reference
+from attnspec.errors import SpecError
 
 __all__ = ["ArrayLibrary", "array_libraries", "array_library", "library_of", "register_array_library"]
 

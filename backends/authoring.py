@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.backends._base import FLOAT_DTYPES, Backend, MHAArrays, Unsupported
 from attnspec.backends._common import with_mask_and_bias
 from attnspec.backends.arrays import ArrayLibrary, array_library, library_of
-from attnspec.spec._validate import ArrayInfo, SDPAPlan, validate_sdpa
+from attnspec.backends.base import FLOAT_DTYPES, Backend, MHAArrays, Unsupported
+from attnspec.errors import SpecError
 from attnspec.spec.masks import causal_mask, padding_mask, query_padding_mask, visibility, window_mask
+from attnspec.spec.validate import ArrayInfo, SDPAPlan, validate_sdpa
 
 __all__ = [
     "FLOAT_DTYPES",

@@ -69,8 +69,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.backends._base import DRAWN_VARIANTS, VARIANT_FEATURES, variant_features
 from attnspec.backends.arrays import ArrayLibrary
 from attnspec.backends.authoring import (
     additive_mask,
@@ -81,8 +79,10 @@ from attnspec.backends.authoring import (
     to_blhd,
     unflatten_batch,
 )
-from attnspec.spec._validate import SDPAPlan
+from attnspec.backends.base import DRAWN_VARIANTS, VARIANT_FEATURES, variant_features
+from attnspec.errors import SpecError
 from attnspec.spec.fp8 import FP8_DTYPES
+from attnspec.spec.validate import SDPAPlan
 
 __all__ = ["CANONICAL", "CONVENTIONS", "FP8_NEEDS", "NEEDS", "P_E4M3", "Call", "Convention", "call_needs",
            "canonical_inputs", "fp8_call_needs", "get_convention", "register_convention"]

@@ -33,8 +33,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from attnspec.backends._base import Unsupported
 from attnspec.backends.authoring import unflatten_batch
+from attnspec.backends.base import Unsupported
 from attnspec.backends.conventions import Call, Convention, _device, _first, flat_qkv
 
 __all__ = ["FlashKVCache", "FlashVarlen"]

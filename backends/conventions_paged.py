@@ -109,7 +109,7 @@ def page(x: np.ndarray, paging: Paging) -> np.ndarray:
     return pool
 
 
-def _seed(*arrays: np.ndarray, lengths: np.ndarray) -> int:
+def paging_seed(*arrays: np.ndarray, lengths: np.ndarray) -> int:
     """A deterministic seed for one call: a CRC of its shapes, lengths and key bytes."""
     crc = zlib.crc32(repr([a.shape for a in arrays]).encode())
     crc = zlib.crc32(np.ascontiguousarray(lengths, np.int64).tobytes(), crc)
@@ -144,7 +144,7 @@ class _Paged(Convention):
         """(q (B, n, Hq, dk) NumPy, pools of k and v, the paging, the device)."""
         qf, kf, vf = (lib.to_numpy(x) for x in flat_qkv(p, q, k, v, "blhd"))  # (B, L, H, d) each
         lengths = _kv_lengths(p)
-        paging = paging_for(lengths, p.m, _seed(qf, kf, vf, lengths=lengths), self.block_sizes)
+        paging = paging_for(lengths, p.m, paging_seed(qf, kf, vf, lengths=lengths), self.block_sizes)
         return qf, page(kf, paging), page(vf, paging), paging, _device(lib, q)
 
     def output_causes(self, p, lib, q, k, v, options, out) -> list[str]:

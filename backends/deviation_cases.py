@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec.backends._compare import golden_and_reference, relative_error
+from attnspec.backends.compare import golden_and_reference, relative_error
 from attnspec.backends.deviation_probe import Case
 
 # -- cases ----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.backends._base import Backend
+from attnspec.backends.base import Backend
 
 __all__ = ["Case", "Deviation", "run", "run_mha", "run_vjp"]
 

@@ -26,15 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.backends._base import FLOAT_DTYPES, Backend, Unsupported
 from attnspec.backends._common import variant_keywords
 from attnspec.backends.arrays import ArrayLibrary, array_library
 from attnspec.backends.authoring import plan_sdpa
+from attnspec.backends.base import FLOAT_DTYPES, Backend, Unsupported
 from attnspec.backends.conventions import Convention, call_needs, describe, fp8_call_needs, get_convention
 from attnspec.backends.probe import Capabilities, probe
-from attnspec.spec._validate import ArrayInfo
+from attnspec.errors import SpecError
 from attnspec.spec.fp8 import FP8_DTYPES, validate_fp8
+from attnspec.spec.validate import ArrayInfo
 
 __all__ = ["FunctionBackend", "from_function"]
 

@@ -57,9 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attnspec._errors import SpecError
 from attnspec.backends import _lsh_xp, _mha, _xp_core
-from attnspec.backends._base import VARIANT_FEATURES, variant_features
 from attnspec.backends._common import (
     alibi_distance,
     compute_dtype_name,
@@ -80,7 +78,9 @@ from attnspec.backends._jax_arrays import (  # noqa: F401  (re-exported: jax_nat
     use_compilation_cache,
     with_head,
 )
-from attnspec.spec._validate import SDPAPlan
+from attnspec.backends.base import VARIANT_FEATURES, variant_features
+from attnspec.errors import SpecError
+from attnspec.spec.validate import SDPAPlan
 
 __all__ = ["JaxBackend"]
 

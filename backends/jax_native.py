@@ -22,10 +22,10 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from attnspec.backends._base import Unsupported
 from attnspec.backends._common import static_plan, variant_keywords
+from attnspec.backends.base import Unsupported
 from attnspec.backends.jax import JaxArrays, from_btnh, lengths_arrays, native_call
-from attnspec.spec._validate import SDPAPlan
+from attnspec.spec.validate import SDPAPlan
 
 __all__ = ["JaxNativeBackend"]
 

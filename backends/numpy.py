@@ -11,10 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from attnspec.backends import _mha
-from attnspec.backends._base import VARIANT_FEATURES, Backend, MHAArrays
 from attnspec.backends._common import VARIANT_ARRAYS, refuse, to_reference
 from attnspec.backends._common import variant_keywords as _variants
-from attnspec.spec._validate import ArrayInfo, SDPAExtras, validate_sdpa
+from attnspec.backends.base import VARIANT_FEATURES, Backend, MHAArrays
 from attnspec.spec.blocked import blocked_core, check_block
 from attnspec.spec.fp8 import FP8_DTYPES, FP8_NUMPY, finish_fp8, golden_fp8, plan_fp8
 from attnspec.spec.grads import sdpa_vjp as spec_sdpa_vjp
@@ -24,6 +23,7 @@ from attnspec.spec.lsh import lsh_attention as spec_lsh_attention
 from attnspec.spec.lsh import validate_lsh
 from attnspec.spec.mha import MHAParams, mha
 from attnspec.spec.sdpa import golden
+from attnspec.spec.validate import ArrayInfo, SDPAExtras, validate_sdpa
 
 __all__ = ["NumpyBackend"]
 

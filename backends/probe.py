@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from attnspec._journal import read_journal
-from attnspec.backends._base import FLOAT_DTYPES, Backend, Unsupported
+from attnspec.backends.base import FLOAT_DTYPES, Backend, Unsupported
 from attnspec.backends.conventions import FP8_NEEDS, NEEDS, Call
+from attnspec.journal import read_journal
 
 __all__ = ["PROBE_CASES", "Capabilities", "ProbeResult", "probe", "probe_isolated"]
 

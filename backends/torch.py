@@ -37,7 +37,6 @@ import torch
 import torch.nn.functional as F
 
 from attnspec.backends import _mha, _vjp, _xp_core
-from attnspec.backends._base import DRAWN_VARIANTS, VARIANT_FEATURES, Backend, variant_features
 from attnspec.backends._common import (
     alibi_distance,
     is_empty,
@@ -50,8 +49,9 @@ from attnspec.backends._common import (
     visibility,
     with_mask_and_bias,
 )
-from attnspec.spec._validate import ArrayInfo, SDPAPlan, check_dropout
+from attnspec.backends.base import DRAWN_VARIANTS, VARIANT_FEATURES, Backend, variant_features
 from attnspec.spec.fp8 import FP8_DTYPES, FP8_NUMPY, validate_fp8
+from attnspec.spec.validate import ArrayInfo, SDPAPlan, check_dropout
 
 __all__ = ["TorchBackend"]
 

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from attnspec.backends import _mha
-from attnspec.backends._base import Unsupported
 from attnspec.backends._common import variant_keywords, with_mask_and_bias
+from attnspec.backends.base import Unsupported
 from attnspec.backends.torch import TorchArrays, _lengths_to_numpy, drawn_dropout_p, structural_visibility
 
 __all__ = ["TorchNativeBackend"]

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-repeats", type=int, default=10)
     ap.add_argument("--out-dir", default="reports/results")
     args = ap.parse_args(argv)
-    from attnspec._results import write_json_atomic
+    from attnspec.results import write_json_atomic
 
     for nh in (int(h) for h in args.hashes.split(",")):
         doc = run([int(x) for x in args.L.split(",")], nh, memory=not args.no_memory,

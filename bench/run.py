@@ -40,8 +40,6 @@ import time
 from typing import Any, TextIO
 
 import attnspec
-from attnspec._errors import SpecError
-from attnspec._results import framework_versions, git_state, write_json_atomic
 from attnspec.bench import targets as bench_targets
 from attnspec.bench import vectors as bench_vectors
 from attnspec.bench.grid import (
@@ -67,6 +65,8 @@ from attnspec.bench.measure import (
     probe_peak,
     time_calls,
 )
+from attnspec.errors import SpecError
+from attnspec.results import framework_versions, git_state, write_json_atomic
 
 __all__ = ["achieved", "main", "run_bench"]
 

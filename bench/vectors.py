@@ -54,7 +54,7 @@ def measure(
     """The figures of one profile's bundles, written under ``root``."""
     import attnspec.backends as ab
     from attnspec.conformance import vectors
-    from attnspec.spec._dtypes import FLOAT_DTYPES
+    from attnspec.spec.dtypes import FLOAT_DTYPES
 
     bundles, outputs = root / f"{profile}-bundles", root / f"{profile}-outputs"
     t0 = time.perf_counter()

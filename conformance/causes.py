@@ -161,7 +161,7 @@ def fill_candidates(dtype: str) -> list[tuple[str, float]]:
     """The finite mask fills real code uses, named, for inputs of ``dtype``: -1e4, -1e6, -1e9 (as
     written, and rounded to ``dtype`` where that differs), -0.7 * finfo.max and finfo.min of
     ``dtype`` (and of float32, where fused kernels compute the logits of 16-bit inputs)."""
-    from attnspec.spec._dtypes import NUMPY_DTYPES
+    from attnspec.spec.dtypes import NUMPY_DTYPES
 
     npdt = NUMPY_DTYPES[dtype]
     out: list[tuple[str, float]] = []

@@ -317,7 +317,7 @@ def mask_only_floor_levels(dtype: str) -> tuple[float, ...]:
     one number per case, grown by the deepest level through L). The first level that fails ends
     the list: a deeper one only grows L.
     """
-    from attnspec.backends._compare import sdpa_golden
+    from attnspec.backends.compare import sdpa_golden
     from attnspec.conformance.hypothesis_helpers import NP_DTYPES
 
     fi = ml_dtypes.finfo(NP_DTYPES[dtype])

@@ -209,13 +209,13 @@ _sdpa_cases = st.composite(_sdpa_case)
 def case_plan(q, k, v, options: dict[str, Any]):
     """(plan, extras) of a call with these options: the spec's validated plan and the variants'
     arrays (`SDPAExtras`)."""
-    from attnspec.spec._validate import SDPAExtras
-    from attnspec.spec.sdpa import _validate
+    from attnspec.spec.sdpa import plan_numpy
+    from attnspec.spec.validate import SDPAExtras
 
     o = options
     extras = SDPAExtras(o.get("alibi_slopes"), o.get("sinks"), o.get("q_segment_ids"),
                         o.get("kv_segment_ids"), o.get("dropout_mask"))
-    plan = _validate("sdpa", q, k, v, o.get("mask"), o.get("bias"), o.get("causal"), o.get("window"),
+    plan = plan_numpy("sdpa", q, k, v, o.get("mask"), o.get("bias"), o.get("causal"), o.get("window"),
                      o.get("scale"), o.get("q_lengths"), o.get("kv_lengths"), extras, o.get("softcap"),
                      o.get("dropout_p"), bool(o.get("return_lse")))
     return plan, extras
@@ -237,7 +237,7 @@ def _tag_visibility(tags: set[str], q, k, v, options) -> None:
     for name in ("mask", "bias", "window", "kv_lengths", "q_lengths", "scale"):
         if name in options:
             tags.add(name)
-    from attnspec.backends._base import variant_features
+    from attnspec.backends.base import variant_features
 
     tags.update(variant_features(options))
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from attnspec.backends._base import variant_features
+from attnspec.backends.base import variant_features
 from attnspec.conformance.hypothesis_helpers import (
     NP_DTYPES,
     SIDES,
@@ -25,7 +25,7 @@ from attnspec.conformance.hypothesis_helpers import (
     draw_packing_and_dropout,
     full_visibility,
 )
-from attnspec.spec.mha import MHAParams, _validate
+from attnspec.spec.mha import MHAParams, plan_mha_numpy
 from attnspec.spec.tolerance_mha import MHAGolden, mha_golden
 
 __all__ = ["MHA_BAD_INPUTS", "MHA_FEATURES", "MHABadInput", "MHACase", "call_mha", "golden_for_mha",
@@ -129,7 +129,7 @@ def _arr(x: np.ndarray, dt: str) -> str:
 def mha_plan(case: MHACase):
     """The validated plan of the case's per-head sdpa call (q (..., H, n, hd) and so on)."""
     o = case.options
-    return _validate("mha", case.q, case.k, case.v, case.params, o["num_heads"], o.get("num_kv_heads"),
+    return plan_mha_numpy("mha", case.q, case.k, case.v, case.params, o["num_heads"], o.get("num_kv_heads"),
                      o.get("mask"), o.get("bias"), {k: o[k] for k in SDPA_OPTIONS if k in o})
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.backends._compare import Golden, sdpa_golden
+from attnspec.backends.compare import Golden, sdpa_golden
 from attnspec.conformance.hypothesis_helpers import SDPACase
+from attnspec.errors import SpecError
 from attnspec.spec.tolerance import Comparison
 
 __all__ = ["Golden", "Verdict", "bad_input_verdict", "call_sdpa", "check_metadata", "failure_message", "golden_for",
@@ -68,7 +68,7 @@ def call_sdpa(backend, case: SDPACase, device: str | None, **extra: Any):
 
 def golden_for(case: SDPACase) -> Golden:
     """The float64 golden (before the final rounding) and the tolerance for this case: the kit's
-    one rule (`attnspec.backends._compare.sdpa_golden`, which applies `attnspec.spec.tolerance`).
+    one rule (`attnspec.backends.compare.sdpa_golden`, which applies `attnspec.spec.tolerance`).
 
     Large cases (batch * Hq * n * m >= `BLOCKED_MIN_LOGITS`) get weights only when they ask for
     them. With ``return_lse`` the log-sum-exp is judged too, under `attnspec.spec.tolerance.lse_allowed`.

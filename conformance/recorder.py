@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import attnspec
-from attnspec._results import framework_versions, git_state, write_json_atomic
 from attnspec.conformance.profiles import PROFILE_EXAMPLES
+from attnspec.results import framework_versions, git_state, write_json_atomic
 from attnspec.spec.clauses import SPEC_VERSION, clause_label, failure_clauses, split_label
 
 STATUSES = ("passed", "failed", "unsupported", "deviation", "crashed", "timeout")

@@ -26,11 +26,11 @@ import threading
 import time
 from pathlib import Path
 
-from attnspec._journal import read_journal as _read
-from attnspec._results import write_json_atomic
 from attnspec.conformance.profiles import DEFAULT_PROFILE, PROFILES
 from attnspec.conformance.pytest_helpers import resolve_backend
 from attnspec.conformance.recorder import Recorder
+from attnspec.journal import read_journal as _read
+from attnspec.results import write_json_atomic
 
 MAX_RESTARTS = 20
 #: seconds a child may take to journal its first event (imports, collection) before it counts as hung

@@ -37,11 +37,11 @@ import sys
 import numpy as np
 import pytest
 
-from attnspec.backends._compare import sdpa_golden
+from attnspec.backends.compare import sdpa_golden
 from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase
 from attnspec.conformance.pytest_helpers import Verdict, check_metadata, to_backend
-from attnspec.spec._validate import FLOAT_DTYPES
 from attnspec.spec.tolerance import compare
+from attnspec.spec.validate import FLOAT_DTYPES
 
 #: false-failure probability of each check for a correct backend
 DELTA = 1e-6

@@ -32,11 +32,11 @@ from attnspec.conformance.hypothesis_helpers import (
     variant_cases,
 )
 from attnspec.conformance.pytest_helpers import Verdict, check_metadata, repro, to_backend
-from attnspec.spec._validate import FLOAT_DTYPES
 from attnspec.spec.grads import sdpa_vjp
 from attnspec.spec.sdpa import sdpa
 from attnspec.spec.tolerance import Comparison, compare
 from attnspec.spec.tolerance_grads import grad_names, reference_sdpa_vjp, sdpa_vjp_allowed
+from attnspec.spec.validate import FLOAT_DTYPES
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 #: the variants with a backward: return_lse ("lse") is a forward output, sdpa_vjp has none

@@ -31,7 +31,6 @@ from attnspec.conformance.hypothesis_helpers import NP_DTYPES, full_visibility
 from attnspec.conformance.lsh_cases import LSHCase, lsh_cases
 from attnspec.conformance.mha_cases import MHA_BASE_FEATURES, MHACase, mha_cases, mha_plan, retag
 from attnspec.conformance.pytest_helpers import Verdict, check_metadata
-from attnspec.spec._validate import FLOAT_DTYPES, numpy_info
 from attnspec.spec.grads_lsh import lsh_attention_vjp
 from attnspec.spec.grads_mha import mha_vjp
 from attnspec.spec.lsh import NORM_EPS, validate_lsh
@@ -45,6 +44,7 @@ from attnspec.spec.tolerance_grads import (
     reference_lsh_vjp,
     reference_mha_vjp,
 )
+from attnspec.spec.validate import FLOAT_DTYPES, numpy_info
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from attnspec.conformance import lsh_cases as lc
 from attnspec.conformance.lsh_cases import LSH_BAD_INPUTS, LSHCase, lsh_cases
 from attnspec.conformance.pytest_helpers import Verdict, bad_input_verdict, check_metadata
-from attnspec.spec._validate import FLOAT_DTYPES
 from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, lsh_rotations
 from attnspec.spec.tolerance import Comparison, compare
+from attnspec.spec.validate import FLOAT_DTYPES
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 FN = "lsh_attention"

@@ -21,10 +21,10 @@ from attnspec.conformance.mha_cases import (
     retag,
 )
 from attnspec.conformance.pytest_helpers import Verdict, bad_input_verdict, check_metadata, comparison_lines
-from attnspec.spec._validate import FLOAT_DTYPES
 from attnspec.spec.mha import MHAParams, merge_heads, split_heads
 from attnspec.spec.sdpa import sdpa
 from attnspec.spec.tolerance import Comparison, compare
+from attnspec.spec.validate import FLOAT_DTYPES
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 #: sdpa's keywords, which mha passes through to every head

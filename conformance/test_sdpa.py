@@ -25,9 +25,9 @@ from attnspec.conformance.pytest_helpers import (
     golden_for,
     to_backend,
 )
-from attnspec.spec._validate import FLOAT_DTYPES
 from attnspec.spec.bad_inputs import ALL_SDPA_BAD_INPUTS
 from attnspec.spec.tolerance import compare
+from attnspec.spec.validate import FLOAT_DTYPES
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 

@@ -17,7 +17,7 @@ from attnspec.conformance.corners import with_corners
 from attnspec.conformance.pytest_helpers import call_sdpa
 from attnspec.conformance.serving_cases import KERNEL_CASES, serving_cases
 from attnspec.conformance.test_sdpa import _judge_output
-from attnspec.spec._validate import FLOAT_DTYPES
+from attnspec.spec.validate import FLOAT_DTYPES
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 

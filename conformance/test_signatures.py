@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec.backends._base import spec_signature_mismatches
+from attnspec.backends.base import spec_signature_mismatches
 from attnspec.conformance.hypothesis_helpers import SDPACase
 from attnspec.conformance.pytest_helpers import Verdict
 

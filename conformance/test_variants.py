@@ -19,7 +19,7 @@ from attnspec.conformance.corners import with_corners
 from attnspec.conformance.hypothesis_helpers import SDPACase, _tag_visibility, full_visibility, variant_cases
 from attnspec.conformance.pytest_helpers import Verdict, call_sdpa, golden_for
 from attnspec.conformance.test_sdpa import _judge_output, _plan
-from attnspec.spec._validate import FLOAT_DTYPES
+from attnspec.spec.validate import FLOAT_DTYPES
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 

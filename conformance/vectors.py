@@ -8,7 +8,7 @@
 A case is drawn the way the suite's feature tour draws one (`attnspec.conformance.corners.Tour`),
 from a seed fixed by its function, feature, dtype and index, so the same spec version, profile and
 selection give the same bytes. Its expected outputs and allowed errors come from the same golden
-and tolerance rule as the suite's (`attnspec.backends._compare.sdpa_golden`), its causes from
+and tolerance rule as the suite's (`attnspec.backends.compare.sdpa_golden`), its causes from
 `attnspec.conformance.causes`, its clauses from `attnspec.spec.clauses`.
 
 Each function is a `Family`: how its cases are drawn, how a backend is called on one, and what
@@ -253,7 +253,7 @@ class SDPAVectors(Family):
         return found + [self._vector(c) for c in atlas_cases(dtype)]
 
     def _vector(self, case: Any) -> VectorCase:
-        from attnspec.backends._compare import sdpa_golden
+        from attnspec.backends.compare import sdpa_golden
         from attnspec.conformance.hypothesis_helpers import case_plan, full_visibility
 
         inputs = {"q": case.q, "k": case.k, "v": case.v}
@@ -460,7 +460,7 @@ def register(family: Family) -> None:
 
 def family_dtypes(family: Family) -> tuple[str, ...]:
     """The dtypes ``family`` has bundles of: its own, or the four float dtypes."""
-    from attnspec.spec._dtypes import FLOAT_DTYPES
+    from attnspec.spec.dtypes import FLOAT_DTYPES
 
     return tuple(family.dtypes or FLOAT_DTYPES)
 
@@ -496,7 +496,7 @@ def _metadata(case: VectorCase) -> dict[str, str]:
 
 
 def _tensors(case: VectorCase) -> dict[str, np.ndarray]:
-    from attnspec.spec._dtypes import round_to
+    from attnspec.spec.dtypes import round_to
 
     tensors = dict(case.inputs)
     for name, e in case.expected.items():
@@ -742,7 +742,7 @@ def write_unsupported(outputs: str | os.PathLike, case_id: str, reason: str) -> 
 
 
 def _np_dtype(name: str) -> np.dtype:
-    from attnspec.spec._dtypes import numpy_dtype
+    from attnspec.spec.dtypes import numpy_dtype
 
     return numpy_dtype(name)
 

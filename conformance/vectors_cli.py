@@ -26,7 +26,7 @@ def add_parser(sub: Any, usage_error: type[Exception]) -> None:
     global _USAGE_ERROR
     _USAGE_ERROR = usage_error
     from attnspec.conformance.profiles import PROFILES
-    from attnspec.spec._dtypes import FLOAT_DTYPES
+    from attnspec.spec.dtypes import FLOAT_DTYPES
     from attnspec.spec.fp8 import FP8_DTYPES
 
     vectors = sub.add_parser(
@@ -166,10 +166,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from attnspec._results import write_json_atomic
-    from attnspec.cli import _render, coverage_text, failure_lines, feature_table
+    from attnspec.cli import coverage_text, failure_lines, feature_table, render_reports
     from attnspec.conformance.run import slug, summary
     from attnspec.conformance.vectors import BundleError, not_run_ids, verify
+    from attnspec.results import write_json_atomic
 
     bundles = _bundles(args.bundle)
     outputs = Path(args.outputs)
@@ -197,7 +197,7 @@ def _verify(args: argparse.Namespace) -> int:
             differs = a["spec"] and a["answer"] != a["spec"] and not a["answer"].startswith("n/a")
             differs = "   <- differs from the spec" if differs else ""
             print(f"atlas: {a['title']:40} {a['answer']}{differs}", file=sys.stderr)
-    _render(out)
+    render_reports(out)
     print(feature_table(results), file=sys.stderr)
     for line in failure_lines(results, out / "repro"):
         print(line, file=sys.stderr)

@@ -297,7 +297,7 @@ class MHAVectors(Family):
         )
 
     def call(self, backend: Any, arrays: dict[str, Any], options: dict[str, Any]) -> tuple:
-        from attnspec.backends._base import MHAArrays
+        from attnspec.backends.base import MHAArrays
 
         params = MHAArrays(**{f.name: arrays.get(f"params.{f.name}") for f in fields(MHAArrays)})
         result = backend.mha(

@@ -120,13 +120,13 @@ class PagedVectors(SDPAVectors):
         return _numbered(self.name, dtype, cases)
 
     def _paged(self, case: Any) -> VectorCase:
-        from attnspec.backends.conventions_paged import _seed, page, paging_for
+        from attnspec.backends.conventions_paged import page, paging_for, paging_seed
 
         contiguous = self._vector(case)
         qf = case.q.transpose(0, 2, 1, 3)  # (B, Hq, n, dk) -> (B, n, Hq, dk)
         kf, vf = (x.transpose(0, 2, 1, 3) for x in (case.k, case.v))  # (B, m, Hkv, d)
         kv = np.asarray(case.options["kv_lengths"], np.int64)
-        paging = paging_for(kv, case.k.shape[-2], _seed(qf, kf, vf, lengths=kv))
+        paging = paging_for(kv, case.k.shape[-2], paging_seed(qf, kf, vf, lengths=kv))
         b, n = qf.shape[:2]
         q_len = np.asarray(case.options.get("q_lengths", np.full(b, n)), np.int64)
         inputs = {

@@ -1,4 +1,4 @@
-"""Reading results JSON (validated) and staging a render; writing it is `attnspec._results`.
+"""Reading results JSON (validated) and staging a render; writing it is `attnspec.results`.
 
 Results are written by other processes, possibly on other machines and by older or newer kits, so
 every file is checked against its schema (`reports/SCHEMA.md`) before anything is rendered; a
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnspec._results import _fsync_dir
+from attnspec.results import fsync_dir
 
 __all__ = ["Results", "ResultsError", "StagedOutput", "load_results"]
 
@@ -84,7 +84,7 @@ class StagedOutput:
             for old in sorted(plots.glob("*.png")):
                 if f"plots/{old.name}" not in self.written:
                     old.unlink()
-        _fsync_dir(self.out)
+        fsync_dir(self.out)
 
 
 # -- reading --------------------------------------------------------------------------------------

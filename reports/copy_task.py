@@ -46,9 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec._results import framework_versions, git_state, write_json_atomic
+from attnspec.errors import SpecError
 from attnspec.reports.copy_task_report import SCHEMA, plot
+from attnspec.results import framework_versions, git_state, write_json_atomic
 from attnspec.spec import MHAParams
 from attnspec.spec.positions import sinusoidal_positions
 

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from attnspec._results import framework_versions, git_state, write_json_atomic
+from attnspec.results import framework_versions, git_state, write_json_atomic
 from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, lsh_attention, lsh_rotations
 
 L, D, N_BUCKETS, CHUNK = 1024, 64, 16, 64

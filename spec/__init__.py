@@ -3,7 +3,7 @@
 Every decision where frameworks disagree is listed in ``spec/README.md`` with its reason.
 """
 
-from attnspec._errors import SpecError
+from attnspec.errors import SpecError
 from attnspec.spec.blocked import sdpa_blocked
 from attnspec.spec.clauses import CLAUSES, SPEC_VERSION
 from attnspec.spec.fp8 import sdpa_fp8

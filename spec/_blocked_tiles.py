@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec.spec._validate import SDPAPlan
+from attnspec.spec.validate import SDPAPlan
 
 # While a row's running max M stays in [-_NEAR, _NEAR], the offset c is 0: exp(s) can neither
 # overflow (L <= m e^32) nor lose a term that matters (one below e^-745 is e^-713 of the largest),

@@ -8,9 +8,9 @@ from collections import Counter
 
 import numpy as np
 
-from attnspec.spec._dtypes import round_to
-from attnspec.spec._validate import numpy_info
+from attnspec.spec.dtypes import round_to
 from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, validate_lsh
+from attnspec.spec.validate import numpy_info
 
 
 def _lsh_attention_loops(

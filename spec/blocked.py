@@ -57,10 +57,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec._errors import SpecError
+from attnspec.errors import SpecError
 from attnspec.spec._blocked_tiles import _KV, _attend, _Head, _Rows
-from attnspec.spec._validate import NO_EXTRAS, SDPAExtras, SDPAPlan, finish, is_int, numpy_info, validate_sdpa
 from attnspec.spec.masks import query_anchor
+from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan, finish, is_int, numpy_info, validate_sdpa
 
 __all__ = ["blocked_core", "check_block", "sdpa_blocked"]
 

@@ -24,10 +24,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.spec._dtypes import round_to
-from attnspec.spec._validate import ArrayInfo, SDPAExtras, SDPAPlan, broadcasts_to, numpy_info, validate_sdpa
+from attnspec.errors import SpecError
+from attnspec.spec.dtypes import round_to
 from attnspec.spec.sdpa import golden
+from attnspec.spec.validate import ArrayInfo, SDPAExtras, SDPAPlan, broadcasts_to, numpy_info, validate_sdpa
 
 __all__ = [
     "FP8_DTYPES",
@@ -229,7 +229,7 @@ def validate_fp8(
 
     q, k, v, bias and sinks are described by their `ArrayInfo`; the descales are read by value
     (NumPy arrays or real numbers: backends pass theirs as NumPy, they are tiny). The other
-    arguments are `attnspec.spec._validate.validate_sdpa`'s, checked by it as for the
+    arguments are `attnspec.spec.validate.validate_sdpa`'s, checked by it as for the
     dequantised inputs.
     """
     fp8 = _check_storage(fn, q, k, v)

@@ -35,11 +35,11 @@ import dataclasses
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.spec._dtypes import round_to
-from attnspec.spec._validate import NO_EXTRAS, SDPAExtras, SDPAPlan, numpy_info
+from attnspec.errors import SpecError
+from attnspec.spec.dtypes import round_to
 from attnspec.spec.masks import visibility
-from attnspec.spec.sdpa import _identity, _validate, _with_head, attention_core
+from attnspec.spec.sdpa import _identity, _with_head, attention_core, plan_numpy
+from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan, numpy_info
 
 __all__ = ["sdpa_vjp"]
 
@@ -93,7 +93,7 @@ def sdpa_vjp(
     """
     fn = "sdpa_vjp"
     extras = SDPAExtras(alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
-    plan = _validate(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+    plan = plan_numpy(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
                      extras, softcap, dropout_p)
     _check_d_out(fn, plan, d_out)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # NaN and inf are handled

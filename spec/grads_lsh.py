@@ -34,12 +34,12 @@ import math
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.spec._dtypes import round_to
+from attnspec.errors import SpecError
 from attnspec.spec._lsh_core import NORM_EPS, SELF_LOGIT, _rotated, _weighted_values, _window_counts
-from attnspec.spec._validate import numpy_info
+from attnspec.spec.dtypes import round_to
 from attnspec.spec.grads import _sum_to, _visible_matmul
 from attnspec.spec.lsh import LSHPlan, validate_lsh
+from attnspec.spec.validate import numpy_info
 
 __all__ = ["lsh_attention_vjp"]
 

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.spec._dtypes import round_to
-from attnspec.spec._validate import numpy_info
+from attnspec.errors import SpecError
+from attnspec.spec.dtypes import round_to
 from attnspec.spec.grads import sdpa_vjp
-from attnspec.spec.mha import MHAParams, _project, _validate, in_float64, merge_heads, split_heads
+from attnspec.spec.mha import MHAParams, _project, in_float64, merge_heads, plan_mha_numpy, split_heads
 from attnspec.spec.sdpa import sdpa
+from attnspec.spec.validate import numpy_info
 
 __all__ = ["mha_vjp"]
 
@@ -87,7 +87,7 @@ def mha_vjp(
     options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
                    softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, q_segment_ids=q_segment_ids,
                    kv_segment_ids=kv_segment_ids, dropout_mask=dropout_mask, dropout_p=dropout_p)
-    _validate(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias, options)
+    plan_mha_numpy(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias, options)
     hkv = num_heads if num_kv_heads is None else num_kv_heads
     out_shape = (*np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2]),
                  query.shape[-2], params.embed_dim)

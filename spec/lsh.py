@@ -84,10 +84,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.spec._dtypes import round_to
+from attnspec.errors import SpecError
 from attnspec.spec._lsh_core import NORM_EPS, SELF_LOGIT, _lsh_core, _rotated
-from attnspec.spec._validate import (
+from attnspec.spec.dtypes import round_to
+from attnspec.spec.validate import (
     FLOAT_DTYPES,
     ArrayInfo,
     check_lengths,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.spec._validate import INT_DTYPES, check_causal, check_lengths, check_window, is_int
+from attnspec.errors import SpecError
+from attnspec.spec.validate import INT_DTYPES, check_causal, check_lengths, check_window, is_int
 
 _PER_SEQUENCE = dict.fromkeys(("q_lengths", "kv_lengths", "q_segment_ids", "kv_segment_ids"))
 

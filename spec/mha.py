@@ -41,11 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.spec._dtypes import round_to
-from attnspec.spec._validate import FLOAT_DTYPES, ArrayInfo, SDPAPlan, is_int, numpy_info, validate_sdpa
+from attnspec.errors import SpecError
+from attnspec.spec.dtypes import round_to
 from attnspec.spec.mha_params import MHAParams, ParamDims, _check_heads, check_param_infos
 from attnspec.spec.sdpa import sdpa
+from attnspec.spec.validate import FLOAT_DTYPES, ArrayInfo, SDPAPlan, is_int, numpy_info, validate_sdpa
 
 __all__ = ["MHAParams", "ParamDims", "check_param_infos", "merge_heads", "mha", "split_heads", "validate_mha"]
 
@@ -82,7 +82,8 @@ def _project(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
     return y if b is None else y + b.astype(np.float64)
 
 
-def _validate(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias, options) -> SDPAPlan:
+def plan_mha_numpy(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias, options) -> SDPAPlan:
+    """Validate an mha call on NumPy arrays and return the plan of its per-head sdpa."""
     def dims() -> ParamDims:
         if not isinstance(params, MHAParams):
             raise SpecError(f"{fn}: params must be an MHAParams, got {type(params).__name__}")
@@ -244,7 +245,7 @@ def mha(
         softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids, dropout_mask=dropout_mask, dropout_p=dropout_p,
     )
-    plan = _validate(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias,
+    plan = plan_mha_numpy(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias,
                      {**options, "return_lse": return_lse})
     hkv = num_heads if num_kv_heads is None else num_kv_heads
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.spec._validate import FLOAT_DTYPES, ArrayInfo, is_int, numpy_info
+from attnspec.errors import SpecError
+from attnspec.spec.validate import FLOAT_DTYPES, ArrayInfo, is_int, numpy_info
 
 __all__ = ["MHAParams", "ParamDims", "check_param_infos"]
 
@@ -171,7 +171,7 @@ def check_param_infos(fn: str, info: Callable[[str], ArrayInfo | None], prefix: 
 
     ``info(name)`` gives the ArrayInfo of one field (None for a missing bias), or raises
     `SpecError` when the field is not an array. Only metadata is read, so backends check their
-    own arrays (`attnspec.backends._base.MHAArrays`) with it. ``prefix`` goes before every field
+    own arrays (`attnspec.backends.base.MHAArrays`) with it. ``prefix`` goes before every field
     name in the messages (``"params."`` when the arrays are an argument of mha).
     """
     infos: dict[str, ArrayInfo | None] = {}

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.spec._validate import numpy_info
+from attnspec.errors import SpecError
 from attnspec.spec.mha_params import MHAParams, _check_heads, _expect_shape
+from attnspec.spec.validate import numpy_info
 
 __all__ = ["params_from_torch_state_dict", "params_to_torch_state_dict"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.spec._validate import is_int
+from attnspec.errors import SpecError
+from attnspec.spec.validate import is_int
 
 
 def sinusoidal_positions(n: int, d: int, base: float = 10000.0) -> np.ndarray:

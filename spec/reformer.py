@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from attnspec._errors import SpecError
+from attnspec.errors import SpecError
 from attnspec.spec._lsh_core import SELF_LOGIT, _lsh_core, _Semantics
 from attnspec.spec.lsh import LSHPlan
 

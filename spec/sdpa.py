@@ -36,9 +36,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from attnspec.spec._validate import NO_EXTRAS, SDPAExtras, SDPAPlan, finish, numpy_info, validate_sdpa
 from attnspec.spec.blocked import blocked_core
 from attnspec.spec.masks import query_anchor, visibility
+from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan, finish, numpy_info, validate_sdpa
 
 __all__ = ["BLOCKED_MIN_LOGITS", "GOLDEN_TILES", "finish", "golden", "sdpa"]
 
@@ -54,9 +54,10 @@ BLOCKED_MIN_LOGITS = 1 << 20
 GOLDEN_TILES = (512, 1024)
 
 
-def _validate(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
-              extras: SDPAExtras = NO_EXTRAS, softcap=None, dropout_p=None,
-              return_lse=False) -> SDPAPlan:
+def plan_numpy(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+               extras: SDPAExtras = NO_EXTRAS, softcap=None, dropout_p=None,
+               return_lse=False) -> SDPAPlan:
+    """Validate an sdpa call on NumPy arrays and return its plan (`attnspec.spec.validate`)."""
     def info(name, x):
         return None if x is None else numpy_info(fn, name, x)
 
@@ -159,7 +160,7 @@ def sdpa(
         SpecError: for any input outside the definition (see spec/README.md, "Bad input").
     """
     extras = SDPAExtras(alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
-    plan = _validate("sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+    plan = plan_numpy("sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
                      extras, softcap, dropout_p, return_lse)
     return golden(plan, q, k, v, mask, bias, return_weights, extras)
 

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 
-from attnspec.spec._validate import SDPAExtras, finish
-from attnspec.spec.sdpa import _validate, _with_head
+from attnspec.spec.sdpa import _with_head, plan_numpy
+from attnspec.spec.validate import SDPAExtras, finish
 
 __all__ = ["sdpa_loops"]
 
@@ -43,7 +43,7 @@ def sdpa_loops(
     independent check of the vectorized code.
     """
     extras = SDPAExtras(alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
-    p = _validate("sdpa_loops", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
+    p = plan_numpy("sdpa_loops", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
                   extras, softcap, dropout_p, return_lse)
     full = (*p.batch, p.hq)
     q64 = np.broadcast_to(_with_head(q).astype(np.float64), (*full, p.n, p.dk))

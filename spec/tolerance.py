@@ -44,13 +44,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnspec.spec._dtypes import FLOAT_DTYPES, NUMPY_DTYPES, compute_dtype_name, eps
-from attnspec.spec._validate import NO_EXTRAS, SDPAExtras, SDPAPlan
+from attnspec.spec.dtypes import FLOAT_DTYPES, NUMPY_DTYPES, compute_dtype_name, eps
 from attnspec.spec.masks import visibility
 from attnspec.spec.sdpa import attention_core, finish
+from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan
 
 K = 4.0
-#: float dtype name -> NumPy scalar type, from the one dtype table (`attnspec.spec._dtypes`)
+#: float dtype name -> NumPy scalar type, from the one dtype table (`attnspec.spec.dtypes`)
 _NP = {name: NUMPY_DTYPES[name].type for name in FLOAT_DTYPES}
 
 

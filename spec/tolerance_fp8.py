@@ -45,11 +45,11 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from attnspec.spec._dtypes import eps
-from attnspec.spec._validate import SDPAExtras
+from attnspec.spec.dtypes import eps
 from attnspec.spec.fp8 import FP8Plan, dequantize, golden_fp8, plan_fp8
 from attnspec.spec.sdpa import _weighted_values, _with_head, attention_core
 from attnspec.spec.tolerance import K, compare, logit_scale, lse_allowed, visibility_view
+from attnspec.spec.validate import SDPAExtras
 
 __all__ = ["P_PRECISIONS", "FP8Golden", "fp8_allowed", "fp8_golden", "reference_fp8"]
 

@@ -66,15 +66,14 @@ import math
 
 import numpy as np
 
-from attnspec.spec._validate import NO_EXTRAS, SDPAExtras, SDPAPlan
 from attnspec.spec.grads import _attention_vjp, _sdpa_visibility, _sum_to
 from attnspec.spec.grads_mha import _outer_sum, _row_sum
-from attnspec.spec.mha import MHAParams, _project, merge_heads, split_heads
-from attnspec.spec.mha import _validate as _mha_validate
+from attnspec.spec.mha import MHAParams, _project, merge_heads, plan_mha_numpy, split_heads
 from attnspec.spec.sdpa import _with_head, attention_core, sdpa
 from attnspec.spec.tolerance import _NP, K, _logit_scale, eps, logit_scale, reference_sdpa
 from attnspec.spec.tolerance_grads_lsh import LSH_GRAD_NAMES, lsh_vjp_allowed, reference_lsh_vjp
 from attnspec.spec.tolerance_mha import _abs_projection
+from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan
 
 __all__ = ["GRAD_NAMES", "LSH_GRAD_NAMES", "MHA_GRAD_NAMES", "grad_names", "lsh_vjp_allowed", "mha_grads_by_name",
            "mha_vjp_allowed", "reference_lsh_vjp", "reference_mha_vjp", "reference_sdpa_vjp",
@@ -213,7 +212,7 @@ def reference_mha_vjp(query, key, value, params: MHAParams, d_out, *, num_heads:
     computes it (the golden's exact 0 is its limit). Returns float64 arrays by name.
     """
     opts = {k: options.get(k) for k in _OPTIONS}
-    plan = _mha_validate("reference_mha_vjp", query, key, value, params, num_heads, num_kv_heads, mask,
+    plan = plan_mha_numpy("reference_mha_vjp", query, key, value, params, num_heads, num_kv_heads, mask,
                          bias, opts)
     dt = _NP[plan.dtype]
     ct = np.float64 if plan.dtype == "float64" else np.float32
@@ -276,7 +275,7 @@ def mha_vjp_allowed(query, key, value, params: MHAParams, d_out, err_ref: dict, 
       u (1 + sqrt(R_o)) N_dO; d_bias e_dbias. R_x counts the rows summed (batch * length).
     """
     opts = {k: options.get(k) for k in _OPTIONS}
-    plan = _mha_validate("mha_vjp_allowed", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts)
+    plan = plan_mha_numpy("mha_vjp_allowed", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts)
     u = eps(plan.dtype)
     pr = params
     e, hd, hkv, G, n, m = pr.embed_dim, plan.dk, plan.hkv, plan.group, plan.n, plan.m

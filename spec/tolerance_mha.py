@@ -47,10 +47,18 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.spec._validate import SDPAExtras
-from attnspec.spec.mha import VARIANT_ARRAYS, MHAParams, _validate, in_float64, merge_heads, mha, split_heads
+from attnspec.spec.mha import (
+    VARIANT_ARRAYS,
+    MHAParams,
+    in_float64,
+    merge_heads,
+    mha,
+    plan_mha_numpy,
+    split_heads,
+)
 from attnspec.spec.sdpa import attention_core, sdpa
 from attnspec.spec.tolerance import _NP, K, _logit_scale, compare, eps, logit_scale, visibility_view
+from attnspec.spec.validate import SDPAExtras
 
 __all__ = ["MHAGolden", "mha_golden", "reference_mha"]
 
@@ -86,7 +94,7 @@ def reference_mha(query, key, value, params: MHAParams, *, num_heads: int, num_k
     (..., H, n) in its dtype when ``return_lse`` is among the options.
     """
     options = {k: options[k] for k in _OPTIONS if options.get(k) is not None}
-    plan = _validate("reference_mha", query, key, value, params, num_heads, num_kv_heads, mask, bias, options)
+    plan = plan_mha_numpy("reference_mha", query, key, value, params, num_heads, num_kv_heads, mask, bias, options)
     dt = _NP[plan.dtype]
     compute = np.float32 if plan.dtype in ("float16", "bfloat16") else dt
 
@@ -114,7 +122,7 @@ def mha_golden(query, key, value, params: MHAParams, *, num_heads: int, num_kv_h
                mask=None, bias=None, **options: Any) -> MHAGolden:
     """The golden of one case (inputs in their dtype, params exact in it) and its tolerances."""
     opts = {k: options.get(k) for k in _OPTIONS if options.get(k) is not None}
-    plan = _validate("mha_golden", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts)
+    plan = plan_mha_numpy("mha_golden", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts)
     f64 = [x.astype(np.float64) for x in (query, key, value)]
     heads = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask)
     gold = mha(*f64, params, bias=None if bias is None else bias.astype(np.float64), return_weights=True,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec.backends._base import VARIANT_FEATURES, Backend
-from attnspec.spec._validate import numpy_info, validate_sdpa
+from attnspec.backends.base import VARIANT_FEATURES, Backend
+from attnspec.spec.validate import numpy_info, validate_sdpa
 
 
 class Naive(Backend):
@@ -249,7 +249,7 @@ def fill_caught_in(bug: str) -> set[str]:
     """The dtypes where the corner rows must expose ``finite_fill_<name>``: those with a floor
     level l <= F + 20 (exp(F - l) >= e^-20 relative weight: far above any tolerance there)."""
     from attnspec.conformance.corners import floor_levels
-    from attnspec.spec._validate import FLOAT_DTYPES
+    from attnspec.spec.validate import FLOAT_DTYPES
 
     return {d for d in FLOAT_DTYPES if min(floor_levels(d)) <= finite_fill(bug, d) + 20}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from mutants import Naive, _np_dtype, naive_visibility
 
-from attnspec.spec._validate import ArrayInfo, validate_sdpa
+from attnspec.spec.validate import ArrayInfo, validate_sdpa
 
 
 class BlockedNaive(Naive):

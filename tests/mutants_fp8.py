@@ -16,11 +16,11 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from attnspec.backends._base import Backend, Unsupported
-from attnspec.spec._dtypes import round_to
-from attnspec.spec._validate import numpy_info
+from attnspec.backends.base import Backend, Unsupported
+from attnspec.spec.dtypes import round_to
 from attnspec.spec.fp8 import validate_fp8
 from attnspec.spec.masks import visibility
+from attnspec.spec.validate import numpy_info
 
 BUGS = ("forget_descale", "descale_twice", "p_e4m3")
 

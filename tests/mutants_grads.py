@@ -21,9 +21,9 @@ from mutants_lsh import NaiveLSH
 from mutants_mha import NaiveMHA, _info
 
 from attnspec.backends import Unsupported, _mha
-from attnspec.backends._base import MHAArrays, variant_features
-from attnspec.spec._validate import ArrayInfo, validate_sdpa
+from attnspec.backends.base import MHAArrays, variant_features
 from attnspec.spec.lsh import NORM_EPS, validate_lsh
+from attnspec.spec.validate import ArrayInfo, validate_sdpa
 
 
 class NaiveGrad(Naive):

@@ -11,10 +11,10 @@ import math
 
 import numpy as np
 
-from attnspec.backends._base import Backend
 from attnspec.backends._common import to_reference
-from attnspec.spec._validate import ArrayInfo
+from attnspec.backends.base import Backend
 from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, validate_lsh
+from attnspec.spec.validate import ArrayInfo
 
 
 class NaiveLSH(Backend):

@@ -15,7 +15,7 @@ import numpy as np
 from mutants import Naive
 
 from attnspec.backends import _mha
-from attnspec.spec._validate import ArrayInfo
+from attnspec.spec.validate import ArrayInfo
 
 
 def _info(fn, name, x):

@@ -75,3 +75,46 @@ def test_the_reader_sees_a_lazy_import(tmp_path):
     (tmp_path / "spec" / "x.py").write_text("def f():\n    from attnspec.backends import get_backend\n")
     assert imported("spec", tmp_path) == {"backends": {"spec/x.py"}}
     assert "backends" not in allowed()["spec"]
+
+
+def private_imports(folder: str, root: Path = ROOT) -> list[str]:
+    """Imports by the modules of ``folder`` of a private module (a path segment starting with
+    ``_``) or a private name of another folder's module: each as ``file: module.name``. A folder
+    may use its own private helpers; what it takes from another folder must be public."""
+    own = FOLDERS[folder]
+    found = []
+    for path in sorted((root / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                pairs = [(node.module, a.name) for a in node.names]
+            elif isinstance(node, ast.Import):
+                pairs = [(a.name, "") for a in node.names]
+            else:
+                continue
+            for module, name in pairs:
+                parts = module.split(".")
+                if parts[0] != "attnspec" or (own and len(parts) > 1 and parts[1] == own):
+                    continue
+                if any(p.startswith("_") for p in [*parts[1:], name] if p):
+                    found.append(f"{path.relative_to(root)}: {module}.{name}".rstrip("."))
+    return found
+
+
+@pytest.mark.parametrize("folder", sorted(FOLDERS))
+def test_no_folder_takes_a_private_name_from_another(folder):
+    assert private_imports(folder) == []
+
+
+def test_the_private_import_reader_sees_one(tmp_path):
+    """A backend importing a spec module's private helper, or a private module, is found; its
+    own private module is not."""
+    (tmp_path / "backends").mkdir()
+    (tmp_path / "backends" / "x.py").write_text(
+        "from attnspec.spec.sdpa import _helper, sdpa\n"
+        "import attnspec.spec._hidden\n"
+        "from attnspec.backends._own import thing\n"
+    )
+    assert private_imports("backends", tmp_path) == [
+        "backends/x.py: attnspec.spec.sdpa._helper",
+        "backends/x.py: attnspec.spec._hidden",
+    ]

@@ -1,6 +1,6 @@
 """Every installed backend against the golden: each spec feature, dtypes, weights, bad input.
 
-Tolerances come from `attnspec.backends._compare` (derived there: K times a same-precision
+Tolerances come from `attnspec.backends.compare` (derived there: K times a same-precision
 reference's error plus a floor). Native backends run the same cases; where one shows a declared
 deviation the case is a strict xfail naming it, so a deviation that disappears fails here too.
 """
@@ -18,8 +18,8 @@ import pytest
 
 import attnspec.backends as registry
 from attnspec import SpecError
-from attnspec.backends._base import Backend, Unsupported, spec_signature_mismatches
-from attnspec.backends._compare import compare
+from attnspec.backends.base import Backend, Unsupported, spec_signature_mismatches
+from attnspec.backends.compare import compare
 from attnspec.backends.deviations import DEVIATIONS
 from attnspec.spec.bad_inputs import SDPA_BAD_INPUTS
 

@@ -15,7 +15,7 @@ jnp = jax.numpy
 
 from attnspec import spec  # noqa: E402
 from attnspec.backends import get  # noqa: E402
-from attnspec.spec.sdpa import _validate  # noqa: E402
+from attnspec.spec.sdpa import plan_numpy  # noqa: E402
 from attnspec.spec.tolerance import reference_sdpa, sdpa_allowed, visibility_view  # noqa: E402
 
 
@@ -47,7 +47,7 @@ def test_sdpa_under_jit_matches_golden(be, dtype, poison):
     np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
     fin = np.isfinite(want)
     # the conformance tolerance rule: K * (low-precision reference's error) + the floor
-    plan = _validate("sdpa", q, k, v, None, None, "upper_left", None, None, None, kv)
+    plan = plan_numpy("sdpa", q, k, v, None, None, "upper_left", None, None, None, kv)
     ref = np.asarray(reference_sdpa(plan, q, k, v, None, None), dtype=np.float64)
     err_ref = float(np.abs(ref[fin] - want[fin]).max())
     vis = visibility_view(plan, None, None)

@@ -16,8 +16,8 @@ import attnspec.backends as registry
 from attnspec import SpecError
 from attnspec.backends import _lsh_xp
 from attnspec.conformance import lsh_cases as lc
-from attnspec.spec._validate import numpy_info
 from attnspec.spec.lsh import lsh_rotations, validate_lsh
+from attnspec.spec.validate import numpy_info
 
 BACKENDS = [n for n in ("numpy", "torch", "jax", "array_api-numpy", "array_api-strict", "array_api-torch")
             if registry.available()[n].installed]

@@ -16,7 +16,7 @@ import pytest
 
 import attnspec.backends as registry
 from attnspec import SpecError
-from attnspec.backends._base import MHAArrays, Unsupported, spec_signature_mismatches
+from attnspec.backends.base import MHAArrays, Unsupported, spec_signature_mismatches
 from attnspec.spec.mha import MHAParams, mha
 from attnspec.spec.tolerance import compare
 from attnspec.spec.tolerance_mha import mha_golden

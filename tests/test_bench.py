@@ -11,12 +11,12 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from attnspec._results import write_json_atomic
 from attnspec.bench import run as bench
 from attnspec.bench import targets as bench_targets
 from attnspec.bench.grid import GRIDS, Case, estimated_seconds, grid_cases, workspace_bytes
 from attnspec.bench.measure import probe_peak
 from attnspec.reports._io import load_results
+from attnspec.results import write_json_atomic
 from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS
 
 ROW_KEYS = {"implementation", "pass", "dtype", "B", "H", "n", "m", "d", "causal", "median_s",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnspec.backends._compare import sdpa_golden
+from attnspec.backends.compare import sdpa_golden
 from attnspec.conformance.causes import CAUSE_PREFIXES, sdpa_causes
 from attnspec.conformance.corners import corner_case
 from attnspec.conformance.hypothesis_helpers import case_plan, full_visibility

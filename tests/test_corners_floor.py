@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnspec.backends._compare import sdpa_golden
+from attnspec.backends.compare import sdpa_golden
 from attnspec.conformance.corners import (
     _FLOOR_ROWS,
     MASK_ONLY,

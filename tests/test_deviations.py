@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import attnspec.backends as registry
-from attnspec.backends._compare import compare
+from attnspec.backends.compare import compare
 from attnspec.backends.deviations import DEVIATIONS, run
 
 INSTALLED = {n for n, a in registry.available().items() if a.installed and n not in registry.atlas_names()}

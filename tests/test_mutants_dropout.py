@@ -14,7 +14,7 @@ from mutants_dropout import DRAWN_MUTANTS, DRAWN_RUN
 from suite_runs import run_all
 
 from attnspec.conformance.test_dropout import P_VALUES
-from attnspec.spec._validate import FLOAT_DTYPES
+from attnspec.spec.validate import FLOAT_DTYPES
 
 
 @pytest.fixture(scope="module")

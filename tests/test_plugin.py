@@ -16,8 +16,8 @@ import pytest
 import attnspec.backends as registry
 from attnspec import SpecError
 from attnspec.backends import Availability
-from attnspec.backends._base import spec_signature_mismatches
-from attnspec.backends._compare import compare
+from attnspec.backends.base import spec_signature_mismatches
+from attnspec.backends.compare import compare
 from attnspec.spec.bad_inputs import SDPA_BAD_INPUTS
 
 GROUP = registry.ENTRY_POINT_GROUP

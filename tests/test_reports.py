@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from attnspec._results import write_json_atomic
 from attnspec.reports import deviations, plots
 from attnspec.reports._io import ResultsError, load_results
 from attnspec.reports.render import main, render
+from attnspec.results import write_json_atomic
 
 ENV = {"attnspec": "0.1.0", "git_commit": "abc1234", "git_dirty": True, "python": "3.11.7",
        "frameworks": {"numpy": "2.4.6", "torch": "2.13.0"},

@@ -399,14 +399,14 @@ def test_reference_in_row_blocks_equals_the_whole(monkeypatch, dtype, feature):
     # folded into each block's mask) is the same computation, up to the summation order inside
     # the two matmuls, which BLAS may choose by the number of rows
     from attnspec.spec import tolerance
-    from attnspec.spec.sdpa import _validate
+    from attnspec.spec.sdpa import plan_numpy
 
     np_dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
     q, k, v = (x.astype(np_dt) for x in qkv())
     v[0, 1, 3, 0] = np.nan  # non-finite values take their own path
     kw = {name: (x.astype(np_dt) if name == "bias" else x) for name, x in FEATURES[feature].items()}
     args = (q, k, v, kw.get("mask"), kw.get("bias"))
-    plan = _validate("sdpa", *args, kw.get("causal"), kw.get("window"), kw.get("scale"),
+    plan = plan_numpy("sdpa", *args, kw.get("causal"), kw.get("window"), kw.get("scale"),
                      kw.get("q_lengths"), kw.get("kv_lengths"))
     whole = tolerance.reference_sdpa(plan, *args)
     vis = tolerance.visibility_view(plan, kw.get("mask"), kw.get("bias"))

@@ -19,7 +19,7 @@ from mutants_fp8 import FP8Kernel, control, mutant_descale_twice, mutant_forget_
 
 from attnspec.conformance.fp8_cases import FP8Case, fp8_cases
 from attnspec.spec import SpecError, sdpa_fp8, sdpa_loops
-from attnspec.spec._dtypes import round_to
+from attnspec.spec.dtypes import round_to
 from attnspec.spec.fp8 import FP8_DTYPES, FP8_NUMPY
 from attnspec.spec.tolerance import compare
 from attnspec.spec.tolerance_fp8 import fp8_golden

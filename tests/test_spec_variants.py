@@ -24,9 +24,9 @@ from attnspec.spec import (
     segment_mask,
     window_mask,
 )
-from attnspec.spec._validate import finish
 from attnspec.spec.bad_inputs import SDPA_VARIANT_BAD_INPUTS
-from attnspec.spec.sdpa import _identity, _validate, attention_core
+from attnspec.spec.sdpa import _identity, attention_core, plan_numpy
+from attnspec.spec.validate import finish
 
 rng = np.random.default_rng(1515)
 
@@ -187,9 +187,9 @@ def test_large_inputs_dispatch_to_the_tiled_path_with_the_same_result():
           "causal": "lower_right_lengths", "window": (40, 0), "dropout_mask": _keep((n, m)), "dropout_p": 0.1}
     out, lse = sdpa(q, k, v, return_lse=True, **kw)
     keys = ("alibi_slopes", "sinks", "q_segment_ids", "kv_segment_ids", "dropout_mask")
-    from attnspec.spec._validate import SDPAExtras
+    from attnspec.spec.validate import SDPAExtras
     extras = SDPAExtras(*(kw[name] for name in keys))
-    plan = _validate("sdpa", q, k, v, None, None, kw["causal"], kw["window"], None, None, None,
+    plan = plan_numpy("sdpa", q, k, v, None, None, kw["causal"], kw["window"], None, None, None,
                      extras, kw["softcap"], kw["dropout_p"], True)
     ref = attention_core(plan, q, k, v, None, None, np.float64, _identity, extras, with_lse=True)
     ref_out, ref_lse = finish(plan, ref[0], ref[1], q.dtype, False, ref[2])
@@ -524,7 +524,7 @@ def test_mask_builders_refuse_bad_per_sequence_input():
 
 def test_plan_stays_hashable():
     q, k, v = qkv()
-    plan = _validate("sdpa", q, k, v, None, None, "lower_right_lengths", None, None, None, None,
+    plan = plan_numpy("sdpa", q, k, v, None, None, "lower_right_lengths", None, None, None, None,
                      softcap=2.0, dropout_p=0.0, return_lse=True)
     assert hash(plan) == hash(plan) and plan.softcap == 2.0 and plan.return_lse
     assert plan.lse_shape == (B, HQ, N) and plan.lse_dtype == "float64"
@@ -534,8 +534,8 @@ def test_tolerance_reference_runs_the_variants_through_rnd():
     # In float64 the reference is the golden's algorithm with identity rounding: equal results.
     # In float16 every stored step is rounded, so it differs from the golden by a few float16 ulp
     # of the output (|out| <= max|v| ~ 3), and not at all in structure (hidden keys, empty rows).
-    from attnspec.spec._validate import SDPAExtras
     from attnspec.spec.tolerance import reference_sdpa
+    from attnspec.spec.validate import SDPAExtras
 
     kw = FEATURES["everything"]
     keys = ("alibi_slopes", "sinks", "q_segment_ids", "kv_segment_ids", "dropout_mask")
@@ -543,7 +543,7 @@ def test_tolerance_reference_runs_the_variants_through_rnd():
         q, k, v = (x.astype(dtype) for x in qkv())
         extras = SDPAExtras(*(kw[name] if name != "sinks" else kw[name].astype(dtype) for name in keys))
         bias = kw["bias"].astype(dtype)
-        plan = _validate("sdpa", q, k, v, kw["mask"], bias, kw["causal"], kw["window"], kw["scale"],
+        plan = plan_numpy("sdpa", q, k, v, kw["mask"], bias, kw["causal"], kw["window"], kw["scale"],
                          None, kw["kv_lengths"], extras, kw["softcap"], kw["dropout_p"], True)
         ref_out, ref_lse = reference_sdpa(plan, q, k, v, kw["mask"], bias, False, extras)
         golden = sdpa(q, k, v, **{**kw, "bias": bias, "sinks": extras.sinks, "q_lengths": None}, return_lse=True)

@@ -28,7 +28,7 @@ from attnspec.conformance import tensorfile
 from attnspec.conformance import vectors as V
 from attnspec.conformance.jsonschema_lite import SchemaError
 from attnspec.conformance.jsonschema_lite import validate as lite_validate
-from attnspec.spec._dtypes import FLOAT_DTYPES
+from attnspec.spec.dtypes import FLOAT_DTYPES
 
 ATTNSPEC = Path(sys.executable).with_name("attnspec")
 SCHEMA = json.loads(V.SCHEMA_FILE.read_text())

@@ -25,7 +25,7 @@ from attnspec.backends import get as get_backend
 from attnspec.conformance import tensorfile
 from attnspec.conformance.vectors import export, families, load, run, verify, write_output
 from attnspec.spec import sdpa
-from attnspec.spec._dtypes import round_to
+from attnspec.spec.dtypes import round_to
 from attnspec.spec.fp8 import FP8_DTYPES
 
 KERNEL_FAMILIES = ("sdpa_serving", "sdpa_paged", "sdpa_fp8")

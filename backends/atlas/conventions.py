@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from attnspec.backends._base import Unsupported
 from attnspec.backends.authoring import additive_mask, attend_mask, flatten_mask, unflatten_batch
+from attnspec.backends.base import Unsupported
 from attnspec.backends.conventions import Call, Convention, Jax, TorchSDPA, _device, _first, flat_qkv
 
 __all__ = ["MLX", "Flax", "Flex", "HFEager", "HFSdpa", "Keras", "Onnx", "Paddle", "Pallas", "Tinygrad"]

@@ -14,9 +14,9 @@ import stat
 import sys
 from pathlib import Path
 
-from attnspec._errors import SpecError
 from attnspec.backends.atlas.conventions import ATLAS_CONVENTIONS as C
 from attnspec.backends.function import FunctionBackend
+from attnspec.errors import SpecError
 
 __all__ = ["ATLAS"]
 

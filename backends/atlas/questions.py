@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.backends._base import Backend, Unsupported
+from attnspec.backends.base import Backend, Unsupported
 from attnspec.spec import sdpa
 
 __all__ = ["QUESTIONS", "Question", "ask", "reproducer"]
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     result = run(args.backend)
-    from attnspec._results import framework_versions, write_json_atomic
+    from attnspec.results import framework_versions, write_json_atomic
 
     result["environment"] = {"frameworks": {**framework_versions(), **_atlas_versions(args.backend)}}
     write_json_atomic(args.out, result)

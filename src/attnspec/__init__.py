@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from attnspec._errors import SpecError
+from attnspec.errors import SpecError
 
 __version__ = "0.1.0"
 __all__ = ["SpecError", "__version__"]

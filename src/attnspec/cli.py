@@ -205,7 +205,7 @@ def _check(args: argparse.Namespace) -> int:
     except ChildSetupError as e:
         print(f"attnspec check: {e}", file=sys.stderr)
         return 2
-    _render(out)
+    render_reports(out)
     table = feature_table(results)
     print("\n" + table, file=sys.stderr)
     repro_dir = out / "repro"
@@ -294,7 +294,7 @@ def _inside_package(out: Path) -> bool:
     return any(resolved == r or r in resolved.parents for r in roots)
 
 
-def _render(out: Path) -> None:
+def render_reports(out: Path) -> None:
     import contextlib
     import io
 

@@ -28,7 +28,7 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -60,7 +60,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 # -- environment shared by every results JSON ---------------------------------------------------

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnspec._errors import SpecError
-from attnspec.spec._dtypes import FLOAT_DTYPES, compute_dtype_name, round_to
+from attnspec.errors import SpecError
+from attnspec.spec.dtypes import FLOAT_DTYPES, compute_dtype_name, round_to
 
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 CAUSAL_CHOICES = ("upper_left", "lower_right", "lower_right_lengths")

@@ -19,9 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.spec._dtypes import FLOAT_DTYPES, numpy_dtype
-from attnspec.spec._validate import SDPAExtras, SDPAPlan, finish, numpy_info, validate_sdpa
-from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS, _validate, attention_core, sdpa
+from attnspec.spec.dtypes import FLOAT_DTYPES, numpy_dtype
+from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS, attention_core, plan_numpy, sdpa
 from attnspec.spec.tolerance import (
     Comparison,
     lse_allowed,
@@ -30,6 +29,7 @@ from attnspec.spec.tolerance import (
     visibility_view,
 )
 from attnspec.spec.tolerance import compare as compare_arrays
+from attnspec.spec.validate import SDPAExtras, SDPAPlan, finish, numpy_info, validate_sdpa
 
 __all__ = ["Golden", "compare", "golden_and_reference", "relative_error", "sdpa_golden", "sdpa_plan"]
 
@@ -53,7 +53,7 @@ def sdpa_plan(q, k, v, options: dict[str, Any]) -> tuple[SDPAPlan, SDPAExtras]:
     o = options
     extras = SDPAExtras(o.get("alibi_slopes"), o.get("sinks"), o.get("q_segment_ids"),
                         o.get("kv_segment_ids"), o.get("dropout_mask"))
-    plan = _validate("sdpa", q, k, v, o.get("mask"), o.get("bias"), o.get("causal"), o.get("window"),
+    plan = plan_numpy("sdpa", q, k, v, o.get("mask"), o.get("bias"), o.get("causal"), o.get("window"),
                      o.get("scale"), o.get("q_lengths"), o.get("kv_lengths"), extras, o.get("softcap"),
                      o.get("dropout_p"), bool(o.get("return_lse")))
     return plan, extras

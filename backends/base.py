@@ -34,8 +34,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from attnspec.spec._validate import FLOAT_DTYPES
 from attnspec.spec.fp8 import FP8_DTYPES
+from attnspec.spec.validate import FLOAT_DTYPES
 
 __all__ = [
     "DRAWN_VARIANTS",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from attnspec._errors import SpecError
+from attnspec.errors import SpecError
 
 #: the floating-point dtypes of the spec's inputs, narrowest first
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")

@@ -200,7 +200,7 @@ def render(results_dir: str | os.PathLike = "reports/results", out_dir: str | os
 
 
 def _copy_task_doc(directory: Path) -> dict[str, Any] | None:
-    """The copy-task results (`attnspec.reports.copy_task`), checked, or None if there are none."""
+    """The copy-task results (`attnspec.bench.copy_task`), checked, or None if there are none."""
     from attnspec.reports import copy_task_report
 
     path = directory / "copy_task.json"

@@ -254,20 +254,15 @@ def _mask_batch_beyond_qk(q, k, options, plan) -> bool:
 
 
 def full_visibility(plan, options) -> np.ndarray:
-    """The case's visibility broadcast to (*batch, Hq, n, m)."""
-    from attnspec.spec.masks import visibility
+    """The case's visibility (the spec's `visible`) as a new array of shape (*batch, Hq, n, m)."""
+    from attnspec.spec.masks import visible
+    from attnspec.spec.validate import SDPAExtras
 
-    vis = visibility(plan.n, plan.m, causal=plan.causal, window=plan.window,
-                     q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths,
-                     q_segment_ids=options.get("q_segment_ids"),
-                     kv_segment_ids=options.get("kv_segment_ids"))
+    ids = SDPAExtras(q_segment_ids=options.get("q_segment_ids"), kv_segment_ids=options.get("kv_segment_ids"))
+    vis = visible(plan, options.get("mask"), options.get("bias"), ids)
     full = np.ones(plan.full_weights_shape, bool)
     if vis is not None:
         full &= vis
-    if options.get("mask") is not None:
-        full &= options["mask"]
-    if options.get("bias") is not None:
-        full &= options["bias"] != -np.inf
     return full
 
 

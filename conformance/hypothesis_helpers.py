@@ -199,7 +199,7 @@ def _sdpa_case(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
     q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
     if "bias" in options:
         options["bias"] = options["bias"].astype(npdt)
-    _tag_visibility(tags, q, k, v, options)
+    tag_visibility(tags, q, k, v, options)
     return SDPACase(feature, dtype, q, k, v, options, frozenset(tags), seed)
 
 
@@ -221,7 +221,7 @@ def case_plan(q, k, v, options: dict[str, Any]):
     return plan, extras
 
 
-def _tag_visibility(tags: set[str], q, k, v, options) -> None:
+def tag_visibility(tags: set[str], q, k, v, options) -> None:
     """Add the tags that depend on the final visibility: empty rows, poisoned absent keys."""
     plan, _ = case_plan(q, k, v, options)
     vis = full_visibility(plan, options)
@@ -330,7 +330,7 @@ def _variant_case(draw, dtype: str, features: tuple[str, ...], bases: tuple[str,
         options["return_lse"] = True
     draw_packing_and_dropout(draw, rng, feature, every, options, batch, hq, n, m)
     tags = {t for t in base.tags if t not in SDPA_FEATURES or t == base.feature} | {feature, "variants"}
-    _tag_visibility(tags, q, k, v, options)
+    tag_visibility(tags, q, k, v, options)
     return SDPACase(feature, dtype, q, k, v, options, frozenset(tags), base.seed)
 
 

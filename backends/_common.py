@@ -80,10 +80,10 @@ def spec_visibility(p: SDPAPlan, q_ids: np.ndarray | None, kv_ids: np.ndarray | 
     The anchors of "lower_right_lengths" with segment ids come from a per-sequence scan of the ids,
     which is data-dependent: backends read the (small, integer) ids back and build it here.
     """
-    from attnspec.spec.masks import visibility as spec_vis
+    from attnspec.spec.masks import visible
+    from attnspec.spec.validate import SDPAExtras
 
-    return spec_vis(p.n, p.m, causal=p.causal, window=p.window, q_lengths=p.q_lengths,
-                    kv_lengths=p.kv_lengths, q_segment_ids=q_ids, kv_segment_ids=kv_ids)
+    return visible(p, extras=SDPAExtras(q_segment_ids=q_ids, kv_segment_ids=kv_ids))
 
 
 def fold_per_sequence(p: SDPAPlan, q_ids: np.ndarray | None, kv_ids: np.ndarray | None):

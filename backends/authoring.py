@@ -22,12 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.backends._common import with_mask_and_bias
 from attnspec.backends.arrays import ArrayLibrary, array_library, library_of
 from attnspec.backends.base import FLOAT_DTYPES, Backend, MHAArrays, Unsupported
 from attnspec.errors import SpecError
-from attnspec.spec.masks import causal_mask, padding_mask, query_padding_mask, visibility, window_mask
-from attnspec.spec.validate import ArrayInfo, SDPAPlan, validate_sdpa
+from attnspec.spec.masks import causal_mask, padding_mask, query_padding_mask, visible, window_mask
+from attnspec.spec.validate import ArrayInfo, SDPAExtras, SDPAPlan, validate_sdpa
 
 __all__ = [
     "FLOAT_DTYPES",
@@ -125,12 +124,8 @@ def attend_mask(plan: SDPAPlan, mask: Any = None, bias: Any = None, *, structure
     if structure and not lengths and plan.causal == "lower_right_lengths":
         raise SpecError("attend_mask: causal='lower_right_lengths' is anchored on the lengths; "
                         "it needs lengths=True")
-    vis = visibility(plan.n, plan.m, causal=plan.causal if structure else None,
-                     window=plan.window if structure else None,
-                     q_lengths=plan.q_lengths if lengths else None,
-                     kv_lengths=plan.kv_lengths if lengths else None,
-                     q_segment_ids=_numpy(q_segment_ids), kv_segment_ids=_numpy(kv_segment_ids))
-    vis = with_mask_and_bias(vis, _numpy(mask), _numpy(bias), -np.inf)
+    ids = SDPAExtras(q_segment_ids=_numpy(q_segment_ids), kv_segment_ids=_numpy(kv_segment_ids))
+    vis = visible(plan, _numpy(mask), _numpy(bias), ids, structure=structure, lengths=lengths)
     if full and vis is None:
         vis = np.ones((), bool)
     if vis is not None and (full or plan.squeeze_head):

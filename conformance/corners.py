@@ -104,7 +104,7 @@ def _drawn(seed: int):
 
 def corner_case(kind: str, dtype: str):
     """The fixed case ``kind`` (one of `CORNERS`) in ``dtype``."""
-    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, tag_visibility
 
     if kind in MASK_ONLY:
         return mask_only_case(kind, dtype)
@@ -141,7 +141,7 @@ def corner_case(kind: str, dtype: str):
     npdt = NP_DTYPES[dtype]
     q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
     options["bias"] = bias.astype(npdt)
-    _tag_visibility(tags, q, k, v, options)
+    tag_visibility(tags, q, k, v, options)
     return SDPACase(kind, dtype, q, k, v, options, frozenset(tags), 19)
 
 
@@ -156,7 +156,7 @@ def window_edge_case(dtype: str):
     keys i - 1 .. i + 2, and a key gained or lost at either edge moves the mean by at least 0.4,
     far past the tolerance. The shape is the other corners' (B, H, n, m) = (2, 2, 8, 8), square,
     so conventions that anchor windows lower-right express it too."""
-    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, tag_visibility
 
     _, q, k, v, j, _ = _drawn(29)
     q[:] = 0.0
@@ -165,7 +165,7 @@ def window_edge_case(dtype: str):
     q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
     options: dict[str, Any] = {"window": (1, 2)}
     tags = {"corner_window_edge", dtype, "window"}
-    _tag_visibility(tags, q, k, v, options)
+    tag_visibility(tags, q, k, v, options)
     return SDPACase("corner_window_edge", dtype, q, k, v, options, frozenset(tags), 19)
 
 
@@ -179,7 +179,7 @@ def visible_nonfinite_case(dtype: str):
     hidden (hidden ones are the other corners' business): in batch 0 key 0's value is NaN, and row
     0 sees key 0 alone, so every row of batch 0 is NaN; in batch 1 key 0's value is +inf in its
     first component only, so every row is +inf there and finite in the others."""
-    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, tag_visibility
 
     _, q, k, v, _, _ = _drawn(31)
     v[0, :, 0, :] = np.nan
@@ -188,7 +188,7 @@ def visible_nonfinite_case(dtype: str):
     q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
     options: dict[str, Any] = {"causal": "lower_right"}
     tags = {"corner_visible_nonfinite", dtype, "causal_lower_right"}
-    _tag_visibility(tags, q, k, v, options)
+    tag_visibility(tags, q, k, v, options)
     tags.discard("masked_nonfinite")  # no non-finite value is hidden: no deviation about hidden ones applies
     return SDPACase("corner_visible_nonfinite", dtype, q, k, v, options, frozenset(tags), 19)
 
@@ -200,7 +200,7 @@ def batch_carriers_case(dtype: str):
     only if it is taken from all three. An implementation that takes it from q and k alone (or
     reads one of them as if it had the whole batch) fails here; drawn cases broadcast one of the
     three at a time, and the dev profile met too few of them to catch it (mutation testing)."""
-    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, tag_visibility
 
     rng = np.random.default_rng(41)
     q = rng.standard_normal((2, 1, 1, 2, _N, 4))
@@ -210,7 +210,7 @@ def batch_carriers_case(dtype: str):
     q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
     options: dict[str, Any] = {}
     tags = {"corner_batch_carriers", dtype, "batch_broadcast"}
-    _tag_visibility(tags, q, k, v, options)
+    tag_visibility(tags, q, k, v, options)
     return SDPACase("corner_batch_carriers", dtype, q, k, v, options, frozenset(tags), 19)
 
 
@@ -218,7 +218,7 @@ def nan_bias_case(dtype: str):
     """``corner_nan_bias``: a NaN bias on a visible key makes its row NaN, like any NaN logit;
     only -inf hides a key. Row 2 of batch 0, head 0 has a NaN bias at key 5; every other row is
     finite. An implementation that tests visibility as ``bias > -inf`` drops the key instead."""
-    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, tag_visibility
 
     rng, q, k, v, _, _ = _drawn(37)
     bias = rng.standard_normal((2, 2, _N, _M))
@@ -227,7 +227,7 @@ def nan_bias_case(dtype: str):
     q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
     options: dict[str, Any] = {"bias": bias.astype(npdt)}
     tags = {"corner_nan_bias", dtype, "bias"}
-    _tag_visibility(tags, q, k, v, options)
+    tag_visibility(tags, q, k, v, options)
     return SDPACase("corner_nan_bias", dtype, q, k, v, options, frozenset(tags), 19)
 
 
@@ -235,14 +235,14 @@ def mask_only_case(kind: str, dtype: str):
     """The mask-only twin ``kind`` (one of `MASK_ONLY`) in ``dtype``: no bias, keys hidden by the
     mask and lengths only, drawn q and k (logits of a few units; the floor twin's are built,
     `mask_only_floor`)."""
-    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, tag_visibility
 
     if kind not in MASK_ONLY:
         raise ValueError(f"mask_only_case: kind={kind!r}, expected one of {MASK_ONLY}")
     if kind == "corner_finite_floor_mask_only":
         q, k, v, floor_options = mask_only_floor(dtype, mask_only_floor_levels(dtype))
         tags = {kind, dtype} | ({"finite_floor"} if mask_only_floor_levels(dtype) else set())
-        _tag_visibility(tags, q, k, v, floor_options)
+        tag_visibility(tags, q, k, v, floor_options)
         return SDPACase(kind, dtype, q, k, v, floor_options, frozenset(tags), 19)
     _, q, k, v, j, mask = _drawn(23 + MASK_ONLY.index(kind))
     options: dict[str, Any] = {"mask": mask}
@@ -261,7 +261,7 @@ def mask_only_case(kind: str, dtype: str):
     npdt = NP_DTYPES[dtype]
     q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
     tags = {kind, dtype}
-    _tag_visibility(tags, q, k, v, options)
+    tag_visibility(tags, q, k, v, options)
     return SDPACase(kind, dtype, q, k, v, options, frozenset(tags), 19)
 
 

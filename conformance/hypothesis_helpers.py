@@ -199,7 +199,7 @@ def _sdpa_case(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
     q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
     if "bias" in options:
         options["bias"] = options["bias"].astype(npdt)
-    _tag_visibility(tags, q, k, v, options)
+    tag_visibility(tags, q, k, v, options)
     return SDPACase(feature, dtype, q, k, v, options, frozenset(tags), seed)
 
 
@@ -221,7 +221,7 @@ def case_plan(q, k, v, options: dict[str, Any]):
     return plan, extras
 
 
-def _tag_visibility(tags: set[str], q, k, v, options) -> None:
+def tag_visibility(tags: set[str], q, k, v, options) -> None:
     """Add the tags that depend on the final visibility: empty rows, poisoned absent keys."""
     plan, _ = case_plan(q, k, v, options)
     vis = full_visibility(plan, options)
@@ -254,20 +254,15 @@ def _mask_batch_beyond_qk(q, k, options, plan) -> bool:
 
 
 def full_visibility(plan, options) -> np.ndarray:
-    """The case's visibility broadcast to (*batch, Hq, n, m)."""
-    from attnspec.spec.masks import visibility
+    """The case's visibility (the spec's `visible`) as a new array of shape (*batch, Hq, n, m)."""
+    from attnspec.spec.masks import visible
+    from attnspec.spec.validate import SDPAExtras
 
-    vis = visibility(plan.n, plan.m, causal=plan.causal, window=plan.window,
-                     q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths,
-                     q_segment_ids=options.get("q_segment_ids"),
-                     kv_segment_ids=options.get("kv_segment_ids"))
+    ids = SDPAExtras(q_segment_ids=options.get("q_segment_ids"), kv_segment_ids=options.get("kv_segment_ids"))
+    vis = visible(plan, options.get("mask"), options.get("bias"), ids)
     full = np.ones(plan.full_weights_shape, bool)
     if vis is not None:
         full &= vis
-    if options.get("mask") is not None:
-        full &= options["mask"]
-    if options.get("bias") is not None:
-        full &= options["bias"] != -np.inf
     return full
 
 
@@ -335,7 +330,7 @@ def _variant_case(draw, dtype: str, features: tuple[str, ...], bases: tuple[str,
         options["return_lse"] = True
     draw_packing_and_dropout(draw, rng, feature, every, options, batch, hq, n, m)
     tags = {t for t in base.tags if t not in SDPA_FEATURES or t == base.feature} | {feature, "variants"}
-    _tag_visibility(tags, q, k, v, options)
+    tag_visibility(tags, q, k, v, options)
     return SDPACase(feature, dtype, q, k, v, options, frozenset(tags), base.seed)
 
 

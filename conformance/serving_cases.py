@@ -32,7 +32,7 @@ import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
+from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, tag_visibility
 
 #: the features of `serving_cases`, each a kind of call serving kernels make
 SERVING_FEATURES = (
@@ -270,7 +270,7 @@ def _build(
         tags.add("gqa")
     if n != m:
         tags.add("n_ne_m")
-    _tag_visibility(tags, q, k, v, options)
+    tag_visibility(tags, q, k, v, options)
     return SDPACase(feature, dtype, q, k, v, options, frozenset(tags), seed)
 
 

@@ -13,24 +13,26 @@ declares it in `supports` (recorded as unsupported), as for the forward (test_va
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from attnspec.conformance.corners import with_corners
+
+# the properties keep their local names: Hypothesis seeds each derandomized property from its source
+from attnspec.conformance.grads_cases import explicit_mask_case as _explicit
+from attnspec.conformance.grads_cases import poison_hidden_keys
+from attnspec.conformance.grads_cases import vjp_case as _vjp_case
 from attnspec.conformance.hypothesis_helpers import (
-    NP_DTYPES,
     VARIANT_FEATURES,
     SDPACase,
-    _tag_visibility,
     case_plan,
     full_visibility,
     sdpa_cases,
     variant_cases,
 )
+from attnspec.conformance.judge import plan_of as _plan
 from attnspec.conformance.pytest_helpers import Verdict, check_metadata, repro, to_backend
 from attnspec.spec.grads import sdpa_vjp
 from attnspec.spec.sdpa import sdpa
@@ -45,10 +47,6 @@ VJP_VARIANTS = tuple(f for f in VARIANT_FEATURES if f != "lse")
 EMPTY_ROW_FEATURES = ("no_visible_rows", "q_lengths", "bias_neg_inf")
 
 
-def _plan(case: SDPACase):
-    return case_plan(case.q, case.k, case.v, case.options)[0]
-
-
 def _draw_case(data, dtype: str, features=None):
     """A drawn sdpa case, or (about half the time) one with a variant on top of it."""
     if data.draw(st.booleans(), label="variants"):
@@ -56,16 +54,6 @@ def _draw_case(data, dtype: str, features=None):
             dtype, VJP_VARIANTS, features)
         return data.draw(strategy, label="case")
     return data.draw(sdpa_cases(dtype) if features is None else sdpa_cases(dtype, features), label="case")
-
-
-def _vjp_case(case: SDPACase) -> tuple[SDPACase, np.ndarray]:
-    """The case tagged ``vjp`` (without the forward's return_weights and return_lse) and its d_out:
-    standard normal from the case's seed, in its dtype."""
-    options = {k: v for k, v in case.options.items() if k not in ("return_weights", "return_lse")}
-    case = replace(case, options=options, tags=(case.tags - {"lse"}) | {"vjp"})
-    shape = _plan(case).out_shape
-    d_out = np.random.default_rng(case.seed ^ 0x5EED).standard_normal(shape).astype(NP_DTYPES[case.dtype])
-    return case, d_out
 
 
 def _f64(options: dict) -> dict:
@@ -156,31 +144,6 @@ def test_vjp_variants_match_golden(attn_backend, attn_device, judge, dtype, data
                            call_vjp(attn_backend, case, d_out, attn_device))
 
     judge("sdpa_vjp", "variants_match_golden", case, body)
-
-
-def _explicit(case: SDPACase) -> SDPACase:
-    vis = full_visibility(_plan(case), case.options)
-    if case.q.ndim == 2:
-        vis = vis.reshape(vis.shape[-2:])
-    opts = {k: v for k, v in case.options.items() if k in ("bias", "scale")}
-    return replace(case, options={**opts, "mask": vis})
-
-
-def poison_hidden_keys(base, hidden: np.ndarray, poison: float):
-    """(clean, d_out, poisoned): ``base`` with keys ``hidden`` (bool over m) hidden by its mask
-    and, in ``poisoned`` only, their keys and values set to ``poison``; ``d_out`` is clean's. The
-    masked_keys_get_zero property and its conformance vectors (`attnspec.conformance.vectors_families`)
-    build their cases with it."""
-    mask = base.options.get("mask")
-    n, m = base.q.shape[-2], base.k.shape[-2]
-    options = {**base.options, "mask": (np.ones((n, m), bool) if mask is None else mask) & ~hidden}
-    k, v = base.k.copy(), base.v.copy()
-    k[..., hidden, :] = poison
-    v[..., hidden, :] = poison
-    tags = set(base.tags)
-    _tag_visibility(tags, base.q, k, v, options)
-    clean, d_out = _vjp_case(replace(base, options=options, tags=frozenset(tags)))
-    return clean, d_out, replace(clean, k=k, v=v)
 
 
 @DTYPES

@@ -7,69 +7,28 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnspec.conformance.causes import sdpa_causes
 from attnspec.conformance.corners import CORNERS, EDGE_CORNERS, with_corners
 from attnspec.conformance.hypothesis_helpers import (
     SDPACase,
-    _tag_visibility,
-    case_plan,
     full_visibility,
     sdpa_cases,
 )
+
+# the properties keep their local names: Hypothesis seeds each derandomized property from its source
+from attnspec.conformance.hypothesis_helpers import tag_visibility as _tag_visibility
+from attnspec.conformance.judge import judge_output as _judge_output
+from attnspec.conformance.judge import plan_of as _plan
 from attnspec.conformance.pytest_helpers import (
     Verdict,
     bad_input_verdict,
     call_sdpa,
-    check_metadata,
-    failure_message,
     golden_for,
     to_backend,
 )
 from attnspec.spec.bad_inputs import ALL_SDPA_BAD_INPUTS
-from attnspec.spec.tolerance import compare
 from attnspec.spec.validate import FLOAT_DTYPES
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-
-
-def _plan(case: SDPACase):
-    return case_plan(case.q, case.k, case.v, case.options)[0]
-
-
-def _judge_output(backend, device, prop, case, result, golden_case=None, **extra) -> Verdict:
-    g = golden_for(golden_case or case)
-    found = list(result) if isinstance(result, tuple) else [result]
-    lse = found.pop() if case.options.get("return_lse") and len(found) > 1 else None
-    out, weights = found[0], (found[1] if len(found) > 1 else None)
-    problems = check_metadata(backend, out, g.out.shape, case.dtype, device)
-    comparisons = {"out": compare(backend.to_numpy(out).astype(np.float64), g.out, g.allowed_out)}
-    if case.options.get("return_lse"):
-        if lse is None:
-            problems.append("returned no lse, but return_lse=True asks for it last")
-        else:
-            problems += [p.replace("out.", "lse.") for p in
-                         check_metadata(backend, lse, g.lse.shape, _plan(case).lse_dtype, device)]
-            comparisons["lse"] = compare(backend.to_numpy(lse).astype(np.float64), g.lse, g.allowed_lse)
-    if weights is not None:
-        problems += [p.replace("out.", "weights.") for p in
-                     check_metadata(backend, weights, g.weights.shape, case.dtype, device)]
-        comparisons["weights"] = compare(backend.to_numpy(weights).astype(np.float64), g.weights, g.allowed_w)
-    if problems or not all(c.ok for c in comparisons.values()):
-        causes = problems[:1]
-        if not problems:
-            got_w = None if weights is None else backend.to_numpy(weights).astype(np.float64)
-            judged = golden_case or case
-            causes = sdpa_causes(_plan(case), full_visibility(_plan(judged), judged.options),
-                                 case.q, case.k, case.v, backend.to_numpy(out).astype(np.float64), g.out,
-                                 g.allowed_out, got_w, bias=case.options.get("bias"))
-            # what the function's calling convention saw in this output (a NaN read from a paged
-            # cache's trap slots), unless the spec's own inputs explain it already
-            if not any(c.startswith("a hidden key's NaN/inf reached") for c in causes):
-                causes += getattr(backend, "last_causes", None) or []
-        return Verdict("failed", comparisons,
-                       failure_message(backend.name, prop, case, device, comparisons, problems, causes=causes,
-                                       **extra))
-    return Verdict("passed", comparisons)
 
 
 @DTYPES

@@ -16,9 +16,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnspec.conformance.corners import with_corners
-from attnspec.conformance.hypothesis_helpers import SDPACase, _tag_visibility, full_visibility, variant_cases
+from attnspec.conformance.hypothesis_helpers import SDPACase, full_visibility, variant_cases
+
+# the properties keep their local names: Hypothesis seeds each derandomized property from its source
+from attnspec.conformance.hypothesis_helpers import tag_visibility as _tag_visibility
+from attnspec.conformance.judge import judge_output as _judge_output
+from attnspec.conformance.judge import plan_of as _plan
 from attnspec.conformance.pytest_helpers import Verdict, call_sdpa, golden_for
-from attnspec.conformance.test_sdpa import _judge_output, _plan
 from attnspec.spec.validate import FLOAT_DTYPES
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)

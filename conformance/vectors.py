@@ -349,7 +349,7 @@ def atlas_cases(dtype: str) -> list[Any]:
     float32 holds the questions asked in float32, float64 those about float64; the questions
     about a framework's own causal flag have no place in data that names its alignment."""
     from attnspec.backends.atlas.questions import FLOAT64_QUESTIONS, QUESTIONS
-    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, _tag_visibility
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, tag_visibility
 
     found = []
     for question in QUESTIONS:
@@ -365,7 +365,7 @@ def atlas_cases(dtype: str) -> list[Any]:
             for n, x in opts.items()
         }
         tags = {f"atlas_{question.id}", dtype}
-        _tag_visibility(tags, q, k, v, opts)
+        tag_visibility(tags, q, k, v, opts)
         found.append(SDPACase(f"atlas_{question.id}", dtype, q, k, v, opts, frozenset(tags), 0))
     return found
 

@@ -7,7 +7,7 @@ judged through a bundle gets the verdict the suite would give it:
 
 - `VJPVectors` (sdpa_vjp): the cases of conformance/test_grads.py's four golden-judging properties
   (matches_golden, variants_match_golden, masked_keys_get_zero, empty_rows_zero_and_finite), with
-  their upstream gradient ``d_out`` drawn from the case's seed (`test_grads._vjp_case`) and each
+  their upstream gradient ``d_out`` drawn from the case's seed (`grads_cases.vjp_case`) and each
   gradient's allowed error from `test_grads.golden_vjp`. The exact zeros two of them demand
   (dk and dv of the hidden keys, dq of the rows with no visible key) are ``zero_rows``.
 - `MHAVectors` (mha): the cases of conformance/test_mha.py's matches_golden and
@@ -115,7 +115,8 @@ class VJPVectors(Family):
         builds it from the drawn case (test_grads.py)."""
         from attnspec.conformance import hypothesis_helpers as hh
         from attnspec.conformance.corners import Tour
-        from attnspec.conformance.test_grads import EMPTY_ROW_FEATURES, VJP_VARIANTS, _vjp_case
+        from attnspec.conformance.grads_cases import vjp_case
+        from attnspec.conformance.test_grads import EMPTY_ROW_FEATURES, VJP_VARIANTS
 
         tour = Tour(feature, seed)
         bases = EMPTY_ROW_FEATURES if prop == "empty_rows_zero_and_finite" else hh._VARIANT_BASES
@@ -126,7 +127,7 @@ class VJPVectors(Family):
             base = hh._sdpa_case(tour.choosing(plain), dtype, plain)
         if prop == "masked_keys_get_zero":
             return self._masked_keys(base, tour)
-        case, d_out = _vjp_case(base)
+        case, d_out = vjp_case(base)
         return self._vector(case, d_out, prop, empty_rows=prop == "empty_rows_zero_and_finite")
 
     def _masked_keys(self, base: Any, tour: Any) -> VectorCase:
@@ -134,9 +135,9 @@ class VJPVectors(Family):
         clean case's, and the hidden keys' dk and dv rows must be exactly 0."""
         from hypothesis import strategies as st
 
-        from attnspec.conformance.test_grads import _explicit, poison_hidden_keys
+        from attnspec.conformance.grads_cases import explicit_mask_case, poison_hidden_keys
 
-        base = _explicit(base) if "variants" not in base.tags else base
+        base = explicit_mask_case(base) if "variants" not in base.tags else base
         m = base.k.shape[-2]
         hidden = np.array(
             [bool(tour.rng.integers(0, 2)) for _ in range(m)], bool
@@ -150,10 +151,10 @@ class VJPVectors(Family):
 
     def corners(self, dtype: str) -> list[VectorCase]:
         from attnspec.conformance.corners import CORNERS, MASK_ONLY, corner_case
-        from attnspec.conformance.test_grads import _vjp_case
+        from attnspec.conformance.grads_cases import vjp_case
 
         return [
-            self._vector(*_vjp_case(corner_case(kind, dtype)), "empty_rows_zero_and_finite", empty_rows=True)
+            self._vector(*vjp_case(corner_case(kind, dtype)), "empty_rows_zero_and_finite", empty_rows=True)
             for kind in (*CORNERS, *MASK_ONLY)
         ]
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from attnspec.errors import SpecError
 from attnspec.spec.dtypes import round_to
-from attnspec.spec.masks import visibility
+from attnspec.spec.masks import visible
 from attnspec.spec.sdpa import _identity, _with_head, attention_core, plan_numpy
 from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan, numpy_info
 
@@ -156,12 +156,7 @@ def _sdpa_grads(plan: SDPAPlan, q, k, v, d_out, mask, bias,
 
 def _sdpa_visibility(p: SDPAPlan, mask, bias, extras: SDPAExtras = NO_EXTRAS) -> np.ndarray:
     """The visibility `attention_core` applies, as a (..., Hq, n, m) bool view."""
-    vis = visibility(p.n, p.m, causal=p.causal, window=p.window,
-                     q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
-                     q_segment_ids=extras.q_segment_ids, kv_segment_ids=extras.kv_segment_ids)
-    for extra in (mask, None if bias is None else bias.astype(np.float64) != -np.inf):
-        if extra is not None:
-            vis = extra if vis is None else vis & extra
+    vis = visible(p, mask, bias, extras)
     return np.broadcast_to(np.ones((1, 1), bool) if vis is None else vis, p.full_weights_shape)
 
 

@@ -11,7 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 from attnspec.errors import SpecError
-from attnspec.spec.validate import INT_DTYPES, check_causal, check_lengths, check_window, is_int
+from attnspec.spec.validate import (
+    INT_DTYPES,
+    NO_EXTRAS,
+    SDPAExtras,
+    SDPAPlan,
+    check_causal,
+    check_lengths,
+    check_window,
+    is_int,
+)
 
 _PER_SEQUENCE = dict.fromkeys(("q_lengths", "kv_lengths", "q_segment_ids", "kv_segment_ids"))
 
@@ -264,8 +273,8 @@ def visibility(
 ) -> np.ndarray | None:
     """The structural visibility of an sdpa call, AND-combined; None when everything is visible.
 
-    The result broadcasts against (*batch, Hq, n, m). Explicit mask and bias are combined by the
-    caller, since they are data rather than rules. Arguments are assumed valid (as in a plan).
+    The result broadcasts against (*batch, Hq, n, m). `visible` adds the explicit mask and bias
+    (data rather than rules) for a whole call. Arguments are assumed valid (as in a plan).
     """
     vis = None
     per_sequence = dict(q_lengths=q_lengths, kv_lengths=kv_lengths, q_segment_ids=q_segment_ids,
@@ -287,4 +296,29 @@ def visibility(
         vis = both(vis, padding_mask(kv_lengths, m))
     if q_lengths is not None:
         vis = both(vis, query_padding_mask(q_lengths, n))
+    return vis
+
+
+def visible(plan: SDPAPlan, mask: np.ndarray | None = None, bias: np.ndarray | None = None,
+            extras: SDPAExtras = NO_EXTRAS, *, structure: bool = True,
+            lengths: bool = True) -> np.ndarray | None:
+    """visible(i, j) of `attnspec.spec.sdpa`: every rule of a call ANDed, None when all is visible.
+
+    The one place the rules meet: the structural ones of the plan (causal with its alignment and
+    window when ``structure``, q/kv lengths when ``lengths``), the segment ids of ``extras``, the
+    explicit ``mask`` and ``bias != -inf``. The golden, the tolerance rule, the gradients, the
+    suite's strategies and the authoring kit's `attend_mask` all call it. The result broadcasts
+    against (*batch, Hq, n, m) without being expanded to it; NumPy ``mask`` and ``bias`` are read,
+    never modified. Arguments are assumed valid (as in a plan).
+    """
+    vis = visibility(plan.n, plan.m, causal=plan.causal if structure else None,
+                     window=plan.window if structure else None,
+                     q_lengths=plan.q_lengths if lengths else None,
+                     kv_lengths=plan.kv_lengths if lengths else None,
+                     q_segment_ids=extras.q_segment_ids, kv_segment_ids=extras.kv_segment_ids)
+    if mask is not None:
+        vis = mask if vis is None else vis & mask
+    if bias is not None:
+        finite = bias != -np.inf  # -inf is an absent key; NaN stays visible (and propagates)
+        vis = finite if vis is None else vis & finite
     return vis

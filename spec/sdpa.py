@@ -6,7 +6,8 @@ Shape letters, used in every shape comment below:
     n    queries;      m    keys
     dk   query/key head dim;  dv  value head dim
 
-For query head h, batch index b, query row i, with i' its anchor (`masks.query_anchor`):
+For query head h, batch index b, query row i, with i' its anchor (`masks.query_anchor`) and
+visible(i, j) built by `masks.visible`:
 
     visible(i, j)  = AND of every rule given (mask, bias != -inf, causal, window, lengths,
                      segment ids)
@@ -37,7 +38,7 @@ from collections.abc import Callable
 import numpy as np
 
 from attnspec.spec.blocked import blocked_core
-from attnspec.spec.masks import query_anchor, visibility
+from attnspec.spec.masks import query_anchor, visible
 from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan, finish, numpy_info, validate_sdpa
 
 __all__ = ["BLOCKED_MIN_LOGITS", "GOLDEN_TILES", "finish", "golden", "sdpa"]
@@ -224,15 +225,9 @@ def attention_core(
     q = rnd(_with_head(q).astype(compute))
     k = rnd(_with_head(k).astype(compute))
     v = rnd(_with_head(v).astype(compute))
-    vis = visibility(p.n, p.m, causal=p.causal, window=p.window,
-                     q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
-                     q_segment_ids=ex.q_segment_ids, kv_segment_ids=ex.kv_segment_ids)
-    if mask is not None:
-        vis = mask if vis is None else vis & mask
     if bias is not None:
         bias = rnd(bias.astype(compute))
-        finite_bias = bias != -np.inf
-        vis = finite_bias if vis is None else vis & finite_bias
+    vis = visible(p, mask, bias, ex)
     if vis is None:
         vis = np.ones((1, 1), bool)
     vis = np.broadcast_to(vis, full_w)  # (..., Hq, n, m)

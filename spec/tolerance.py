@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnspec.spec.dtypes import FLOAT_DTYPES, NUMPY_DTYPES, compute_dtype_name, eps
-from attnspec.spec.masks import visibility
+from attnspec.spec.masks import visible
 from attnspec.spec.sdpa import attention_core, finish
 from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan
 
@@ -104,16 +104,9 @@ def rows(x: np.ndarray | None, n: int, i0: int, i1: int) -> np.ndarray | None:
 
 def visibility_view(plan: SDPAPlan, mask, bias, extras: SDPAExtras = NO_EXTRAS) -> np.ndarray | None:
     """Which keys each row sees (every rule ANDed), broadcastable to (..., Hq, n, m) but not
-    expanded to it; None when all are visible."""
-    vis = visibility(plan.n, plan.m, causal=plan.causal, window=plan.window,
-                     q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths,
-                     q_segment_ids=extras.q_segment_ids, kv_segment_ids=extras.kv_segment_ids)
-    if mask is not None:
-        vis = mask if vis is None else vis & mask
-    if bias is not None:
-        finite = bias != -np.inf
-        vis = finite if vis is None else vis & finite
-    return vis
+    expanded to it; None when all are visible. The spec's `visible`, under the name the tolerance
+    modules use."""
+    return visible(plan, mask, bias, extras)
 
 
 @dataclass(frozen=True)

@@ -118,3 +118,51 @@ def test_the_private_import_reader_sees_one(tmp_path):
         "backends/x.py: attnspec.spec.sdpa._helper",
         "backends/x.py: attnspec.spec._hidden",
     ]
+
+
+def chapter_private_imports(root: Path = ROOT) -> list[str]:
+    """Private names crossing a conformance chapter (``conformance/test_*.py``): a chapter importing
+    a ``_`` name (or ``_`` module) from another module, and any module of the package or the kit's
+    tests importing a ``_`` name from a chapter. Each as ``file: module.name``. What chapters share
+    lives in a public module (`attnspec.conformance.judge`, `attnspec.conformance.grads_cases`); a
+    chapter may bind a public name to a local ``_`` alias (``judge_output as _judge_output``), which
+    keeps its properties' source, and so Hypothesis' seeds for them, as it was."""
+    found = []
+    files = [p for folder in (*FOLDERS, "tests") for p in sorted((root / folder).rglob("*.py"))]
+    for path in files:
+        chapter = path.parent.name == "conformance" and path.name.startswith("test_")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module):
+                continue
+            parts = node.module.split(".")
+            if node.level == 0 and parts[0] != "attnspec":
+                continue
+            from_chapter = parts[-1].startswith("test_")
+            for a in node.names:
+                private = a.name.startswith("_") or any(p.startswith("_") for p in parts[1:])
+                if private and (chapter or from_chapter):
+                    found.append(f"{path.relative_to(root)}: {node.module}.{a.name}")
+    return found
+
+
+def test_no_chapter_shares_a_private_name():
+    assert chapter_private_imports() == []
+
+
+def test_the_chapter_import_reader_sees_them(tmp_path):
+    """A chapter taking a helper's private name, and a vectors module taking a chapter's, are found;
+    a chapter's public name is not."""
+    (tmp_path / "conformance").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "conformance" / "test_x.py").write_text(
+        "from attnspec.conformance.test_sdpa import _judge_output, DTYPES\n"
+        "from attnspec.conformance.hypothesis_helpers import _tag_visibility\n"
+    )
+    (tmp_path / "conformance" / "vectors_x.py").write_text(
+        "def f():\n    from attnspec.conformance.test_grads import _vjp_case, golden_vjp\n"
+    )
+    assert chapter_private_imports(tmp_path) == [
+        "conformance/test_x.py: attnspec.conformance.test_sdpa._judge_output",
+        "conformance/test_x.py: attnspec.conformance.hypothesis_helpers._tag_visibility",
+        "conformance/vectors_x.py: attnspec.conformance.test_grads._vjp_case",
+    ]

@@ -2,7 +2,7 @@
 each cause is stated only where the case shows it, and a plain numerical error gets none.
 
 The outputs are built in NumPy from the case, as the implementation named in each test computes
-them; `_causes` judges them as `conformance/test_sdpa.py`'s ``_judge_output`` does."""
+them; `_causes` judges them as `conformance/judge.py`'s ``judge_output`` does."""
 
 from __future__ import annotations
 

@@ -1,0 +1,82 @@
+"""The judge of an sdpa output: one verdict for every property that compares a call with the golden.
+
+`judge_output` checks the output (and the weights and lse when the call returned them) for shape,
+dtype and device, compares each with the golden within the tolerance rule, and on a failure names
+the causes (`attnspec.conformance.causes`) and attaches the reproducer. The chapters
+(``test_sdpa.py``, ``test_variants.py``, ``test_long.py``, ``test_serving.py``) all call it;
+`plan_of` is the validated plan of a drawn case.
+
+The chapters import them under their former local names (``_judge_output``, ``_plan``): Hypothesis
+seeds a derandomized property, and keys its database, by the property's source, so a renamed call
+in a property's body would change every case the suite draws.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnspec.conformance.causes import sdpa_causes
+from attnspec.conformance.hypothesis_helpers import SDPACase, case_plan, full_visibility
+from attnspec.conformance.pytest_helpers import Verdict, check_metadata, failure_message, golden_for
+from attnspec.spec.tolerance import compare
+
+__all__ = ["judge_output", "plan_of"]
+
+
+def plan_of(case: SDPACase):
+    """The spec's validated `SDPAPlan` of a case's call."""
+    return case_plan(case.q, case.k, case.v, case.options)[0]
+
+
+def judge_output(backend, device, prop, case, result, golden_case=None, **extra) -> Verdict:
+    """The verdict on ``result``, what ``backend`` returned for ``case``: out, then weights and
+    lse when asked. ``golden_case`` (default ``case``) is the call whose golden it must equal;
+    ``extra`` goes to the failure message."""
+    g = golden_for(golden_case or case)
+    found = list(result) if isinstance(result, tuple) else [result]
+    lse = found.pop() if case.options.get("return_lse") and len(found) > 1 else None
+    out, weights = found[0], (found[1] if len(found) > 1 else None)
+    problems = check_metadata(backend, out, g.out.shape, case.dtype, device)
+    comparisons = {"out": compare(backend.to_numpy(out).astype(np.float64), g.out, g.allowed_out)}
+    if case.options.get("return_lse"):
+        if lse is None:
+            problems.append("returned no lse, but return_lse=True asks for it last")
+        else:
+            problems += [
+                p.replace("out.", "lse.")
+                for p in check_metadata(backend, lse, g.lse.shape, plan_of(case).lse_dtype, device)
+            ]
+            comparisons["lse"] = compare(backend.to_numpy(lse).astype(np.float64), g.lse, g.allowed_lse)
+    if weights is not None:
+        problems += [
+            p.replace("out.", "weights.")
+            for p in check_metadata(backend, weights, g.weights.shape, case.dtype, device)
+        ]
+        comparisons["weights"] = compare(backend.to_numpy(weights).astype(np.float64), g.weights, g.allowed_w)
+    if problems or not all(c.ok for c in comparisons.values()):
+        causes = problems[:1]
+        if not problems:
+            got_w = None if weights is None else backend.to_numpy(weights).astype(np.float64)
+            judged = golden_case or case
+            causes = sdpa_causes(
+                plan_of(case),
+                full_visibility(plan_of(judged), judged.options),
+                case.q,
+                case.k,
+                case.v,
+                backend.to_numpy(out).astype(np.float64),
+                g.out,
+                g.allowed_out,
+                got_w,
+                bias=case.options.get("bias"),
+            )
+            # what the function's calling convention saw in this output (a NaN read from a paged
+            # cache's trap slots), unless the spec's own inputs explain it already
+            if not any(c.startswith("a hidden key's NaN/inf reached") for c in causes):
+                causes += getattr(backend, "last_causes", None) or []
+        return Verdict(
+            "failed",
+            comparisons,
+            failure_message(backend.name, prop, case, device, comparisons, problems, causes=causes, **extra),
+        )
+    return Verdict("passed", comparisons)

@@ -42,12 +42,15 @@ def judge_output(backend, device, prop, case, result, golden_case=None, **extra)
         if lse is None:
             problems.append("returned no lse, but return_lse=True asks for it last")
         else:
+            assert g.lse is not None and g.allowed_lse is not None  # the golden has lse when asked
             problems += [
                 p.replace("out.", "lse.")
                 for p in check_metadata(backend, lse, g.lse.shape, plan_of(case).lse_dtype, device)
             ]
             comparisons["lse"] = compare(backend.to_numpy(lse).astype(np.float64), g.lse, g.allowed_lse)
-    if weights is not None:
+    # weights returned unasked on a call too large for the golden to make them are not judged
+    if weights is not None and g.weights is not None:
+        assert g.allowed_w is not None  # made with the golden's weights
         problems += [
             p.replace("out.", "weights.")
             for p in check_metadata(backend, weights, g.weights.shape, case.dtype, device)

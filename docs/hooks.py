@@ -1,0 +1,108 @@
+"""mkdocs hooks of the attnspec site (mkdocs.yml, ``hooks:``).
+
+- ``on_files``: adds the generated pages (the specification, from docs/spec/_rules.toml and the
+  code; the atlas and report pages of ``docs/gen``), the repository's Markdown files and the other
+  repository files the pages link to (`_build.repo_links`), and drops from the nav the pages that
+  do not exist in this checkout yet (the guide pages the lead writes on main).
+- ``on_page_markdown``: rewrites links to repository files to their place in the site.
+- ``on_page_content``: LaTeX to MathML (`_build.mathml`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from mkdocs.structure.files import File, Files
+
+DOCS = Path(__file__).resolve().parent
+ROOT = DOCS.parent
+if str(DOCS) not in sys.path:
+    sys.path.insert(0, str(DOCS))  # _build (ours) and gen (the atlas' generator) import from here
+
+from _build import mathml, spec_pages  # noqa: E402
+from _build.repo_links import PREFIX, Links  # noqa: E402
+
+log = logging.getLogger("mkdocs.plugins.attnspec")
+
+#: repository Markdown files that are pages of the site in any case, at repo/<path>
+REPO_MARKDOWN = (
+    "CONTRIBUTING.md",
+    "ARCHITECTURE.md",
+    "spec/README.md",
+    "spec/CHANGELOG.md",
+    "conformance/VECTORS.md",
+    "reports/performance.md",
+    "reports/gpu.md",
+    "reports/mutation.md",
+)
+
+_links = Links(ROOT)
+
+
+def _gen_pages(add_page) -> list[str]:
+    """The atlas and report pages of ``docs/gen``, when it exists in this checkout."""
+    try:
+        from gen import write_pages
+    except ImportError:
+        log.info("docs/gen does not provide write_pages yet: no atlas or report pages")
+        return []
+    return list(write_pages(add_page))
+
+
+def _prune(nav: list, exists) -> list:
+    """``nav`` without the entries whose page does not exist (and sections left empty)."""
+    kept = []
+    for item in nav:
+        if isinstance(item, str):
+            if exists(item):
+                kept.append(item)
+        elif isinstance(item, dict):
+            (title, value), = item.items()
+            if isinstance(value, list):
+                value = _prune(value, exists)
+                if value:
+                    kept.append({title: value})
+            elif isinstance(value, str) and ("://" in value or exists(value)):
+                kept.append(item)
+    return kept
+
+
+def on_files(files: Files, config) -> Files:
+    generated: dict[str, str] = {}
+
+    def add_page(path: str, markdown: str) -> None:
+        generated[path] = markdown
+
+    for path, text in spec_pages.pages().items():
+        add_page(path, text)
+    gen_nav = _gen_pages(add_page)
+    for path, text in generated.items():
+        if files.get_file_from_path(path) is not None:
+            files.remove(files.get_file_from_path(path))
+        files.append(File.generated(config, path, content=text))
+
+    docs_pages = [(f.src_uri, f.content_string) for f in files if f.is_documentation_page()]
+    _links.collect(docs_pages, REPO_MARKDOWN)
+    for path, text in _links.pages.items():
+        files.append(File.generated(config, PREFIX + path, content=text))
+    for path in sorted(_links.copies):
+        files.append(File.generated(config, PREFIX + path, abs_src_path=str(ROOT / path)))
+
+    nav = list(config["nav"] or [])
+    atlas = [p for p in gen_nav if "atlas" in p]
+    reports = [p for p in gen_nav if p not in atlas]
+    for title, paths in (("Atlas", atlas), ("Reports", reports)):
+        if paths:
+            nav.append({title: paths})
+    config["nav"] = _prune(nav, lambda p: files.get_file_from_path(p) is not None)
+    return files
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    return _links.rewrite(page.file.src_uri, markdown)
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    return mathml.to_mathml(html, page.file.src_uri)

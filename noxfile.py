@@ -205,7 +205,7 @@ def bench(session: nox.Session, backend: str) -> None:
         session.run("python", "-m", "attnspec.bench.reformer",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     if backend == "numpy":  # the LSH approximation study is NumPy-only and takes seconds
-        session.run("python", "-m", "attnspec.reports.lsh_quality",
+        session.run("python", "-m", "attnspec.bench.lsh_quality",
                     env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     session.notify("report", posargs=[])
 
@@ -245,7 +245,7 @@ def demo(session: nox.Session) -> None:
     """Train the copy-task example through torch's and JAX's mha (seconds), then render."""
     install(session, ".[torch,jax,report]")
     # posargs go to the example: --steps N, --framework torch, ...
-    session.run("python", "-m", "attnspec.reports.copy_task", *session.posargs,
+    session.run("python", "-m", "attnspec.bench.copy_task", *session.posargs,
                 env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
     session.notify("report", posargs=[])
 

@@ -2,7 +2,7 @@
 
 One table, read by the pytest plugin (which registers the profiles), the runner, `attnspec check`
 and nox. ``default`` is what `nox -s conformance` runs when no profile is named; a run takes
-minutes on two cores (README, "Performance"). ``thorough`` is the deep run, one flag away.
+minutes on two cores (docs/guide/performance.md). ``thorough`` is the deep run, one flag away.
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ class StagedOutput:
 
     Each file is moved with `os.replace` (same filesystem, so atomic per file): an interrupted
     render leaves every previous file byte-identical, and a reader never sees a truncated page.
-    Plots under ``plots/`` from an earlier render that this one did not produce are removed
-    after the move, so the directory holds exactly what the pages reference.
+    Plots under ``plots/`` and pages under ``accuracy/`` from an earlier render that this one did
+    not produce are removed after the move, so the directory holds exactly what the pages reference.
     """
 
     def __init__(self, out: str | os.PathLike):
@@ -79,11 +79,11 @@ class StagedOutput:
             dest = self.out / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(self.tmp / rel, dest)
-        plots = self.out / "plots"
-        if plots.is_dir():
-            for old in sorted(plots.glob("*.png")):
-                if f"plots/{old.name}" not in self.written:
-                    old.unlink()
+        for folder, pattern in (("plots", "*.png"), ("accuracy", "*.md")):
+            if (self.out / folder).is_dir():
+                for old in sorted((self.out / folder).glob(pattern)):
+                    if f"{folder}/{old.name}" not in self.written:
+                        old.unlink()
         fsync_dir(self.out)
 
 

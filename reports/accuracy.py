@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from attnspec.reports._io import Results, as_float
@@ -169,8 +170,14 @@ def _failures(results: Results) -> list[str]:
     return out
 
 
-def accuracy_page(results: Results, plots: list[tuple[str, str]] | None = None) -> str:
-    """The Markdown of ``accuracy.md``. ``plots``: (title, path) of figures to show at the end."""
+def accuracy_page(results: Results, plots: list[tuple[str, str]] | None = None,
+                  details: dict[str, str] | None = None) -> str:
+    """The Markdown of ``accuracy.md``. ``plots``: (title, path) of figures to show at the end.
+
+    With ``details`` (a dict to fill), each function's table of every property, feature and
+    dtype becomes a page of its own, ``accuracy/<function>.md`` -> its Markdown, and
+    ``accuracy.md`` links them: a page a person can open (the single page passed 2 MB).
+    """
     lines = ["# Accuracy", ""]
     if not results.conformance:
         return "\n".join([*lines, NO_RESULTS.format(dir=results.directory), ""])
@@ -196,17 +203,28 @@ def accuracy_page(results: Results, plots: list[tuple[str, str]] | None = None) 
                   "Gradient functions (`*_vjp`), cells as above; the budget is the worst over the",
                   "gradient tensors (`attnspec.spec.tolerance_grads`).", "", grads]
     entries = [(doc, r) for doc in results.conformance for r in doc["rows"]]
-    for fn in sorted({r["function"] for _, r in entries}, key=_function_key):
+    functions = sorted({r["function"] for _, r in entries}, key=_function_key)
+    if details is not None and functions:
+        lines += ["", "## Every property, feature and dtype", "",
+                  "One page per function, a row per backend, device, property, feature and dtype:", "",
+                  *(f"- [{fn}](accuracy/{fn}.md)" for fn in functions)]
+    for fn in functions:
         mine = sorted((e for e in entries if e[1]["function"] == fn),
                       key=lambda e: (run_key(e[0]), e[1].get("property") or "", e[1]["feature"],
                                      e[1]["dtype"]))
         ran = [e for e in mine if e[1]["unsupported"] < e[1]["run"]]
         refused = [e for e in mine if e[1]["unsupported"] >= e[1]["run"]]
-        lines += ["", f"## {fn}", ""]
-        lines += [_function_table(ran)] if ran else ["No backend ran a case of it."]
+        section = [_function_table(ran)] if ran else ["No backend ran a case of it."]
         if refused:
-            lines += ["", f"Refused in every case ({len(refused)} rows of property, feature and dtype, "
-                          "folded by backend and reason):", "", _refused_table(refused)]
+            section += ["", f"Refused in every case ({len(refused)} rows of property, feature and dtype, "
+                            "folded by backend and reason):", "", _refused_table(refused)]
+        if details is None:
+            lines += ["", f"## {fn}", "", *section]
+        else:  # one folder down: its relative links gain a ../
+            body = re.sub(r"\]\((?!https?:|#|\.\./)", "](../", "\n".join(section))
+            details[f"accuracy/{fn}.md"] = "\n".join(
+                [f"# Accuracy: {fn}", "", "Part of [the accuracy page](../accuracy.md), which explains the columns.",
+                 "", body, ""])
     lines += ["", "## Failures"]
     fails = _failures(results)
     lines += fails if fails else ["", "None."]

@@ -1,5 +1,5 @@
 """The copy task's results, read back: checked (`load`), the "Copy task" section of
-``reports/index.md`` (`index_section`) and its figure (`plot`). `attnspec.reports.copy_task`
+``reports/index.md`` (`index_section`) and its figure (`plot`). `attnspec.bench.copy_task`
 trains the model and writes the file; this module never imports torch or JAX.
 """
 
@@ -86,7 +86,7 @@ def index_section(doc: dict[str, Any], source: str, figure: str | None) -> list[
         f"H={s['num_heads']}, batch {s['batch']},",
         f"{doc.get('dtype', 'float32')}, Adam with lr {s['lr']}). Diagonal mass: the mean weight of query i",
         f"on key i over {s['eval_batch']} held-out sequences and the heads; uniform attention gives",
-        f"1/n = {num(1 / s['n'])}. Made by `python -m attnspec.reports.copy_task` (`nox -s demo`),",
+        f"1/n = {num(1 / s['n'])}. Made by `python -m attnspec.bench.copy_task` (`nox -s demo`),",
         f"results in [`copy_task.json`]({source}/copy_task.json).", "",
         table(["framework", "version", "held-out loss", "accuracy", "diagonal mass", "steps",
                "wall time"], rows, "llllrrr"),

@@ -271,7 +271,7 @@ def suite_throughput(results: Results) -> list[str]:
             "had a result (imports, collection, the backend's set-up). Written by every run into",
             "`reports/results/suite-timings/`; `nox -s bench` adds a `dev`-profile run per backend.",
             "JAX rows depend on the persistent compilation cache (`~/.cache/attnspec/jax`): see the",
-            "README's performance section for cold and warm figures.", "",
+            "guide's performance page (docs/guide/performance.md) for cold and warm figures.", "",
             table(["backend", "device", "profile", "selection", "jobs", "tests", "cases", "seconds", "cases/s",
                    "first result (s)", "", "date", "commit"], rows, "lllllrrrrrlll")]
 

@@ -175,7 +175,10 @@ def render(results_dir: str | os.PathLike = "reports/results", out_dir: str | os
         notes.append("Plots were not rendered (`--no-plots`).")
     with StagedOutput(out) as staged:
         heat, perf, quality, _ = _make_plots(results, staged, notes) if plots else ([], {}, None, [])
-        staged.write_text("accuracy.md", accuracy_page(results, heat))
+        details: dict[str, str] = {}
+        staged.write_text("accuracy.md", accuracy_page(results, heat, details))
+        for rel, text in details.items():
+            staged.write_text(rel, text)
         staged.write_text("deviations.md", deviations_page(results))
         staged.write_text("performance.md", performance_page(results, perf, quality))
         atlas = load_atlas(results.directory) if results.directory.is_dir() else []
@@ -200,7 +203,7 @@ def render(results_dir: str | os.PathLike = "reports/results", out_dir: str | os
 
 
 def _copy_task_doc(directory: Path) -> dict[str, Any] | None:
-    """The copy-task results (`attnspec.reports.copy_task`), checked, or None if there are none."""
+    """The copy-task results (`attnspec.bench.copy_task`), checked, or None if there are none."""
     from attnspec.reports import copy_task_report
 
     path = directory / "copy_task.json"

@@ -334,11 +334,13 @@ def test_conventions_refuse_what_they_cannot_carry():
 
 
 def test_readme_and_example_plugin_use_public_names_only():
-    """An outside author never needs a module or name starting with "_" (the README's promise)."""
+    """An outside author never needs a module or name starting with "_" (the README's and the guide's promise)."""
     import re
 
     root = HERE.parent
-    texts = {"README.md": (root / "README.md").read_text()}
+    texts = {"README.md": (root / "README.md").read_text(), "CONTRIBUTING.md": (root / "CONTRIBUTING.md").read_text()}
+    for path in (root / "docs").rglob("*.md"):
+        texts[str(path.relative_to(root))] = path.read_text()
     for path in (root / "examples").rglob("*.py"):
         texts[str(path.relative_to(root))] = path.read_text()
     for path in (root / "examples").rglob("README.md"):

@@ -18,7 +18,8 @@ import math
 import numpy as np
 import pytest
 
-from attnspec.reports import copy_task, copy_task_report
+from attnspec.bench import copy_task
+from attnspec.reports import copy_task_report
 from attnspec.reports._io import ResultsError
 
 SMALL = copy_task.Settings(vocab=32, n=6, embed_dim=16, num_heads=2, batch=16, steps=60, lr=0.02,

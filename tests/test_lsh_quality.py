@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from attnspec.reports import lsh_quality
+from attnspec.bench import lsh_quality
 from attnspec.reports._io import load_results
 from attnspec.spec import lsh_attention, lsh_rotations
 

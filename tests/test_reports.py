@@ -133,10 +133,17 @@ def test_summary_merges_devices_with_counts_and_verdicts(results, tmp_path):
 
 def test_rows_grouped_by_function_with_errors_and_reasons(results, tmp_path):
     out = tmp_path / "out"
+    (out / "accuracy").mkdir(parents=True)
+    (out / "accuracy" / "gone.md").write_text("a function no run has any more")
     render(results, out, plots=False)
     md = (out / "accuracy.md").read_text()
-    assert md.index("## sdpa\n") < md.index("## mha\n")
-    sdpa = tables(section(md, "## sdpa"))[0]
+    # one page per function, linked in the spec's order; a page no run made is removed
+    assert md.index("- [sdpa](accuracy/sdpa.md)") < md.index("- [mha](accuracy/mha.md)")
+    assert sorted(p.name for p in (out / "accuracy").iterdir()) == ["mha.md", "sdpa.md"]
+    page = (out / "accuracy" / "sdpa.md").read_text()
+    assert page.startswith("# Accuracy: sdpa\n") and "](../accuracy.md)" in page
+    assert "](deviations.md" not in page and "](../deviations.md#" in page  # links still resolve
+    sdpa = tables(page)[0]
     assert [(r["device"], r["feature"], r["dtype"]) for r in sdpa] == [
         ("cpu", "causal_lower_right", "float32"), ("cuda", "causal_lower_right", "float32"),
         ("cuda", "window", "float16")]
@@ -145,7 +152,7 @@ def test_rows_grouped_by_function_with_errors_and_reasons(results, tmp_path):
         ("40", "2", "1", "3.5")
     assert sdpa[0]["max abs err"] == "1.5e-07" and sdpa[0]["max rel err"] == "3e-06"
     assert DEV_ID in sdpa[0]["notes"]
-    mha = tables(section(md, "## mha"))[0]
+    mha = tables((out / "accuracy" / "mha.md").read_text())[0]
     assert mha[0]["unsupported"] == "3"
     assert mha[0]["notes"] == r"unsupported: torch has no float64 \| here"  # a pipe cannot break the row
 

@@ -1,4 +1,4 @@
-"""The README's GPU harness for conformance vectors: the block shown is the file, and it runs."""
+"""The guide's GPU harness (docs/guide/vectors.md) for conformance vectors: the block shown is the file, and it runs."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "examples" / "vectors-harness" / "harness.py"
 
 
-def test_readme_shows_the_harness_file():
-    readme = (ROOT / "README.md").read_text()
+def test_the_guide_shows_the_harness_file():
+    readme = (ROOT / "docs" / "guide" / "vectors.md").read_text()
     block = re.search(
         r"<!-- vectors-harness:begin -->\n```python\n(.*?)```\n<!-- vectors-harness:end -->", readme, re.S
     )
-    assert block, "README.md has no vectors-harness block"
+    assert block, "docs/guide/vectors.md has no vectors-harness block"
     assert block.group(1) == HARNESS.read_text()
     assert len(HARNESS.read_text().splitlines()) <= 25
 

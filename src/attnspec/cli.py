@@ -225,7 +225,7 @@ def _check(args: argparse.Namespace) -> int:
     if missing and not s["bad"]:
         print("attnspec check: a verdict of conformance needs every dtype asked for and every need the "
               "convention can express to run; narrow --dtype, fix the refusals above, or declare what the "
-              "function lacks with Convention.extend(refuse=...) (README: Check your attention function)",
+              "function lacks with Convention.extend(refuse=...) (docs/guide/check.md, 'Extending a convention')",
               file=sys.stderr)
     verdict = "FAILS" if s["bad"] else "INCOMPLETE" if missing else "CONFORMS"
     if verdict == "CONFORMS" and args.keyword:

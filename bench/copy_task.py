@@ -1,4 +1,4 @@
-"""The copy task, trained through `backend.mha`: ``python -m attnspec.reports.copy_task``.
+"""The copy task, trained through `backend.mha`: ``python -m attnspec.bench.copy_task``.
 
 A worked example of the backends' multi-head attention in training, after the copy demo of the
 tutorials attnspec grew out of. The model reads n random tokens and must output, at every
@@ -25,9 +25,11 @@ Writes ``reports/results/copy_task.json`` (schema ``attnspec.copy_task/1``: the 
 seeds; per framework the training loss before each step, the held-out loss, accuracy and
 diagonal attention mass before and after training, the held-out attention map averaged over
 sequences and heads, the wall time of the training loop, the framework's version, and for JAX
-whether the step ran under `jax.jit`) and the figure ``reports/plots/copy_task.png``.
-`nox -s report` redraws the figure from the JSON and gives it a "Copy task" section in
-``reports/index.md`` (`attnspec.reports.copy_task_report`). Importing this module imports neither torch nor JAX.
+whether the step ran under `jax.jit`). It computes and writes results only, as the benchmarks
+do: `nox -s report` draws the figure ``reports/plots/copy_task.png`` from the JSON and gives it a
+"Copy task" section in ``reports/index.md`` (`attnspec.reports.copy_task_report`, which checks
+the schema named here). `nox -s demo` runs both. Importing this module imports neither torch nor
+JAX.
 """
 
 from __future__ import annotations
@@ -41,16 +43,17 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from attnspec.errors import SpecError
-from attnspec.reports.copy_task_report import SCHEMA, plot
 from attnspec.results import framework_versions, git_state, write_json_atomic
 from attnspec.spec import MHAParams
 from attnspec.spec.positions import sinusoidal_positions
+
+#: the results format, which `attnspec.reports.copy_task_report` reads
+SCHEMA = "attnspec.copy_task/1"
 
 __all__ = ["FRAMEWORKS", "SCHEMA", "Settings", "batches", "diagonal_mass", "initial_params", "main", "run",
            "train"]
@@ -308,10 +311,9 @@ def run(frameworks: tuple[str, ...] = FRAMEWORKS, s: Settings = Settings()) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    prog = "python -m attnspec.reports.copy_task"
+    prog = "python -m attnspec.bench.copy_task"
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="reports/results/copy_task.json")
-    ap.add_argument("--plot", default="reports/plots/copy_task.png", help="'' for no figure")
     ap.add_argument("--framework", action="append", choices=FRAMEWORKS,
                     help="train with these only (repeatable); default: each one installed")
     ap.add_argument("--steps", type=int, default=Settings.steps)
@@ -322,16 +324,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     doc = run(frameworks, Settings(steps=args.steps))
     write_json_atomic(args.out, doc)
-    if args.plot:
-        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-        plot(doc, args.plot)
     for r in doc["runs"]:
         b, a = r["before"], r["after"]
         print(f"{r['framework']:>5} {r['version']}: held-out loss {b['loss']:.3g} -> {a['loss']:.3g}, "
               f"accuracy {b['accuracy']:.3f} -> {a['accuracy']:.3f}, diagonal mass "
               f"{b['diagonal_mass']:.3f} -> {a['diagonal_mass']:.3f}, {r['wall_s']:.2f} s "
               f"for {len(r['losses'])} steps")
-    print(f"wrote {args.out}" + (f" and {args.plot}" if args.plot else ""))
+    print(f"wrote {args.out}; `nox -s report` (python -m attnspec.reports) draws its figure")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""LSH approximation study: ``python -m attnspec.reports.lsh_quality [--out PATH]``.
+"""LSH approximation study: ``python -m attnspec.bench.lsh_quality [--out PATH]``.
 
 Relative error (Frobenius) of `attnspec.spec.lsh_attention` against full shared-QK attention
 with the same logits and self rule, for n_hashes in {1, 2, 4, 8}, on clustered inputs (points
@@ -54,7 +54,7 @@ def study(seeds: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attnspec.reports.lsh_quality", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m attnspec.bench.lsh_quality", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="reports/results/lsh-quality.json")
     ap.add_argument("--seeds", type=int, default=4)
     args = ap.parse_args(argv)

@@ -40,16 +40,23 @@ def _cell_md(cell: Cell, impl: Implementation, page: str) -> str:
     if cell.status == "n/a":
         answer = DASH
     title = f"{cell.title}: {cell.answer}" + (f" (spec: {cell.spec})" if cell.spec else "")
-    parts = [f'<span class="atlas-answer atlas-{slug(cell.status)}" data-status="{cell.status}" '
-             f'title="{esc(title)}">{esc(answer)}</span>']
+    parts = [
+        f'<span class="atlas-answer atlas-{slug(cell.status)}" data-status="{cell.status}" '
+        f'title="{esc(title)}">{esc(answer)}</span>'
+    ]
+    links = []
     if cell.deviation is not None:
-        parts.append(f"[{md_cell(cell.deviation['id'])}]({rel(page, INDEX)}#{deviation_anchor(cell.deviation['id'])})")
+        links.append(
+            f'[<span title="{esc(cell.deviation["id"])}">declared</span>]'
+            f"({rel(page, INDEX)}#{deviation_anchor(cell.deviation['id'])})"
+        )
     elif cell.status == "undeclared":
-        parts.append("*undeclared*")
+        links.append("*undeclared*")
     if cell.reproducer:
         link = f"{rel(page, impl.page)}#repro-{slug(cell.question)}"
-        parts.append(f'[<span class="atlas-repro-link" data-backend="{esc(impl.backend)}" '
-                     f'data-question="{esc(cell.question)}">reproducer</span>]({link})')
+        links.append(f'[<span class="atlas-repro-link">repro</span>]({link})')
+    if links:
+        parts.append('<span class="atlas-links">' + " · ".join(links) + "</span>")
     return " ".join(parts)
 
 
@@ -64,16 +71,25 @@ def atlas_index(impls: Iterable[Implementation]) -> str:
     qs = questions()
     page = INDEX
     headers = ["implementation", *(q.title for q in qs), "suite verdict"]
-    spec_row = ['<span class="atlas-spec-row">the spec</span>',
-                *(esc(q.spec) if q.spec else "(names both)" for q in qs), DASH]
+    spec_row = [
+        '<span class="atlas-spec-row">the spec</span>',
+        *(esc(q.spec) if q.spec else "(names both)" for q in qs),
+        DASH,
+    ]
     rows = [spec_row]
     for impl in impls:
-        first = (f'<span id="{impl.anchor}" class="atlas-impl" data-backend="{esc(impl.backend)}"></span>'
-                 f"[`{impl.backend}`]({rel(page, impl.page)})")
+        first = (
+            f'<span id="{impl.anchor}" class="atlas-impl" data-backend="{esc(impl.backend)}"></span>'
+            f"[`{impl.backend}`]({rel(page, impl.page)})"
+        )
         cells = [_cell_md(impl.cells[q.id], impl, page) if q.id in impl.cells else DASH for q in qs]
         rows.append([first, *cells, md_cell(_verdict(impl))])
     n_dev = sum(1 for i in impls for c in i.cells.values() if c.differs)
     lines = [
+        "---",
+        "hide: [navigation, toc]",
+        "---",
+        "",  # the grid needs the page's whole width
         "# The attention atlas",
         "",
         f"{len(impls)} implementations nobody here wrote, each called as its own users call it (its native",
@@ -83,8 +99,9 @@ def atlas_index(impls: Iterable[Implementation]) -> str:
         "in it). A dash is a question the implementation cannot be asked. The spec's own answers are the",
         "first row; where it names two options (the causal alignment) either is conforming.",
         "",
-        "Filter by implementation or question, show only deviations, sort by a column's header; a",
-        "*reproducer* link opens the snippet. Rendered from `reports/results/atlas-*.json`.",
+        "Filter by implementation or question, show only deviations, sort by a column's header. In a",
+        "cell, *repro* opens the snippet of the call measured and *declared* the deviation declared for",
+        "it. Rendered from `reports/results/atlas-*.json`.",
         "",
         '<div class="atlas-grid" id="atlas-grid"></div>',
         "",
@@ -105,22 +122,46 @@ def atlas_index(impls: Iterable[Implementation]) -> str:
                 continue
             shown.add(e["id"])
             cell = impl.cells.get(e["question"])
-            repro = (f"[reproducer]({rel(page, impl.page)}#repro-{slug(e['question'])})"
-                     if cell is not None and cell.reproducer else DASH)
+            repro = (
+                f"[reproducer]({rel(page, impl.page)}#repro-{slug(e['question'])})"
+                if cell is not None and cell.reproducer
+                else DASH
+            )
             upstream = f"[upstream]({e['upstream']})" if e.get("upstream") else DASH
             status = e["status"] if len(e["status"]) < 20 else "declared (built-in catalogue)"
-            dev_rows.append([f'<span id="{deviation_anchor(e["id"])}"></span>`{e["id"]}`',
-                             f"[`{impl.backend}`]({rel(page, impl.page)})",
-                             md_cell(cell.title if cell else e["question"]), md_cell(e["measured"]),
-                             status, md_cell(e["summary"]), f"{repro} · {upstream}"])
-    lines.append(_table(["deviation", "implementation", "question", "measured", "status", "what it does",
-                         "links"], dev_rows) if dev_rows else "None declared.")
+            dev_rows.append(
+                [
+                    f'<span id="{deviation_anchor(e["id"])}"></span>`{e["id"]}`',
+                    f"[`{impl.backend}`]({rel(page, impl.page)})",
+                    md_cell(cell.title if cell else e["question"]),
+                    md_cell(e["measured"]),
+                    status,
+                    md_cell(e["summary"]),
+                    f"{repro} · {upstream}",
+                ]
+            )
+    lines.append(
+        _table(
+            ["deviation", "implementation", "question", "measured", "status", "what it does", "links"],
+            dev_rows,
+        )
+        if dev_rows
+        else "None declared."
+    )
     undeclared = [(i, c) for i in impls for c in i.cells.values() if c.status == "undeclared"]
     if undeclared:
-        lines += ["", "## Undeclared differences", "",
-                  _table(["implementation", "question", "answer", "spec"],
-                         [[f"`{i.backend}`", md_cell(c.title), md_cell(c.answer), md_cell(c.spec)]
-                          for i, c in undeclared])]
+        lines += [
+            "",
+            "## Undeclared differences",
+            "",
+            _table(
+                ["implementation", "question", "answer", "spec"],
+                [
+                    [f"`{i.backend}`", md_cell(c.title), md_cell(c.answer), md_cell(c.spec)]
+                    for i, c in undeclared
+                ],
+            ),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -143,35 +184,67 @@ def entry_page(impl: Implementation) -> str:
     doc = impl.doc
     info = doc.get("implementation") or {}
     versions = (doc.get("environment") or {}).get("frameworks") or {}
-    lines = [f"# `{impl.backend}`", "",
-             f"[Back to the atlas]({rel(page, INDEX)}#{impl.anchor}) · "
-             f"[conformance results]({rel(page, 'results/backends/' + slug(impl.backend) + '.md')})", ""]
-    facts = [("calls", info.get("function")), ("calling convention", info.get("convention")),
-             ("signature", info.get("signature")),
-             ("versions", ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) or None),
-             ("conformance suite", _verdict(impl)), ("results file", f"`reports/results/{doc['_file']}`")]
+    lines = [
+        f"# `{impl.backend}`",
+        "",
+        f"[Back to the atlas]({rel(page, INDEX)}#{impl.anchor}) · "
+        f"[conformance results]({rel(page, 'results/backends/' + slug(impl.backend) + '.md')})",
+        "",
+    ]
+    facts = [
+        ("calls", info.get("function")),
+        ("calling convention", info.get("convention")),
+        ("signature", info.get("signature")),
+        ("versions", ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) or None),
+        ("conformance suite", _verdict(impl)),
+        ("results file", f"`reports/results/{doc['_file']}`"),
+    ]
     lines += [f"- **{k}**: {md_cell(v)}" for k, v in facts if v]
     lines += ["", "## Answers", ""]
     rows = []
     for cell in impl.cells.values():
-        dev = f"`{cell.deviation['id']}`" if cell.deviation else ("undeclared" if cell.status == "undeclared" else "")
+        dev = (
+            f"`{cell.deviation['id']}`"
+            if cell.deviation
+            else ("undeclared" if cell.status == "undeclared" else "")
+        )
         repro = f"[reproducer](#repro-{slug(cell.question)})" if cell.reproducer else DASH
-        rows.append([md_cell(cell.title), md_cell(cell.answer), md_cell(cell.spec or "(names both)"),
-                     " ".join(x for x in (STATUS_WORDS[cell.status], dev) if x), repro])
+        rows.append(
+            [
+                md_cell(cell.title),
+                md_cell(cell.answer),
+                md_cell(cell.spec or "(names both)"),
+                " ".join(x for x in (STATUS_WORDS[cell.status], dev) if x),
+                repro,
+            ]
+        )
     lines.append(_table(["question", "answer", "spec", "status", ""], rows))
     with_repro = [c for c in impl.cells.values() if c.reproducer]
     if with_repro:
-        lines += ["", "## Reproducers", "",
-                  "Each is the exact call the atlas made, as standalone Python that imports only the framework",
-                  "and NumPy; it prints the output to compare with the answer above.", ""]
+        lines += [
+            "",
+            "## Reproducers",
+            "",
+            "Each is the exact call the atlas made, as standalone Python that imports only the framework",
+            "and NumPy; it prints the output to compare with the answer above.",
+            "",
+        ]
         for cell in with_repro:
-            lines += [f"### {cell.title}", "",
-                      f"Answer: **{md_cell(cell.answer)}**" + (f"; the spec: **{md_cell(cell.spec)}**." if cell.spec
-                                                               else "."), "",
-                      _pre(cell.reproducer, f"repro-{slug(cell.question)}"), ""]
+            lines += [
+                f"### {cell.title}",
+                "",
+                f"Answer: **{md_cell(cell.answer)}**"
+                + (f"; the spec: **{md_cell(cell.spec)}**." if cell.spec else "."),
+                "",
+                _pre(cell.reproducer, f"repro-{slug(cell.question)}"),
+                "",
+            ]
     else:
-        lines += ["", "No reproducer recorded: this backend is one of the kit's own native adapters, whose",
-                  "calls the atlas does not record; its deviations' reproducers are in the built-in catalogue."]
+        lines += [
+            "",
+            "No reproducer recorded: this backend is one of the kit's own native adapters, whose",
+            "calls the atlas does not record; its deviations' reproducers are in the built-in catalogue.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -187,8 +260,10 @@ def implementations_for(clause_id: str, page: str = "spec/clause.md") -> str:
     qs = [q for q in questions() if clause_id in QUESTION_CLAUSES.get(q.id, ())]
     impls = atlas()
     if not qs or not impls:
-        return (f"The [atlas]({rel(page, INDEX)}) asks no question about `{clause_id}`; "
-                "how outside implementations treat it has not been measured.\n")
+        return (
+            f"The [atlas]({rel(page, INDEX)}) asks no question about `{clause_id}`; "
+            "how outside implementations treat it has not been measured.\n"
+        )
     headers = ["implementation", *(q.title for q in qs)]
     rows = [["the spec", *(md_cell(q.spec or "either alignment") for q in qs)]]
     follow = deviate = 0
@@ -201,9 +276,14 @@ def implementations_for(clause_id: str, page: str = "spec/clause.md") -> str:
                 continue
             text = md_cell(cell.answer)
             if cell.differs:
-                how = (f"[`{md_cell(cell.deviation['id'])}`]({rel(page, INDEX)}#{deviation_anchor(cell.deviation['id'])})"
-                       if cell.deviation else "undeclared")
-                repro = (f", [reproducer]({rel(page, impl.page)}#repro-{slug(q.id)})" if cell.reproducer else "")
+                how = (
+                    f"[`{md_cell(cell.deviation['id'])}`]({rel(page, INDEX)}#{deviation_anchor(cell.deviation['id'])})"
+                    if cell.deviation
+                    else "undeclared"
+                )
+                repro = (
+                    f", [reproducer]({rel(page, impl.page)}#repro-{slug(q.id)})" if cell.reproducer else ""
+                )
                 cells.append(f"**deviates**: {text} ({how}{repro})")
             elif cell.status == "spec":
                 cells.append(f"follows: {text}")
@@ -215,6 +295,8 @@ def implementations_for(clause_id: str, page: str = "spec/clause.md") -> str:
         deviate += any(c.differs for c in judged)
         follow += all(c.status == "spec" for c in judged)
         rows.append([f"[`{impl.backend}`]({rel(page, INDEX)}#{impl.anchor})", *cells])
-    summary = (f"Measured by the [atlas]({rel(page, INDEX)}) on {len(rows) - 1} outside implementations: "
-               f"{follow} follow the clause on every question, {deviate} deviate on at least one.")
+    summary = (
+        f"Measured by the [atlas]({rel(page, INDEX)}) on {len(rows) - 1} outside implementations: "
+        f"{follow} follow the clause on every question, {deviate} deviate on at least one."
+    )
     return summary + "\n\n" + _table(headers, rows) + "\n"

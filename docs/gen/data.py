@@ -129,8 +129,12 @@ def atlas(directory: Path = RESULTS) -> tuple[Implementation, ...]:
         entries, undeclared = check(doc["backend"], doc["answers"])
         declared = {e["question"]: e for e in entries}
         undeclared_ids = {u["id"] for u in undeclared}
-        impl = Implementation(doc["backend"], doc, entries=entries,
-                              conformance=[c for c in runs if c["backend"] == doc["backend"]])
+        impl = Implementation(
+            doc["backend"],
+            doc,
+            entries=entries,
+            conformance=[c for c in runs if c["backend"] == doc["backend"]],
+        )
         for a in doc["answers"]:
             got, spec = a["answer"], a["spec"]
             entry = None
@@ -147,8 +151,9 @@ def atlas(directory: Path = RESULTS) -> tuple[Implementation, ...]:
             repro = a.get("reproducer") or ""
             if not repro and entry is not None:  # a built-in native's: the catalogue's reproducer
                 repro = builtin.get(entry["id"], "")
-            impl.cells[a["id"]] = Cell(doc["backend"], a["id"], a.get("title") or a["id"], got, spec,
-                                       status, repro, entry)
+            impl.cells[a["id"]] = Cell(
+                doc["backend"], a["id"], a.get("title") or a["id"], got, spec, status, repro, entry
+            )
         out.append(impl)
     return tuple(out)
 
@@ -165,14 +170,26 @@ def clauses() -> dict[str, Any]:
     return CLAUSES
 
 
-FUNCTION_ORDER = ("sdpa", "sdpa_blocked", "sdpa_fp8", "mha", "lsh_attention",
-                  "sdpa_vjp", "sdpa_blocked_vjp", "mha_vjp", "lsh_attention_vjp")
+FUNCTION_ORDER = (
+    "sdpa",
+    "sdpa_blocked",
+    "sdpa_fp8",
+    "mha",
+    "lsh_attention",
+    "sdpa_vjp",
+    "sdpa_blocked_vjp",
+    "mha_vjp",
+    "lsh_attention_vjp",
+)
 
 
 def verdict(doc: dict[str, Any]) -> str:
     """A run's verdict in the words of ``reports/accuracy.md`` (`attnspec.reports.accuracy.verdict`,
     restated here because that module needs ``tabulate``, which the docs build does not install)."""
-    t = {c: sum(int(r.get(c) or 0) for r in doc["rows"]) for c in ("passed", "failed", "deviation", "crashed", "timeout")}
+    t = {
+        c: sum(int(r.get(c) or 0) for r in doc["rows"])
+        for c in ("passed", "failed", "deviation", "crashed", "timeout")
+    }
     if t["failed"] + t["crashed"] + t["timeout"]:
         text = "FAILS"
     elif t["passed"] + t["deviation"] == 0:

@@ -329,3 +329,24 @@ def _git_commit(session: nox.Session) -> str:
         return commit + ("-dirty" if dirty.strip() else "")
     except Exception:  # not a git checkout (an sdist): the report says unknown
         return "unknown"
+
+
+#: the browser test's Selenium (Chromium itself is Debian's, never downloaded)
+SELENIUM = "selenium==4.51.0"
+
+
+@nox.session
+def docs_browser(session: nox.Session) -> None:
+    """Build the site (as `docs`), then drive headless Chromium over every page (needs Debian's chromium)."""
+    # apt-get install -y chromium chromium-driver: the check uses /usr/bin/chromium and chromedriver
+    missing = [exe for exe in ("/usr/bin/chromium", "/usr/bin/chromedriver") if not Path(exe).exists()]
+    if missing:
+        session.error(f"{', '.join(missing)} missing: apt-get install -y chromium chromium-driver")
+    session.install(SELENIUM)
+    posargs = list(session.posargs)  # the browser check's; the build takes none
+    session.posargs.clear()
+    # mkdocs takes docs/ off sys.path once it has loaded docs/hooks.py, and the hooks import gen lazily
+    session.env["PYTHONPATH"] = str(ROOT / "docs")
+    docs(session)
+    session.run("python", "docs/browser_check.py", "--site", "site", "--docs", "docs",
+                "--screenshots", "docs/screenshots", *posargs)

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -69,6 +70,19 @@ def _prune(nav: list, exists) -> list:
     return kept
 
 
+def slugify(value: str, separator: str) -> str:
+    """GitHub's heading ids, so that the repository's Markdown links its own headings alike:
+    lower case, punctuation dropped (``<`` and ``>`` of a code span included, their text kept),
+    each space one separator."""
+    value = re.sub(r"[^\w\- ]", "", value.strip().lower())
+    return value.replace(" ", separator)
+
+
+def on_config(config):
+    config["mdx_configs"].setdefault("toc", {})["slugify"] = slugify
+    return config
+
+
 def on_files(files: Files, config) -> Files:
     generated: dict[str, str] = {}
 
@@ -87,15 +101,21 @@ def on_files(files: Files, config) -> Files:
     _links.collect(docs_pages, REPO_MARKDOWN)
     for path, text in _links.pages.items():
         files.append(File.generated(config, PREFIX + path, content=text))
+    for path, text in _links.listings.items():
+        if files.get_file_from_path(path) is None:
+            files.append(File.generated(config, path, content=text))
     for path in sorted(_links.copies):
         files.append(File.generated(config, PREFIX + path, abs_src_path=str(ROOT / path)))
 
     nav = list(config["nav"] or [])
-    atlas = [p for p in gen_nav if "atlas" in p]
-    reports = [p for p in gen_nav if p not in atlas]
-    for title, paths in (("Atlas", atlas), ("Reports", reports)):
-        if paths:
+    atlas = [p for p in gen_nav if p.startswith("atlas/")]
+    results = [p for p in gen_nav if p not in atlas]
+    for title, paths in (("Atlas", atlas), ("Reports", results)):
+        section = next((item for item in nav if isinstance(item, dict) and title in item), None)
+        if section is None:
             nav.append({title: paths})
+        else:  # the generated pages first, then those mkdocs.yml lists
+            section[title] = [*paths, *section[title]]
     config["nav"] = _prune(nav, lambda p: files.get_file_from_path(p) is not None)
     return files
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import textwrap
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +51,9 @@ def run(cid: str) -> Worked | None:
     if body.lstrip().startswith(('"""', "'''")):  # drop the docstring
         quote = body.lstrip()[:3]
         body = body.split(quote, 2)[2].lstrip("\n")
-    values = fn()
+    with warnings.catch_warnings():  # NaN compared on purpose (tolerance.nonfinite) warns
+        warnings.simplefilter("ignore", RuntimeWarning)
+        values = fn()
     picture = values.pop("picture", None)
     caption = values.pop("caption", "")
     if picture is not None:

@@ -18,6 +18,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 PREFIX = "repo/"
+#: the page that stands for a linked folder without a README.md: a list of its files, as GitHub shows
+LISTING = "index.md"
+_SKIP = ("__pycache__", ".")
 _INLINE = re.compile(r"(\]\(\s*<?)([^)\s>]+)(>?(?:\s+\"[^\"]*\")?\s*\))")
 _REFERENCE = re.compile(r"^(\s{0,3}\[[^\]]+\]:\s*<?)(\S+?)(>?(?:\s.*)?)$", re.M)
 _HTML = re.compile(r"((?:href|src)=\")([^\"]+)(\")")
@@ -79,6 +82,15 @@ def _split(target: str) -> tuple[str, str] | None:
     return path, hash_ + fragment
 
 
+def listing(root: Path, folder: str) -> str:
+    """A page listing the files of ``folder`` (its subfolders named, not followed)."""
+    entries = sorted(p for p in (root / folder).iterdir() if not p.name.startswith(_SKIP))
+    lines = [f"# `{folder}/`", "", "The files of this folder of the repository.", ""]
+    for p in entries:
+        lines.append(f"- `{p.name}/`" if p.is_dir() else f"- [`{p.name}`]({p.name})")
+    return "\n".join(lines) + "\n"
+
+
 class Links:
     """What the site's pages link to in the repository, and how to rewrite those links."""
 
@@ -86,6 +98,7 @@ class Links:
         self.root = root
         self.pages: dict[str, str] = {}  # repository path -> text, of the Markdown files added as pages
         self.copies: set[str] = set()  # repository paths copied as plain files
+        self.listings: dict[str, str] = {}  # docs-relative path -> text, of docs/ folders' listings
 
     def resolve(self, from_src_uri: str, target: str) -> str | None:
         """The repository path ``target`` points at from the page at ``from_src_uri``, when it is
@@ -98,8 +111,11 @@ class Links:
         if path.startswith("..") or path.startswith("docs/") or path == "docs":
             return None
         full = self.root / path
-        if full.is_dir() and (full / "README.md").is_file():
-            return f"{path}/README.md"
+        if full.is_dir() and path != ".":
+            for index in ("README.md", LISTING):  # a folder's own index page, else a listing
+                if (full / index).is_file():
+                    return f"{path}/{index}"
+            return f"{path}/{LISTING}"
         return path if full.is_file() else None
 
     def collect(self, pages: Iterable[tuple[str, str]], repo_markdown: Iterable[str]) -> None:
@@ -114,14 +130,28 @@ class Links:
         while todo:
             src, text = todo.pop()
             for target in targets(text):
+                self._docs_folder(src, target)
                 found = self.resolve(src, target)
                 if found is None or found in self.pages or found in self.copies:
                     continue
-                if found.endswith(".md"):
+                if found.endswith(f"/{LISTING}") and not (self.root / found).is_file():
+                    self.pages[found] = listing(self.root, found.rpartition("/")[0])
+                    todo.append((PREFIX + found, self.pages[found]))
+                elif found.endswith(".md"):
                     self.pages[found] = (self.root / found).read_text()
                     todo.append((PREFIX + found, self.pages[found]))
                 else:
                     self.copies.add(found)
+
+    def _docs_folder(self, src: str, target: str) -> None:
+        """A repository page's link to a folder of docs/ with no index page: list its pages."""
+        split = _split(target)
+        if not src.startswith(PREFIX) or split is None or not split[0]:
+            return
+        path = posixpath.normpath(posixpath.join(posixpath.dirname(repo_path(src)), split[0]))
+        full = self.root / path
+        if path.startswith("docs/") and full.is_dir() and not (full / LISTING).is_file():
+            self.listings.setdefault(posixpath.join(site_path(path), LISTING), listing(self.root, path))
 
     def rewrite(self, src_uri: str, text: str) -> str:
         """``text`` of the page at ``src_uri`` with every link to a repository file pointing at
@@ -137,8 +167,10 @@ class Links:
             found = self.resolve(src_uri, target)
             if found is not None:
                 dest = site_path(found)
-            elif in_repo and (path.startswith("docs/") or path == "docs"):
+            elif in_repo and path.startswith("docs/"):
                 dest = site_path(path)  # a repository page's link into docs/
+                if (self.root / path).is_dir():
+                    dest = posixpath.join(dest, LISTING)
             else:
                 return target
             return posixpath.relpath(dest, here or ".") + split[1]

@@ -101,13 +101,13 @@ def vector_counts() -> dict[str, dict[str, tuple[int, int, str]]]:
     return dict(counts)
 
 
-def implementations_table() -> Callable[[str], str]:
+def implementations_table() -> Callable[..., str]:
     """The atlas' per-clause table (``docs/gen``, written beside this), or a placeholder while it
     does not exist yet."""
     try:
         from gen import implementations_for
     except ImportError:
-        return lambda cid: "*(implementations table pending: `docs/gen` does not provide it yet)*"
+        return lambda cid, page: "*(implementations table pending: `docs/gen` does not provide it yet)*"
     return implementations_for
 
 
@@ -164,7 +164,7 @@ def _checked_by(cid: str) -> list[str]:
     return [line, "", vec, ""]
 
 
-def render_group(group: Group, versions: dict[str, list[str]], implementations: Callable[[str], str]) -> str:
+def render_group(group: Group, versions: dict[str, list[str]], implementations: Callable[..., str]) -> str:
     lines = [f"# {group.title}", "", group.intro, ""]
     for entry in group.clauses:
         cid = entry["id"]
@@ -187,7 +187,7 @@ def render_group(group: Group, versions: dict[str, list[str]], implementations: 
             *_checked_by(cid),
             "**Implementations.**",
             "",
-            implementations(cid).strip(),
+            implementations(cid, page=group.page).strip(),
             "",
         ]
     return "\n".join(lines)

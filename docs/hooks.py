@@ -19,8 +19,16 @@ from mkdocs.structure.files import File, Files
 
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
-if str(DOCS) not in sys.path:
-    sys.path.insert(0, str(DOCS))  # _build (ours) and gen (the atlas' generator) import from here
+
+
+def _on_path() -> None:
+    """docs/ on sys.path: _build (ours) and gen (the atlas' generator) import from it. mkdocs puts
+    it there only while it loads this file, so every hook that imports checks again."""
+    if str(DOCS) not in sys.path:
+        sys.path.insert(0, str(DOCS))
+
+
+_on_path()
 
 from _build import mathml, spec_pages  # noqa: E402
 from _build.repo_links import PREFIX, Links  # noqa: E402
@@ -44,10 +52,11 @@ _links = Links(ROOT)
 
 def _gen_pages(add_page) -> list[str]:
     """The atlas and report pages of ``docs/gen``, when it exists in this checkout."""
+    _on_path()
     try:
         from gen import write_pages
-    except ImportError:
-        log.info("docs/gen does not provide write_pages yet: no atlas or report pages")
+    except ImportError as e:
+        log.info(f"docs/gen does not provide write_pages yet ({e}): no atlas or report pages")
         return []
     return list(write_pages(add_page))
 
@@ -60,7 +69,7 @@ def _prune(nav: list, exists) -> list:
             if exists(item):
                 kept.append(item)
         elif isinstance(item, dict):
-            (title, value), = item.items()
+            ((title, value),) = item.items()
             if isinstance(value, list):
                 value = _prune(value, exists)
                 if value:
@@ -89,6 +98,7 @@ def on_files(files: Files, config) -> Files:
     def add_page(path: str, markdown: str) -> None:
         generated[path] = markdown
 
+    _on_path()
     for path, text in spec_pages.pages().items():
         add_page(path, text)
     gen_nav = _gen_pages(add_page)
@@ -110,12 +120,20 @@ def on_files(files: Files, config) -> Files:
     nav = list(config["nav"] or [])
     atlas = [p for p in gen_nav if p.startswith("atlas/")]
     results = [p for p in gen_nav if p not in atlas]
-    for title, paths in (("Atlas", atlas), ("Reports", results)):
+    grouped: list = [p for p in results if p.count("/") < 2]  # the results' index
+    for folder, title in (("backends", "By backend"), ("functions", "By function")):
+        pages = [p for p in results if p.split("/")[1:2] == [folder] and p.count("/") == 2]
+        if pages:
+            grouped.append({title: pages})
+    grouped += [p for p in results if p.count("/") >= 2 and p.split("/")[1] not in ("backends", "functions")]
+    for title, entries in (("Atlas", atlas), ("Reports", grouped)):
+        if not entries:
+            continue
         section = next((item for item in nav if isinstance(item, dict) and title in item), None)
         if section is None:
-            nav.append({title: paths})
+            nav.append({title: entries})
         else:  # the generated pages first, then those mkdocs.yml lists
-            section[title] = [*paths, *section[title]]
+            section[title] = [*entries, *section[title]]
     config["nav"] = _prune(nav, lambda p: files.get_file_from_path(p) is not None)
     return files
 

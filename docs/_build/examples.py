@@ -63,17 +63,22 @@ def run(cid: str) -> Worked | None:
     return Worked(body.rstrip(), values, picture, caption)
 
 
-def show(value: Any) -> str:
-    """How the page prints a value: arrays rounded to 4 decimals."""
+def show(name: str, value: Any) -> str:
+    """How the page prints ``name = value``: arrays to 4 decimals, their rows aligned."""
+    prefix = f"{name} = "
     if isinstance(value, np.ndarray):
-        if value.dtype.kind == "f" and value.dtype.itemsize < 4 or value.dtype.name.startswith("float8"):
-            text = np.array2string(value.astype(np.float32), precision=4, suppress_small=True)
-        else:
-            text = np.array2string(value, precision=4, suppress_small=True)
-        return f"{text}  # {value.dtype.name} {value.shape}"
+        shown = value
+        if (
+            value.dtype.kind == "V"
+            or value.dtype.name in ("bfloat16", "float16")
+            or "float8" in value.dtype.name
+        ):
+            shown = value.astype(np.float32)  # ml_dtypes' types print their reprs
+        text = np.array2string(shown, precision=4, suppress_small=True, prefix=prefix)
+        return f"{prefix}{text}  # {value.dtype.name} {value.shape}"
     if isinstance(value, float):
-        return f"{value:.6g}"
-    return repr(value)
+        return f"{prefix}{value:.6g}"
+    return f"{prefix}{value!r}"
 
 
 def structural(n: int, m: int, **options: Any) -> np.ndarray:
@@ -106,7 +111,7 @@ def _visibility():
 def _mask():
     q, k, v = qkv()
     mask = np.array([[True, False, True, False]])  # (1, m): broadcast over the 3 query rows
-    out, w = spec.sdpa(q, k, v, mask=mask, return_weights=True)
+    _, w = spec.sdpa(q, k, v, mask=mask, return_weights=True)
     return {"w": w, "picture": np.broadcast_to(mask, (3, 4))}
 
 
@@ -222,7 +227,7 @@ def _softcap():
     k = np.array([[2.0, 1.0], [-1.0, 1.0]])
     v = np.array([[1.0, 0.0], [0.0, 1.0]])
     bias = np.array([[0.0, -1.0]])
-    out, w = spec.sdpa(q, k, v, scale=1.0, softcap=2.0, bias=bias, return_weights=True)
+    _, w = spec.sdpa(q, k, v, scale=1.0, softcap=2.0, bias=bias, return_weights=True)
     t = 2.0 * np.tanh(q @ k.T / 2.0) + bias  # the cap first, then the bias
     return {"w": w, "by_hand": np.exp(t) / np.exp(t).sum(-1, keepdims=True)}
 
@@ -231,8 +236,9 @@ def _softcap():
 def _alibi():
     q, k, v = np.zeros((3, 2)), np.zeros((5, 2)), np.eye(5, 2)
     slopes = np.array([0.5])  # one head; equal logits, so the weights are ALiBi's alone
-    _, w = spec.sdpa(q[None], k[None], v[None], alibi_slopes=slopes, causal="lower_right",
-                     return_weights=True)
+    _, w = spec.sdpa(
+        q[None], k[None], v[None], alibi_slopes=slopes, causal="lower_right", return_weights=True
+    )
     anchor = spec.query_anchor(3, 5, "lower_right")  # i' = i + m - n
     return {"anchor": anchor, "w": w[0], "picture": spec.causal_mask(3, 5, "lower_right")}
 
@@ -241,8 +247,7 @@ def _alibi():
 def _sinks():
     q, k, v = qkv(n=2, m=3)
     sinks = np.array([1.0])
-    out, w, lse = spec.sdpa(q[None], k[None], v[None], sinks=sinks, return_weights=True,
-                            return_lse=True)
+    _, w, lse = spec.sdpa(q[None], k[None], v[None], sinks=sinks, return_weights=True, return_lse=True)
     return {"w": w[0], "row_sums": w[0].sum(-1), "sink_share": np.exp(sinks[0] - lse[0])}
 
 
@@ -254,10 +259,13 @@ def _dropout():
     q, k, v = qkv(n=2, m=3)
     keep = np.array([[True, False, True], [True, True, True]])
     _, w0, lse0 = spec.sdpa(q, k, v, return_weights=True, return_lse=True)
-    out, w, lse = spec.sdpa(q, k, v, dropout_mask=keep, dropout_p=0.5, return_weights=True,
-                            return_lse=True)
-    return {"w_no_dropout": w0, "w": w, "lse_unchanged": np.array_equal(lse, lse0),
-            "out_is_w_at_v": np.allclose(out, w @ v, rtol=0, atol=1e-15)}
+    out, w, lse = spec.sdpa(q, k, v, dropout_mask=keep, dropout_p=0.5, return_weights=True, return_lse=True)
+    return {
+        "w_no_dropout": w0,
+        "w": w,
+        "lse_unchanged": np.array_equal(lse, lse0),
+        "out_is_w_at_v": np.allclose(out, w @ v, rtol=0, atol=1e-15),
+    }
 
 
 # -- lse ------------------------------------------------------------------------------------------
@@ -268,7 +276,7 @@ def _lse():
     q, k, v = qkv(n=3, m=4)
     q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
     mask = np.array([[True] * 4, [True, True, False, False], [False] * 4])
-    out, lse = spec.sdpa(q32, k32, v32, mask=mask, return_lse=True)
+    _, lse = spec.sdpa(q32, k32, v32, mask=mask, return_lse=True)
     return {"lse": lse, "picture": mask}
 
 
@@ -328,8 +336,11 @@ def _broadcast():
     v = rng.standard_normal((1, 1, 5, 4))
     out = spec.sdpa(q, k, v)
     out_rank2 = spec.sdpa(q[0, 0], k[0, 0], v[0, 0])  # rank 2: one head, rank-2 output
-    return {"out_shape": out.shape, "rank2_shape": out_rank2.shape,
-            "same": np.array_equal(out[0, 0], out_rank2)}
+    return {
+        "out_shape": out.shape,
+        "rank2_shape": out_rank2.shape,
+        "same": np.array_equal(out[0, 0], out_rank2),
+    }
 
 
 @example("sdpa.output_dtype")
@@ -407,7 +418,7 @@ def _fp8_out_dtype():
 def _vjp_definition():
     q, k, v = qkv(n=2, m=3)
     d_out = np.ones((2, 2))
-    dq, dk, dv = spec.sdpa_vjp(q, k, v, d_out)
+    dq, _dk, _dv = spec.sdpa_vjp(q, k, v, d_out)
     h = 1e-6  # a central difference of sum(out * d_out) in q[0, 0]
     qp, qm = q.copy(), q.copy()
     qp[0, 0] += h
@@ -420,7 +431,7 @@ def _vjp_definition():
 def _vjp_empty_row():
     q, k, v = qkv(n=3, m=4)
     mask = np.array([[True] * 4, [False] * 4, [True, True, False, False]])
-    dq, dk, dv = spec.sdpa_vjp(q, k, v, np.ones((3, 2)), mask=mask)
+    dq, _dk, _dv = spec.sdpa_vjp(q, k, v, np.ones((3, 2)), mask=mask)
     return {"dq": dq, "picture": mask}
 
 
@@ -428,7 +439,7 @@ def _vjp_empty_row():
 def _vjp_hidden_keys():
     q, k, v = qkv(n=3, m=4)
     k[3], v[3] = np.nan, 1e4  # key 3 is past kv_lengths
-    dq, dk, dv = spec.sdpa_vjp(q, k, v, np.ones((3, 2)), kv_lengths=3)
+    _dq, dk, dv = spec.sdpa_vjp(q, k, v, np.ones((3, 2)), kv_lengths=3)
     return {"dk": dk, "dv": dv, "picture": structural(3, 4, kv_lengths=np.array(3))}
 
 
@@ -451,7 +462,7 @@ def _mha_vjp():
     e = 4
     p = params(e)
     x = rng.standard_normal((3, e)).round(1)
-    d_query, d_key, d_value, d_params = spec.mha_vjp(x, x, x, p, np.ones((3, e)), num_heads=2)
+    *_d_inputs, d_params = spec.mha_vjp(x, x, x, p, np.ones((3, e)), num_heads=2)
     return {"d_b_k": d_params.b_k, "d_b_o": d_params.b_o}
 
 
@@ -461,8 +472,7 @@ def _lsh_vjp():
     x = rng.standard_normal((6, 4))
     v = rng.standard_normal((6, 2))
     rotations = spec.lsh_rotations(seed=0, d=4, n_hashes=2, n_buckets=4)
-    dx, dv = spec.lsh_attention_vjp(x, v, np.ones((6, 2)), rotations=rotations, chunk_length=2,
-                                    kv_lengths=5)
+    dx, dv = spec.lsh_attention_vjp(x, v, np.ones((6, 2)), rotations=rotations, chunk_length=2, kv_lengths=5)
     return {"dx_row_5": dx[5], "dv_row_5": dv[5]}
 
 
@@ -472,8 +482,16 @@ def _lsh_vjp():
 def params(e: int = 4, seed: int = 0, kv: int | None = None):
     rng = np.random.default_rng(seed)
     kv = kv or e
-    shapes = {"w_q": (e, e), "b_q": (e,), "w_k": (kv, e), "b_k": (kv,), "w_v": (kv, e), "b_v": (kv,),
-              "w_o": (e, e), "b_o": (e,)}
+    shapes = {
+        "w_q": (e, e),
+        "b_q": (e,),
+        "w_k": (kv, e),
+        "b_k": (kv,),
+        "w_v": (kv, e),
+        "b_v": (kv,),
+        "w_o": (e, e),
+        "b_o": (e,),
+    }
     return spec.MHAParams(**{name: rng.standard_normal(s).round(1) for name, s in shapes.items()})
 
 
@@ -484,8 +502,9 @@ def _mha_definition():
     p = params(e)
     x = rng.standard_normal((3, e)).round(1)
     out = spec.mha(x, x, x, p, num_heads=heads)
-    q, k, v = (spec.split_heads(x @ w.T + b, heads) for w, b in
-               ((p.w_q, p.b_q), (p.w_k, p.b_k), (p.w_v, p.b_v)))  # (H, L, hd)
+    q, k, v = (
+        spec.split_heads(x @ w.T + b, heads) for w, b in ((p.w_q, p.b_q), (p.w_k, p.b_k), (p.w_v, p.b_v))
+    )  # (H, L, hd)
     by_hand = spec.merge_heads(spec.sdpa(q, k, v)) @ p.w_o.T + p.b_o
     return {"out": out, "max_abs_diff": float(np.abs(out - by_hand).max())}
 
@@ -518,10 +537,10 @@ def _mha_variants():
     p = params(4)
     x = rng.standard_normal((3, 4)).round(1)
     sinks, slopes = np.array([0.5, -0.5]), np.array([0.25, 1.0])
-    out = spec.mha(x, x, x, p, num_heads=2, sinks=sinks, alibi_slopes=slopes, softcap=5.0,
-                   causal="upper_left")
-    q, k, v = (spec.split_heads(x @ w.T + b, 2) for w, b in
-               ((p.w_q, p.b_q), (p.w_k, p.b_k), (p.w_v, p.b_v)))
+    out = spec.mha(
+        x, x, x, p, num_heads=2, sinks=sinks, alibi_slopes=slopes, softcap=5.0, causal="upper_left"
+    )
+    q, k, v = (spec.split_heads(x @ w.T + b, 2) for w, b in ((p.w_q, p.b_q), (p.w_k, p.b_k), (p.w_v, p.b_v)))
     heads = spec.sdpa(q, k, v, sinks=sinks, alibi_slopes=slopes, softcap=5.0, causal="upper_left")
     by_hand = spec.merge_heads(heads) @ p.w_o.T + p.b_o
     return {"max_abs_diff": float(np.abs(out - by_hand).max())}
@@ -539,8 +558,7 @@ def lsh_inputs(length: int = 8, d: int = 4, seed: int = 0):
 def _lsh_definition():
     x, v = lsh_inputs()
     rotations = spec.lsh_rotations(seed=0, d=4, n_hashes=1, n_buckets=4)
-    out, buckets = spec.lsh_attention(x, v, rotations=rotations, chunk_length=2,
-                                      return_buckets=True)
+    out, buckets = spec.lsh_attention(x, v, rotations=rotations, chunk_length=2, return_buckets=True)
     return {"buckets": buckets, "out": out}
 
 
@@ -595,8 +613,11 @@ def _tolerance_rule():
     golden = sdpa_golden(q, k, v)  # float64 golden, reference error and the rule's budget
     result = spec.sdpa(q, k, v)  # a result rounded once to float16
     err = float(np.abs(result.astype(np.float64) - golden.out).max())
-    return {"allowed_out": golden.allowed_out, "error_of_one_rounding": err,
-            "budget_used": err / golden.allowed_out}
+    return {
+        "allowed_out": golden.allowed_out,
+        "error_of_one_rounding": err,
+        "budget_used": err / golden.allowed_out,
+    }
 
 
 @example("tolerance.nonfinite")

@@ -29,12 +29,12 @@ _FENCE = re.compile(r"^\s*(```|~~~)")
 
 def repo_path(src_uri: str) -> str:
     """The repository path of the page or file at ``src_uri`` in the site."""
-    return src_uri[len(PREFIX):] if src_uri.startswith(PREFIX) else f"docs/{src_uri}"
+    return src_uri[len(PREFIX) :] if src_uri.startswith(PREFIX) else f"docs/{src_uri}"
 
 
 def site_path(path: str) -> str:
     """Where repository file ``path`` lives in the site (docs-relative)."""
-    return path[len("docs/"):] if path.startswith("docs/") else PREFIX + path
+    return path[len("docs/") :] if path.startswith("docs/") else PREFIX + path
 
 
 def _outside_code(text: str, fix: Callable[[str], str]) -> str:

@@ -10,8 +10,12 @@ the implementations that follow or deviate from it (the atlas' ``docs.gen.implem
 
 from __future__ import annotations
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 import re
-import tomllib
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,8 +50,7 @@ class Group:
 def load_groups(path: Path = RULES) -> list[Group]:
     data = tomllib.loads(path.read_text())
     return [
-        Group(g["slug"], g["title"], g["intro"].strip(), list(g.get("clauses", [])))
-        for g in data["group"]
+        Group(g["slug"], g["title"], g["intro"].strip(), list(g.get("clauses", []))) for g in data["group"]
     ]
 
 
@@ -84,7 +87,7 @@ def properties_of(cid: str) -> list[str]:
 def vector_counts() -> dict[str, dict[str, tuple[int, int, str]]]:
     """clause id -> family -> (cases carrying it, cases, dtype) in the family's first bundle of the
     `VECTOR_PROFILE` profile, drawn as ``attnspec vectors export`` draws it."""
-    import attnspec.conformance.vectors_families  # noqa: F401  (registers the families)
+    import attnspec.conformance.vectors_families
     import attnspec.conformance.vectors_kernels  # noqa: F401
     from attnspec.conformance.vectors import PROFILE_CASES, families, family_dtypes
 
@@ -117,8 +120,10 @@ def implementations_table() -> Callable[..., str]:
 def _version_line(cid: str, versions: dict[str, list[str]]) -> str:
     found = versions.get(cid)
     if not found:
-        return ("**Version.** Not named in `spec/CHANGELOG.md`; it holds since 1.0.0, the first "
-                "labelled version, whose rules were all given clauses.")
+        return (
+            "**Version.** Not named in `spec/CHANGELOG.md`; it holds since 1.0.0, the first "
+            "labelled version, whose rules were all given clauses."
+        )
     line = f"**Version.** Introduced in {found[0]}"
     if len(found) > 1:
         line += "; changed in " + ", ".join(found[1:])
@@ -130,7 +135,7 @@ def _worked(cid: str) -> list[str]:
     if worked is None:
         return []
     out = ["**Worked example** (run when this page was built):", "", "```python", worked.source, "```", ""]
-    printed = "\n".join(f"{name} = {examples.show(value)}" for name, value in worked.values.items())
+    printed = "\n".join(examples.show(name, value) for name, value in worked.values.items())
     out += ["```text", printed, "```", ""]
     if worked.picture is not None:
         n, m = worked.picture.shape
@@ -151,16 +156,23 @@ def _checked_by(cid: str) -> list[str]:
     if props:
         line = "**Properties.** Checked on every case by " + ", ".join(f"`{p}`" for p in props) + "."
     else:
-        line = ("**Properties.** No property checks it on every case; it is checked by every case "
-                "that exercises it (`attnspec.spec.clauses.case_clauses`).")
+        line = (
+            "**Properties.** No property checks it on every case; it is checked by every case "
+            "that exercises it (`attnspec.spec.clauses.case_clauses`)."
+        )
     fams = vector_counts().get(cid, {})
     if fams:
         parts = [f"`{name}` ({hits} of {total} {dtype} cases)" for name, (hits, total, dtype) in fams.items()]
-        vec = ("**Vectors.** Carried by the cases of " + ", ".join(parts)
-               + f" in the `{VECTOR_PROFILE}` bundles ([conformance vectors](../repo/conformance/VECTORS.md)).")
+        vec = (
+            "**Vectors.** Carried by the cases of "
+            + ", ".join(parts)
+            + f" in the `{VECTOR_PROFILE}` bundles ([conformance vectors](../repo/conformance/VECTORS.md))."
+        )
     else:
-        vec = ("**Vectors.** No vector case carries it: it needs two calls or a call that must raise, "
-               "which a bundle cannot hold, so only the suite checks it.")
+        vec = (
+            "**Vectors.** No vector case carries it: it needs two calls or a call that must raise, "
+            "which a bundle cannot hold, so only the suite checks it."
+        )
     return [line, "", vec, ""]
 
 
@@ -170,7 +182,7 @@ def render_group(group: Group, versions: dict[str, list[str]], implementations: 
         cid = entry["id"]
         rule = CLAUSES[cid]
         lines += [
-            f'## `{cid}` {{#{cid}}}',
+            f"## `{cid}` {{#{cid}}}",
             "",
             f"**Rule.** {_escape_md(rule.title)}. Stated in the [semantics page]({SEMANTICS}#clauses), "
             f"{rule.where}.",

@@ -138,7 +138,31 @@ def on_files(files: Files, config) -> Files:
     return files
 
 
+#: the semantics page, whose clause table links each clause to its section of the specification
+SEMANTICS = PREFIX + "spec/README.md"
+_CLAUSE_ROW = re.compile(r"^\| `([a-z0-9_.]+)` \|", re.M)
+
+
+def _link_clauses(markdown: str) -> str:
+    """The semantics page's clause table (between its clauses markers), each id a link."""
+    pages = spec_pages.clause_pages(spec_pages.load_groups())
+    head, sep, rest = markdown.partition("<!-- clauses:begin -->")
+    table, end, tail = rest.partition("<!-- clauses:end -->")
+    if not sep or not end:
+        return markdown
+
+    def link(mt: re.Match) -> str:
+        cid = mt.group(1)
+        if cid not in pages:
+            return mt.group(0)
+        return f"| [`{cid}`](../../{pages[cid]}#{cid}) |"
+
+    return head + sep + _CLAUSE_ROW.sub(link, table) + end + tail
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
+    if page.file.src_uri == SEMANTICS:
+        markdown = _link_clauses(markdown)
     return _links.rewrite(page.file.src_uri, markdown)
 
 

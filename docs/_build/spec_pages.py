@@ -170,8 +170,8 @@ def _checked_by(cid: str) -> list[str]:
         )
     else:
         vec = (
-            "**Vectors.** No vector case carries it: it needs two calls or a call that must raise, "
-            "which a bundle cannot hold, so only the suite checks it."
+            f"**Vectors.** No case of the `{VECTOR_PROFILE}` bundles names it among its clauses "
+            "(`attnspec vectors export`); the suite checks it."
         )
     return [line, "", vec, ""]
 
@@ -220,14 +220,15 @@ def render_index(groups: list[Group], versions: dict[str, list[str]]) -> str:
         "these pages give each clause its definition, a worked example computed by the spec "
         "when the site was built, and what checks it.",
         "",
-        "| clause | rule | since |",
-        "|---|---|---|",
+        "| clause | rule | page | since |",
+        "|---|---|---|---|",
     ]
     for g in groups:
         for entry in g.clauses:
             cid = entry["id"]
             since = versions.get(cid, ["1.0.0"])[0]
-            lines.append(f"| [`{cid}`]({g.slug}.md#{cid}) | {_escape_md(CLAUSES[cid].title)} | {since} |")
+            title = _escape_md(CLAUSES[cid].title)
+            lines.append(f"| [`{cid}`]({g.slug}.md#{cid}) | {title} | [{g.title}]({g.slug}.md) | {since} |")
     lines += [
         "",
         "## Reading the examples",

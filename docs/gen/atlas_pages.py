@@ -276,13 +276,14 @@ def implementations_for(clause_id: str, page: str = "spec/clause.md") -> str:
                 continue
             text = md_cell(cell.answer)
             if cell.differs:
+                dev = cell.deviation
                 how = (
-                    f"[`{md_cell(cell.deviation['id'])}`]({rel(page, INDEX)}#{deviation_anchor(cell.deviation['id'])})"
-                    if cell.deviation
+                    f"[{md_cell(dev['id'])}]({rel(page, INDEX)}#{deviation_anchor(dev['id'])})"
+                    if dev
                     else "undeclared"
                 )
                 repro = (
-                    f", [reproducer]({rel(page, impl.page)}#repro-{slug(q.id)})" if cell.reproducer else ""
+                    f" · [reproducer]({rel(page, impl.page)}#repro-{slug(q.id)})" if cell.reproducer else ""
                 )
                 cells.append(f"**deviates**: {text} ({how}{repro})")
             elif cell.status == "spec":

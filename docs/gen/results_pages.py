@@ -205,23 +205,24 @@ def _failures(doc) -> list[str]:
     if not fails:
         return out + (["None."] if not _bad(t) else [])
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for f in fails:
-        groups[f.get("cause") or (f.get("message") or "").split("\n", 1)[0]].append(f)
+    for f in fails:  # one entry per cause, whatever clauses its cases name
+        cause = f.get("cause") or (f.get("message") or "").split("\n", 1)[0]
+        groups[cause.split(" [clause")[0]].append(f)
     for i, (cause, fs) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1])), 1):
         f = fs[0]
-        clauses = f.get("clauses") or []
+        clauses = sorted({c for x in fs for c in x.get("clauses") or []})
         where = sorted(
             {f"{x.get('function')} {x.get('property')} [{x.get('feature')}, {x.get('dtype')}]" for x in fs}
         )
+        more = f" and {len(where) - 8} more" if len(where) > 8 else ""
         out += [
-            f"#### {i}. {md_cell(cause.split(' [clause')[0])[:160]}",
+            f"**{i}. {md_cell(cause)[:200]}**",
             "",
-            f"- **status**: {f.get('status') or 'failed'}; **{len(fs)}** kept case(s)",
+            f"- **status**: {f.get('status') or 'failed'}; {len(fs)} case(s) kept",
             f"- **clauses broken**: {', '.join(f'`{c}`' for c in clauses) or DASH}",
-            f"- **where**: {md_cell('; '.join(where[:8]))}"
-            + (f" and {len(where) - 8} more" if len(where) > 8 else ""),
+            f"- **where**: {md_cell('; '.join(where[:8]))}{more}",
             "",
-            "<details><summary>message</summary>",
+            "<details><summary>message of the first case</summary>",
             "",
             _fence(f.get("message") or "(no message)"),
             "",

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from attnspec import spec
+from attnspec.backends.authoring import attend_mask, plan_sdpa
 from attnspec.backends.compare import sdpa_golden
-from attnspec.spec.masks import visibility
 
 EXAMPLES: dict[str, Callable[[], dict[str, Any]]] = {}
 
@@ -81,11 +81,14 @@ def show(name: str, value: Any) -> str:
     return f"{prefix}{value!r}"
 
 
-def structural(n: int, m: int, **options: Any) -> np.ndarray:
-    """The spec's structural visibility of an sdpa call (`attnspec.spec.masks.visibility`), (n, m)."""
-    keys = ("causal", "window", "q_lengths", "kv_lengths", "q_segment_ids", "kv_segment_ids")
-    vis = visibility(n, m, **{k: options.get(k) for k in keys})
-    return np.ones((n, m), bool) if vis is None else np.broadcast_to(vis, vis.shape[:-2] + (n, m))
+def visible(q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any) -> np.ndarray:
+    """Which keys each query row of ``spec.sdpa(q, k, v, **options)`` sees, (n, m): the spec's
+    visibility rules (`attnspec.spec.masks.visibility`) with the mask and bias folded in, by the
+    authoring API's `attend_mask`; the first head of the first batch element."""
+    plan = plan_sdpa("sdpa", q, k, v, **options)
+    segments = {name: options.get(name) for name in ("q_segment_ids", "kv_segment_ids")}
+    vis = attend_mask(plan, options.get("mask"), options.get("bias"), full=True, **segments)
+    return vis.reshape(-1, plan.n, plan.m)[0]
 
 
 def qkv(n: int = 3, m: int = 4, d: int = 2, seed: int = 0) -> tuple[np.ndarray, ...]:
@@ -104,7 +107,7 @@ def _visibility():
     k_fill[2:] = 1e4  # what a hidden key holds does not matter
     out = spec.sdpa(q, k, v, mask=mask)
     out_fill, w = spec.sdpa(q, k_fill, v, mask=mask, return_weights=True)
-    return {"w": w, "same": np.array_equal(out, out_fill), "picture": mask}
+    return {"w": w, "same": np.array_equal(out, out_fill), "picture": visible(q, k, v, mask=mask)}
 
 
 @example("sdpa.mask")
@@ -112,7 +115,7 @@ def _mask():
     q, k, v = qkv()
     mask = np.array([[True, False, True, False]])  # (1, m): broadcast over the 3 query rows
     _, w = spec.sdpa(q, k, v, mask=mask, return_weights=True)
-    return {"w": w, "picture": np.broadcast_to(mask, (3, 4))}
+    return {"w": w, "picture": visible(q, k, v, mask=mask)}
 
 
 @example("sdpa.bias")
@@ -121,7 +124,7 @@ def _bias():
     bias = np.array([[0.0, 0.5, -np.inf, 0.0]] * 3)
     out_bias = spec.sdpa(q, k, v, bias=np.where(np.isinf(bias), 0.0, bias), mask=~np.isinf(bias))
     out = spec.sdpa(q, k, v, bias=bias)  # -inf hides the key, as a mask would
-    return {"out": out, "same": np.array_equal(out, out_bias), "picture": ~np.isinf(bias)}
+    return {"out": out, "same": np.array_equal(out, out_bias), "picture": visible(q, k, v, bias=bias)}
 
 
 @example("sdpa.empty_row")
@@ -129,7 +132,7 @@ def _empty_row():
     q, k, v = qkv()
     mask = np.array([[True, True, False, False], [False] * 4, [True] * 4])
     out, w = spec.sdpa(q, k, v, mask=mask, return_weights=True)
-    return {"out": out, "w": w, "picture": mask}
+    return {"out": out, "w": w, "picture": visible(q, k, v, mask=mask)}
 
 
 @example("sdpa.hidden_nonfinite")
@@ -137,7 +140,7 @@ def _hidden_nonfinite():
     q, k, v = qkv()
     k[3], v[3] = np.nan, np.inf  # key 3 is padding: uninitialised memory
     out = spec.sdpa(q, k, v, kv_lengths=3)
-    return {"out": out, "picture": structural(3, 4, kv_lengths=np.array(3))}
+    return {"out": out, "picture": visible(q, k, v, kv_lengths=3)}
 
 
 @example("sdpa.visible_nonfinite")
@@ -277,7 +280,7 @@ def _lse():
     q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
     mask = np.array([[True] * 4, [True, True, False, False], [False] * 4])
     _, lse = spec.sdpa(q32, k32, v32, mask=mask, return_lse=True)
-    return {"lse": lse, "picture": mask}
+    return {"lse": lse, "picture": visible(q32, k32, v32, mask=mask)}
 
 
 # -- sdpa: the definition ------------------------------------------------------------------------
@@ -306,7 +309,7 @@ def _weights():
     q, k, v = qkv(n=3, m=4)
     mask = np.array([[True] * 4, [True, False, True, False], [False] * 4])
     _, w = spec.sdpa(q, k, v, mask=mask, return_weights=True)
-    return {"row_sums": w.sum(-1), "picture": mask}
+    return {"row_sums": w.sum(-1), "picture": visible(q, k, v, mask=mask)}
 
 
 @example("sdpa.tiled")
@@ -432,7 +435,7 @@ def _vjp_empty_row():
     q, k, v = qkv(n=3, m=4)
     mask = np.array([[True] * 4, [False] * 4, [True, True, False, False]])
     dq, _dk, _dv = spec.sdpa_vjp(q, k, v, np.ones((3, 2)), mask=mask)
-    return {"dq": dq, "picture": mask}
+    return {"dq": dq, "picture": visible(q, k, v, mask=mask)}
 
 
 @example("sdpa_vjp.hidden_keys")
@@ -440,7 +443,7 @@ def _vjp_hidden_keys():
     q, k, v = qkv(n=3, m=4)
     k[3], v[3] = np.nan, 1e4  # key 3 is past kv_lengths
     _dq, dk, dv = spec.sdpa_vjp(q, k, v, np.ones((3, 2)), kv_lengths=3)
-    return {"dk": dk, "dv": dv, "picture": structural(3, 4, kv_lengths=np.array(3))}
+    return {"dk": dk, "dv": dv, "picture": visible(q, k, v, kv_lengths=3)}
 
 
 @example("sdpa_vjp.variants")
@@ -515,7 +518,7 @@ def _mha_empty_row():
     p = params(4)
     x = rng.standard_normal((3, 4)).round(1)
     out = spec.mha(x, x, x, p, num_heads=2, q_lengths=2)
-    return {"row_2": out[2], "b_o": p.b_o, "picture": structural(3, 3, q_lengths=np.array(2))}
+    return {"row_2": out[2], "b_o": p.b_o, "picture": visible(x, x, x, q_lengths=2)}
 
 
 @example("mha.kv_heads")
@@ -640,7 +643,7 @@ def _tolerance_fp8():
 
 
 #: the input helpers the examples call, shown once on the specification's index page
-HELPERS = (qkv, params, lsh_inputs, structural)
+HELPERS = (qkv, params, lsh_inputs, visible)
 
 
 def helpers_source() -> str:

@@ -120,3 +120,13 @@ def test_versions_from_changelog(build):
     versions = build.spec_pages.clause_versions()
     assert versions["sdpa_fp8.definition"][0] == "1.1.0"
     assert versions["sdpa.empty_row"][0] == "1.0.0"
+
+
+def test_every_example_runs(build):
+    """Each clause's worked example runs against the spec and its picture is an (n, m) grid."""
+    for cid in CLAUSES:
+        worked = build.examples.run(cid)
+        assert worked is not None and worked.values, cid
+        assert "return" in worked.source, cid
+        if worked.picture is not None:
+            assert worked.picture.ndim == 2 and worked.picture.dtype == bool, cid

@@ -31,7 +31,7 @@ def _on_path() -> None:
 _on_path()
 
 from _build import mathml, spec_pages  # noqa: E402
-from _build.repo_links import PREFIX, Links  # noqa: E402
+from _build.repo_links import PREFIX, Links, github_slug  # noqa: E402
 
 log = logging.getLogger("mkdocs.plugins.attnspec")
 
@@ -79,16 +79,8 @@ def _prune(nav: list, exists) -> list:
     return kept
 
 
-def slugify(value: str, separator: str) -> str:
-    """GitHub's heading ids, so that the repository's Markdown links its own headings alike:
-    lower case, punctuation dropped (``<`` and ``>`` of a code span included, their text kept),
-    each space one separator."""
-    value = re.sub(r"[^\w\- ]", "", value.strip().lower())
-    return value.replace(" ", separator)
-
-
 def on_config(config):
-    config["mdx_configs"].setdefault("toc", {})["slugify"] = slugify
+    config["mdx_configs"].setdefault("toc", {})["slugify"] = github_slug
     return config
 
 

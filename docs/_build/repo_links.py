@@ -27,6 +27,14 @@ _HTML = re.compile(r"((?:href|src)=\")([^\"]+)(\")")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 
 
+def github_slug(value: str, separator: str = "-") -> str:
+    """GitHub's id of a heading: lower case, punctuation dropped (``<`` and ``>`` of a code span
+    included, their text kept), each space one separator. The site's headings take the same ids
+    (docs/hooks.py), so the repository's Markdown links its own headings alike."""
+    value = re.sub(r"[^\w\- ]", "", value.strip().lower())
+    return value.replace(" ", separator)
+
+
 def repo_path(src_uri: str) -> str:
     """The repository path of the page or file at ``src_uri`` in the site."""
     return src_uri[len(PREFIX) :] if src_uri.startswith(PREFIX) else f"docs/{src_uri}"

@@ -25,10 +25,12 @@ from pathlib import Path
 from attnspec.spec.clauses import CLAUSES, PROPERTY_CLAUSES, SPEC_VERSION
 
 from . import examples, svg
+from .repo_links import github_slug
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "docs" / "spec" / "_rules.toml"
 CHANGELOG = ROOT / "spec" / "CHANGELOG.md"
+SEMANTICS_SOURCE = ROOT / "spec" / "README.md"
 #: where the semantics page (spec/README.md) lands in the site, relative to docs/spec/
 SEMANTICS = "../repo/spec/README.md"
 #: the vectors' profile whose bundles the pages count
@@ -77,6 +79,22 @@ def clause_versions(text: str | None = None) -> dict[str, list[str]]:
             if cid in CLAUSES and version.group(1) not in found[cid]:
                 found[cid].append(version.group(1))
     return dict(found)
+
+
+def semantics_anchor(where: str) -> str:
+    """The heading of the semantics page (spec/README.md) that states a clause (`Clause.where`:
+    "decision 4", "Bad input", "sdpa_fp8", "sdpa, visibility table"...): its id, or ``clauses``."""
+    first = where.split(",")[0].strip()
+    if first.startswith("decision"):
+        return "decisions"
+    for line in SEMANTICS_SOURCE.read_text().splitlines():
+        if not line.startswith("#"):
+            continue
+        text = line.lstrip("#").strip()
+        plain = text.strip("`")
+        if plain.lower() == first.lower() or plain.startswith(f"{first}("):
+            return github_slug(text.replace("`", ""))
+    return "clauses"
 
 
 def properties_of(cid: str) -> list[str]:
@@ -184,8 +202,8 @@ def render_group(group: Group, versions: dict[str, list[str]], implementations: 
         lines += [
             f"## `{cid}` {{#{cid}}}",
             "",
-            f"**Rule.** {_escape_md(rule.title)}. Stated in the [semantics page]({SEMANTICS}#clauses), "
-            f"{rule.where}.",
+            f"**Rule.** {_escape_md(rule.title)}. Stated on the [semantics page]"
+            f"({SEMANTICS}#{semantics_anchor(rule.where)}): {rule.where}.",
             "",
             _version_line(cid, versions),
             "",

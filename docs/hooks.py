@@ -84,7 +84,32 @@ def on_config(config):
     return config
 
 
+def _with_generated(nav: list, gen_nav: list[str]) -> list:
+    """``nav`` with the pages of ``docs/gen``: the atlas (its index first) under "Atlas", the
+    results' index and their pages by backend and by function first under "Reports"."""
+    atlas = [p for p in gen_nav if p.startswith("atlas/")]
+    results = [p for p in gen_nav if p not in atlas]
+    grouped: list = [p for p in results if p.count("/") < 2]
+    for folder, title in (("backends", "By backend"), ("functions", "By function")):
+        pages = [p for p in results if p.split("/")[1:2] == [folder] and p.count("/") == 2]
+        if pages:
+            grouped.append({title: pages})
+    grouped += [p for p in results if p.count("/") >= 2 and p.split("/")[1] not in ("backends", "functions")]
+    nav = list(nav)
+    for title, entries in (("Atlas", atlas), ("Reports", grouped)):
+        if not entries:
+            continue
+        section = next((item for item in nav if isinstance(item, dict) and title in item), None)
+        if section is None:
+            nav.append({title: entries})
+        else:
+            section[title] = [*entries, *section[title]]
+    return nav
+
+
 def on_files(files: Files, config) -> Files:
+    global _links
+    _links = Links(ROOT)  # afresh on every build: `mkdocs serve` rebuilds in one process
     generated: dict[str, str] = {}
 
     def add_page(path: str, markdown: str) -> None:
@@ -99,8 +124,8 @@ def on_files(files: Files, config) -> Files:
             files.remove(files.get_file_from_path(path))
         files.append(File.generated(config, path, content=text))
 
-    docs_pages = [(f.src_uri, f.content_string) for f in files if f.is_documentation_page()]
-    _links.collect(docs_pages, REPO_MARKDOWN)
+    # the repository's files: its Markdown as pages, the rest as they are, all under repo/
+    _links.collect([(f.src_uri, f.content_string) for f in files if f.is_documentation_page()], REPO_MARKDOWN)
     for path, text in _links.pages.items():
         files.append(File.generated(config, PREFIX + path, content=text))
     for path, text in _links.listings.items():
@@ -109,23 +134,7 @@ def on_files(files: Files, config) -> Files:
     for path in sorted(_links.copies):
         files.append(File.generated(config, PREFIX + path, abs_src_path=str(ROOT / path)))
 
-    nav = list(config["nav"] or [])
-    atlas = [p for p in gen_nav if p.startswith("atlas/")]
-    results = [p for p in gen_nav if p not in atlas]
-    grouped: list = [p for p in results if p.count("/") < 2]  # the results' index
-    for folder, title in (("backends", "By backend"), ("functions", "By function")):
-        pages = [p for p in results if p.split("/")[1:2] == [folder] and p.count("/") == 2]
-        if pages:
-            grouped.append({title: pages})
-    grouped += [p for p in results if p.count("/") >= 2 and p.split("/")[1] not in ("backends", "functions")]
-    for title, entries in (("Atlas", atlas), ("Reports", grouped)):
-        if not entries:
-            continue
-        section = next((item for item in nav if isinstance(item, dict) and title in item), None)
-        if section is None:
-            nav.append({title: entries})
-        else:  # the generated pages first, then those mkdocs.yml lists
-            section[title] = [*entries, *section[title]]
+    nav = _with_generated(config["nav"] or [], gen_nav)
     config["nav"] = _prune(nav, lambda p: files.get_file_from_path(p) is not None)
     return files
 

@@ -99,11 +99,14 @@ def _with_generated(nav: list, gen_nav: list[str]) -> list:
     for title, entries in (("Atlas", atlas), ("Reports", grouped)):
         if not entries:
             continue
-        section = next((item for item in nav if isinstance(item, dict) and title in item), None)
-        if section is None:
-            nav.append({title: entries})
-        else:
+        titles = [next(iter(item)) if isinstance(item, dict) else None for item in nav]
+        if title in titles:
+            section = nav[titles.index(title)]
             section[title] = [*entries, *section[title]]
+        elif "Reports" in titles:  # the atlas goes before the reports
+            nav.insert(titles.index("Reports"), {title: entries})
+        else:
+            nav.append({title: entries})
     return nav
 
 

@@ -114,6 +114,7 @@
     // -- reproducer dialog ------------------------------------------------------------------
     var dialog = make("dialog", { class: "atlas-dialog", id: "atlas-dialog", "aria-labelledby": "atlas-dialog-title" });
     var title = make("h2", { id: "atlas-dialog-title" });
+    var answer = make("p", { class: "atlas-dialog-answer" });
     var pre = make("pre", { class: "atlas-dialog-code" });
     var code = make("code");
     pre.appendChild(code);
@@ -122,7 +123,7 @@
     var open = make("a", {}, "Open on its page");
     var close = make("button", { type: "button", class: "atlas-close" }, "Close");
     [copy, open, close].forEach(function (el) { actions.appendChild(el); });
-    [title, actions, pre].forEach(function (el) { dialog.appendChild(el); });
+    [title, answer, actions, pre].forEach(function (el) { dialog.appendChild(el); });
     document.body.appendChild(dialog);
     close.addEventListener("click", function () { dialog.close(); });
     dialog.addEventListener("click", function (e) { if (e.target === dialog) dialog.close(); });
@@ -151,6 +152,8 @@
       var col = Array.prototype.indexOf.call(cell.parentNode.cells, cell);
       e.preventDefault();
       title.textContent = cell.parentNode.cells[0].textContent.trim() + ": " + headers[col].textContent.trim();
+      var said = cell.querySelector("[data-status]");
+      answer.textContent = said ? "Answered " + said.getAttribute("title").split(": ").slice(1).join(": ") : "";
       code.textContent = "loading…";
       open.href = link.href;
       if (!dialog.open) dialog.showModal();

@@ -296,8 +296,15 @@ def implementations_for(clause_id: str, page: str = "spec/clause.md") -> str:
         deviate += any(c.differs for c in judged)
         follow += all(c.status == "spec" for c in judged)
         rows.append([f"[`{impl.backend}`]({rel(page, INDEX)}#{impl.anchor})", *cells])
-    summary = (
-        f"Measured by the [atlas]({rel(page, INDEX)}) on {len(rows) - 1} outside implementations: "
-        f"{follow} follow the clause on every question, {deviate} deviate on at least one."
-    )
+    measured = f"Measured by the [atlas]({rel(page, INDEX)}) on {len(rows) - 1} outside implementations"
+    if all(q.spec for q in qs):
+        summary = (
+            f"{measured}: {follow} follow the clause on every question, {deviate} deviate on at least one."
+        )
+    else:  # the causal flag: the spec names both alignments, so an answer is a fact, not a verdict
+        summary = (
+            f"{measured}. The spec names both alignments and leaves the choice to the caller, so each row "
+            "says which one the implementation's own causal flag means; neither is wrong, "
+            "but a caller who assumes the other gets another result."
+        )
     return summary + "\n\n" + _table(headers, rows) + "\n"

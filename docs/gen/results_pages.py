@@ -52,6 +52,8 @@ def _bad(t: dict[str, int]) -> int:
 
 
 def _dtype_cell(rows) -> str:
+    """passed/run, declared deviations, failures, and the worst budget after a dot: short enough
+    that a column of them does not wrap."""
     t = _counts(rows)
     if not t["run"]:
         return DASH
@@ -59,10 +61,11 @@ def _dtype_cell(rows) -> str:
         return "refused"
     text = f"{t['passed']}/{t['run']}"
     if t["deviation"]:
-        text += f" + {t['deviation']} dev."
+        text += f" +{t['deviation']} dev."
     if _bad(t):
-        text += f", **{_bad(t)} failed**"
-    return text + f", budget {_num(_worst(rows))}"
+        text += f" **{_bad(t)} failed**"
+    worst = _worst(rows)
+    return text + ("" if worst is None else f" · {worst:.2g}")
 
 
 def _dtypes(rows) -> list[str]:
@@ -290,7 +293,8 @@ def backend_page_text(backend: str, docs, functions: list[str]) -> str:
             "",
             "### By function and dtype",
             "",
-            "Cases passed of those run, declared deviations (*dev.*), failures, and the worst budget used.",
+            "Each cell: cases passed / run, declared deviations (*dev.*), failures, and after the dot the worst "
+            "budget used (1 is the edge of the tolerance).",
             "",
             _matrix(doc, page, functions),
             "",
@@ -379,7 +383,8 @@ def function_page_text(fn: str, docs) -> str:
         "",
         "## By run and dtype",
         "",
-        "Cases passed of those run, declared deviations (*dev.*), failures, and the worst budget used.",
+        "Each cell: cases passed / run, declared deviations (*dev.*), failures, and after the dot the worst "
+        "budget used (1 is the edge of the tolerance).",
         "",
         _table(["backend", "device", *dts, "failed"], mrows) if mrows else "No run accepted a case of it.",
         "",

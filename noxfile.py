@@ -357,8 +357,6 @@ def docs_browser(session: nox.Session) -> None:
     session.install(SELENIUM)
     posargs = list(session.posargs)  # the browser check's; the build takes none
     session.posargs.clear()
-    # mkdocs takes docs/ off sys.path once it has loaded docs/hooks.py, and the hooks import gen lazily
-    session.env["PYTHONPATH"] = str(ROOT / "docs")
     docs(session)
     session.run("python", "docs/browser_check.py", "--site", "site", "--docs", "docs",
                 "--screenshots", "docs/screenshots", *posargs)

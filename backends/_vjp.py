@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnspec.backends import _lsh_xp, _mha
 from attnspec.backends._common import validate, variant_keywords
-from attnspec.backends.base import MHAArrays
+from attnspec.backends.base import Backend, MHAArrays
 from attnspec.errors import SpecError
+from attnspec.spec.validate import ArrayInfo
 
 #: vjp -> the forward method it differentiates
 FORWARD = {"sdpa_vjp": "sdpa", "mha_vjp": "mha", "lsh_attention_vjp": "lsh_attention"}
@@ -144,8 +145,8 @@ def sdpa_vjp(backend, engine: str, q, k, v, d_out, *, mask=None, bias=None, caus
     options = dict(mask=mask, causal=causal, window=window, scale=scale, q_lengths=q_lengths,
                    kv_lengths=kv_lengths, **variants)
 
-    def forward(q, k, v, *rest):
-        rest = list(rest)
+    def forward(q, k, v, *leaves):
+        rest = list(leaves)
         b = rest.pop(0) if bias is not None else None
         return backend.sdpa(q, k, v, bias=b, sinks=rest.pop(0) if sinks is not None else None,
                             **options)
@@ -175,8 +176,8 @@ def mha_vjp(backend, engine: str, query, key, value, params, d_out, *, num_heads
     options = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask, **sdpa_options)
     names = [f.name for f in fields(MHAArrays) if getattr(params, f.name) is not None]
 
-    def forward(query, key, value, *rest):
-        rest = list(rest)
+    def forward(query, key, value, *leaves):
+        rest = list(leaves)
         p = MHAArrays(**dict(zip(names, rest[:len(names)])))
         del rest[:len(names)]
         b = rest.pop(0) if bias is not None else None
@@ -206,12 +207,21 @@ def lsh_attention_vjp(backend, engine: str, x, v, d_out, *, rotations, chunk_len
     return tuple(ENGINES[engine](backend, forward, [x, v], d_out))
 
 
-class Autodiff:
+if TYPE_CHECKING:  # a mixin listed before Backend: checked as one, so it sees Backend's members
+    _AutodiffBase = Backend
+else:
+    _AutodiffBase = object
+
+
+class Autodiff(_AutodiffBase):
     """The vjps of a framework backend, written once: its autodiff engine (a key of
     `ENGINES`) through its own forward methods. A framework's arrays class lists it before
     `Backend` (``class TorchArrays(Autodiff, Backend)``) and names its engine in ``_engine``."""
 
     _engine: ClassVar[str]
+
+    if TYPE_CHECKING:  # each arrays class defines it (a Backend has none)
+        def _info(self, fn: str, name: str, x: object) -> ArrayInfo: ...
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)

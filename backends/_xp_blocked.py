@@ -90,6 +90,8 @@ def _tile(x, n: int, m: int, i0: int, i1: int, j0: int, j1: int):
 
 
 class _Tiles:
+    buffers: dict[str, np.ndarray]  # matmul's NumPy buffers by slot, each reused from tile to tile
+
     def __init__(self, xp, p: SDPAPlan, q, k, v, mask, bias, nonfinite_v: bool, device):
         self.xp, self.p, self.device = xp, p, device
         # NumPy fast path: matmul and exp into buffers reused across tiles (no standard `out=`)

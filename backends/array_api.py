@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from typing import Any, cast
 
 import ml_dtypes
 import numpy as np
@@ -135,7 +136,8 @@ class ArrayAPIBackend(Backend):
     def _info(self, fn: str, name: str, x: object) -> ArrayInfo:
         if not self._compat.is_array_api_obj(x):
             raise refuse(fn, name, x, "array API array")
-        return ArrayInfo(tuple(x.shape), self.dtype_name(x))
+        array = cast(Any, x)  # an array API array: array_api_compat's check is untyped, it cannot narrow x
+        return ArrayInfo(tuple(array.shape), self.dtype_name(x))
 
     def _lengths_to_numpy(self, x):
         if self._compat.is_array_api_obj(x) and not isinstance(x, np.ndarray):

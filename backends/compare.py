@@ -66,8 +66,9 @@ def sdpa_golden(q, k, v, **options) -> Golden:
     Large calls (batch * Hq * n * m >= `BLOCKED_MIN_LOGITS`) get weights only when they ask for
     them: golden and reference then run tiled or in row blocks, with no (n, m) array.
     """
-    f64 = {name: x.astype(np.float64) if isinstance(x, np.ndarray) and x.dtype.name in FLOAT_DTYPES else x
-           for name, x in options.items() if name != "return_weights"}
+    f64: dict[str, Any] = {  # sdpa's keywords, as the caller gave them (float arrays in float64)
+        name: x.astype(np.float64) if isinstance(x, np.ndarray) and x.dtype.name in FLOAT_DTYPES else x
+        for name, x in options.items() if name != "return_weights"}
     plan, extras = sdpa_plan(q, k, v, options)
     want_w = bool(options.get("return_weights")) or math.prod(plan.full_weights_shape) < BLOCKED_MIN_LOGITS
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
@@ -103,8 +104,10 @@ def compare(actual, q, k, v, **options) -> list[str]:
     parts = list(actual) if isinstance(actual, tuple) else [actual]
     expected = [("out", g.out, g.allowed_out, plan.dtype)]
     if options.get("return_weights"):
+        assert g.weights is not None and g.allowed_w is not None  # asked for, so the golden has them
         expected.append(("weights", g.weights, g.allowed_w, plan.dtype))
     if plan.return_lse:
+        assert g.lse is not None and g.allowed_lse is not None  # planned, so the golden has them
         expected.append(("lse", g.lse, g.allowed_lse, plan.lse_dtype))
     if len(parts) != len(expected):
         return [f"returned {len(parts)} arrays, but should return {len(expected)} "
@@ -144,9 +147,9 @@ def golden_and_reference(q, k, v, **options):
     )
     mask, bias = options.get("mask"), options.get("bias")
     with np.errstate(all="ignore"):  # NaN/inf cases are on purpose
-        gold = attention_core(plan, q, k, v, mask, bias, np.float64, lambda x: x)
+        gold_out, gold_w = attention_core(plan, q, k, v, mask, bias, np.float64, lambda x: x)  # no lse
         ref = reference_sdpa(plan, q, k, v, mask, bias, return_weights=True)
-    return finish(plan, *gold, numpy_dtype(plan.dtype), True), ref, plan
+    return finish(plan, gold_out, gold_w, numpy_dtype(plan.dtype), True), ref, plan
 
 
 def relative_error(actual: np.ndarray, golden: np.ndarray) -> float:

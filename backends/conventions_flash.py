@@ -29,7 +29,7 @@ through NumPy on the host: it is the convention's layout work, not the function'
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -163,7 +163,7 @@ class FlashVarlen(Convention):
             parts = [x[s[0], s[which]] for s in seqs]
             return np.concatenate(parts) if parts else x[:0, 0]
 
-        def cu(which: int):  # (S + 1,) int32 cumulative lengths
+        def cu(which: Literal[1, 2]):  # (S + 1,) int32 cumulative lengths
             return np.concatenate([[0], np.cumsum([len(s[which]) for s in seqs])]).astype(np.int32)
 
         cu_q, cu_k = cu(1), cu(2)

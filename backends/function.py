@@ -79,6 +79,8 @@ class FunctionBackend(Backend):
         self.last_causes: list[str] = []
         #: Python lines a standalone reproducer runs first (environment a framework needs)
         self.preamble: list[str] = []
+        #: Python source a standalone reproducer pastes whole instead of importing fn's module
+        self.inline_source: str | None = None
 
     # -- arrays --------------------------------------------------------------------------------
     def devices(self) -> list[str]:

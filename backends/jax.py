@@ -200,8 +200,8 @@ def _clear_of_fill(p: SDPAPlan, q, k, bias) -> bool:
     a visible row whose logits all sit near finfo.min, from a large negative finite bias or huge
     q . k, would otherwise give its weight to the masked keys). Raises under a trace."""
     if all(_on_host(x) for x in (q, k)) and (bias is None or _on_host(bias)):
-        as64 = [None if x is None else np.asarray(x).astype(np.float64) for x in (q, k, bias)]
-        floor = float(_logit_floor(np, *as64, p.scale))
+        q64, k64, bias64 = (None if x is None else np.asarray(x).astype(np.float64) for x in (q, k, bias))
+        floor = float(_logit_floor(np, q64, k64, bias64, p.scale))
     else:
         # no gradient flows through the choice: under an eager jax.vjp the floor is then a value
         q, k, bias = (None if x is None else jax.lax.stop_gradient(x) for x in (q, k, bias))
@@ -552,8 +552,8 @@ class JaxBackend(JaxArrays):
             padded_leaves = [qp, kp, vp] + ([bias_p] if b is not None else []) + (
                 [sinks] if sinks is not None else [])
 
-            def forward(q, k, v, *rest):
-                rest = list(rest)
+            def forward(q, k, v, *extra):
+                rest = list(extra)
                 b = rest.pop(0) if bias is not None else None
                 s = rest.pop(0) if o["sinks"] is not None else None
                 return _variants_on(rules, q, k, v, mask_p, b, alibi, s, keep, False)[0]

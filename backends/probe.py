@@ -262,10 +262,11 @@ def plan(dtypes: tuple[str, ...], fp8: tuple[str, ...] = ()) -> list[tuple[str, 
 
 
 def probe(backend: Backend, dtypes: tuple[str, ...] | None = None, device: str | None = None,
-          skip: dict[tuple[str, str | None], str] | None = None,
+          skip: dict[str, str] | None = None,
           on_event: Callable[[dict], None] | None = None) -> Capabilities:
-    """Probe ``backend`` in-process. ``skip`` marks probes as crashed/timeout without running them."""
-    dtypes = tuple(dtypes or getattr(backend, "dtypes", FLOAT_DTYPES))
+    """Probe ``backend`` in-process. ``skip`` ("need/dtype" -> status) marks probes as crashed/timeout
+    without running them."""
+    dtypes = tuple(dtypes) if dtypes else tuple(getattr(backend, "dtypes", FLOAT_DTYPES))
     results: list[ProbeResult] = []
     feature_dtype: str | None = None
     fp8 = fp8_needs(backend)

@@ -287,7 +287,7 @@ def margins(case: LSHCase) -> MarginReport:
     thr = np.broadcast_to(margin_threshold(case), m.shape)
     unpadded = (np.arange(x.shape[-2]) < lengths(case)[..., None])[..., None, :]  # (*batch, 1, L)
     low = (m <= thr) & (thr > 0) & unpadded  # thr = 0: x[t] = 0, every precision gets exact ties
-    return MarginReport(low, low.reshape(*batch, -1).any(-1) if batch else np.asarray(low.any()))
+    return MarginReport(low, np.asarray(low.reshape(*batch, -1).any(-1) if batch else low.any()))
 
 
 def allowed(case: LSHCase, g_out: np.ndarray, buckets: np.ndarray) -> float:

@@ -80,7 +80,8 @@ def pytest_collection_modifyitems(config, items) -> None:
     if config.getoption("--attn-backend"):
         dtypes = config.getoption("--attn-dtype")
         if dtypes:
-            keep, drop = [], []
+            keep: list[pytest.Item] = []
+            drop: list[pytest.Item] = []
             for item in items:
                 params = getattr(getattr(item, "callspec", None), "params", {})
                 (drop if params.get("dtype", dtypes[0]) not in dtypes else keep).append(item)

@@ -16,12 +16,15 @@ import platform
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attnspec
 from attnspec.conformance.profiles import PROFILE_EXAMPLES
 from attnspec.results import framework_versions, git_state, write_json_atomic
 from attnspec.spec.clauses import SPEC_VERSION, clause_label, failure_clauses, split_label
+
+if TYPE_CHECKING:
+    from attnspec.backends.base import Backend
 
 STATUSES = ("passed", "failed", "unsupported", "deviation", "crashed", "timeout")
 
@@ -39,7 +42,7 @@ class Recorder:
         self.skips: dict[str, dict[str, str]] = json.loads(Path(skip_file).read_text()) if skip_file else {}
         self.pending: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.records: list[dict[str, Any]] = []
-        self.backend = None
+        self.backend: Backend | None = None  # set by the attn_backend fixture
         self.backend_name = ""
         self.device: str | None = None
         self.started = time.time()
@@ -159,7 +162,7 @@ class Recorder:
             if source != BUILTIN_SOURCE:  # declared outside the catalogue: the report shows it from here
                 entry["declaration"] = declaration(dev)
             deviations.append(entry)
-        results = {
+        results: dict[str, Any] = {
             "schema": "attnspec.conformance/1",
             "spec_version": SPEC_VERSION,
             "backend": self.backend_name,
@@ -174,7 +177,8 @@ class Recorder:
             results["suite_errors"] = sorted(set(self.suite_errors))
         # a function checked through a convention: what was called, and what the probe found
         convention = None
-        if hasattr(self.backend, "describe") and hasattr(self.backend, "capabilities"):
+        if (self.backend is not None and hasattr(self.backend, "describe")
+                and hasattr(self.backend, "capabilities")):
             results["implementation"] = self.backend.describe()
             results["capabilities"] = self.backend.capabilities.as_json()
             convention = getattr(self.backend, "convention", None)
@@ -184,7 +188,7 @@ class Recorder:
         return results
 
     def environment(self) -> dict[str, Any]:
-        policy = {}
+        policy: dict[str, Any] = {}
         if self.backend is not None and hasattr(self.backend, "numerics_policy"):
             policy = self.backend.numerics_policy()
         return {

@@ -154,8 +154,8 @@ def run_suite(target: str, backend, device: str, profile: str, out: Path, case_t
                 _progress([shard.journal for shard in shards], label, time.time() - started)
                 last_print = time.time()
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     rec = Recorder(profile)
     rec.backend, rec.backend_name, rec.device, rec.started = backend, target, device, started
     events = [e for shard in shards for e in _read(shard.journal)]

@@ -40,6 +40,7 @@ def judge_blocked(backend, device, prop, case, block_q: int, block_k: int) -> Ve
         if weights is None:
             problems.append("return_weights=True returned no weights")
         else:
+            assert g.weights is not None and g.allowed_w is not None  # asked for, so the golden has them
             problems += [p.replace("out.", "weights.") for p in
                          check_metadata(backend, weights, g.weights.shape, case.dtype, device)]
             comparisons["weights"] = compare(backend.to_numpy(weights).astype(np.float64), g.weights,

@@ -51,7 +51,9 @@ DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 
 def _fewer(test):
     """A third of the loaded profile's examples (the plugin loads it before this module is imported)."""
-    return settings(max_examples=max(2, settings.default.max_examples // 3))(test)
+    default = settings.default
+    assert default is not None  # Hypothesis loads its "default" profile when it is imported
+    return settings(max_examples=max(2, default.max_examples // 3))(test)
 
 
 def _d_out(seed: int, shape, dtype: str) -> np.ndarray:
@@ -104,12 +106,17 @@ def _mha_vjp_case(case: MHACase) -> tuple[MHACase, np.ndarray]:
 def golden_mha_vjp(case: MHACase, d_out: np.ndarray) -> tuple[dict, dict]:
     """({name: float64 golden gradient}, {name: allowed}) for one mha_vjp case."""
     o = case.options
-    params64 = MHAParams(**{f: None if getattr(case.params, f) is None else getattr(case.params, f).astype(np.float64)
-                            for f in PARAM_FIELDS})
+    p = case.params
+
+    def b64(b: np.ndarray | None) -> np.ndarray | None:
+        return None if b is None else b.astype(np.float64)
+
+    params64 = MHAParams(w_q=p.w_q.astype(np.float64), w_k=p.w_k.astype(np.float64), w_v=p.w_v.astype(np.float64),
+                         w_o=p.w_o.astype(np.float64), b_q=b64(p.b_q), b_k=b64(p.b_k), b_v=b64(p.b_v), b_o=b64(p.b_o))
     f64 = {k: v.astype(np.float64) if k == "bias" else v for k, v in o.items()}
+    q64, k64, v64 = (x.astype(np.float64) for x in (case.q, case.k, case.v))
     with np.errstate(all="ignore"):
-        golden = mha_grads_by_name(mha_vjp(*(x.astype(np.float64) for x in (case.q, case.k, case.v)), params64,
-                                           d_out.astype(np.float64), **f64))
+        golden = mha_grads_by_name(mha_vjp(q64, k64, v64, params64, d_out.astype(np.float64), **f64))
     ref = reference_mha_vjp(case.q, case.k, case.v, case.params, d_out, **o)
     err_ref = {name: _err_ref(ref[name], golden[name]) for name in golden}
     allowed = mha_vjp_allowed(case.q, case.k, case.v, case.params, d_out, err_ref, **o)
@@ -292,7 +299,7 @@ def _kept(keep: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """Which entries of a gradient of input shape (..., L, f) may be compared: those whose every
     summed batch element is kept. ``keep`` is (*batch,) bool."""
     lead = keep.ndim - (len(shape) - 2)
-    k = keep.all(axis=tuple(range(lead))) if lead > 0 else keep
+    k = np.asarray(keep.all(axis=tuple(range(lead)))) if lead > 0 else keep
     axes = tuple(i for i, s in enumerate(shape[:-2]) if s == 1 and k.shape[i] != 1)
     return np.broadcast_to(k.all(axis=axes, keepdims=True) if axes else k, shape[:-2])
 
@@ -339,14 +346,16 @@ def judge_lsh_grads(backend, device, prop: str, case: LSHCase, d_out, grads, gol
         got[name] = _as_float64(backend, g) if tuple(g.shape) == golden[name].shape else None
     if problems:
         return _failed(backend, LSH, prop, case, device, problems, note=reason)
+    dx, dv = got["dx"], got["dv"]
+    assert dx is not None and dv is not None  # None only for a wrong shape, a problem returned above
     kx = _kept(keep, golden["dx"].shape)[..., None]  # (..., 1): x's batch elements compared
     kv = _kept(keep, golden["dv"].shape)  # v's
     comparisons = {
-        "dx": compare(got["dx"][kx & ~zero], golden["dx"][kx & ~zero], allowed["dx"]),
-        "dv": compare(got["dv"][kv], golden["dv"][kv], allowed["dv"]),
+        "dx": compare(dx[kx & ~zero], golden["dx"][kx & ~zero], allowed["dx"]),
+        "dv": compare(dv[kv], golden["dv"][kv], allowed["dv"]),
     }
     if (kx & zero).any():
-        comparisons["dx_zero_x"] = compare(got["dx"][kx & zero], golden["dx"][kx & zero], allowed["dx_zero_x"])
+        comparisons["dx_zero_x"] = compare(dx[kx & zero], golden["dx"][kx & zero], allowed["dx_zero_x"])
     if not (kv.all() and kx.all()):
         reason += (f"; gradient batch elements compared: dx {int(kx.sum())} of {kx.size}, "
                    f"dv {int(kv.sum())} of {kv.size}")

@@ -50,10 +50,14 @@ class StagedOutput:
         self.tmp = Path(tempfile.mkdtemp(prefix="_tmp-render-", dir=self.out))
         return self
 
+    @property
+    def _staging(self) -> Path:
+        assert self.tmp is not None, "StagedOutput used outside its with-block"
+        return self.tmp
+
     def path(self, rel: str) -> Path:
         """Where to write the output file ``rel`` (a POSIX path relative to ``out``) for now."""
-        assert self.tmp is not None, "StagedOutput used outside its with-block"
-        p = self.tmp / rel
+        p = self._staging / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         if rel not in self.written:
             self.written.append(rel)
@@ -67,18 +71,18 @@ class StagedOutput:
             if exc_type is None:
                 self._commit()
         finally:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            shutil.rmtree(self._staging, ignore_errors=True)
 
     def _commit(self) -> None:
         # plots first and index.md last: a page never links to a plot that is not there yet
         order = sorted(self.written, key=lambda r: (not r.startswith("plots/"), r == "index.md", r))
         for rel in order:
-            with open(self.tmp / rel, "r+b") as f:  # writable: Windows refuses fsync otherwise
+            with open(self._staging / rel, "r+b") as f:  # writable: Windows refuses fsync otherwise
                 os.fsync(f.fileno())
         for rel in order:
             dest = self.out / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(self.tmp / rel, dest)
+            os.replace(self._staging / rel, dest)
         for folder, pattern in (("plots", "*.png"), ("accuracy", "*.md")):
             if (self.out / folder).is_dir():
                 for old in sorted((self.out / folder).glob(pattern)):
@@ -254,7 +258,7 @@ def load_results(directory: str | os.PathLike) -> Results:
     results = Results(directory)
     if not directory.is_dir():
         return results
-    errors = []
+    errors: list[str] = []
     for kind, pattern in (("conformance", "conformance-*.json"), ("bench", "bench-*.json"),
                           ("lsh_quality", "lsh-quality*.json"), ("suite_timing", "suite-timings/*.json")):
         for path in sorted(directory.glob(pattern)):
@@ -266,6 +270,7 @@ def load_results(directory: str | os.PathLike) -> Results:
                 if more:
                     errors.append(f"{path}: ... and {more} more problems")
                 continue
+            assert doc is not None  # _read gives a document whenever it finds no problem
             doc["_file"] = str(path.relative_to(directory))
             getattr(results, kind).append(doc)
     if errors:

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from attnspec.reports._md import DASH, table
+from attnspec.reports._md import DASH, anchor, table
 
 __all__ = ["atlas_page", "load_atlas"]
 
@@ -31,10 +31,6 @@ def load_atlas(directory: Path) -> list[dict[str, Any]]:
     return sorted(docs, key=lambda d: d["backend"])
 
 
-def _anchor(text: str) -> str:
-    return "".join(c if c.isalnum() or c == "-" else "-" for c in text.lower())
-
-
 def _cell(answer: dict[str, Any], declared: dict[str, dict[str, Any]]) -> str:
     got, spec = answer["answer"], answer["spec"]
     if got.startswith("n/a"):
@@ -43,7 +39,7 @@ def _cell(answer: dict[str, Any], declared: dict[str, dict[str, Any]]) -> str:
         return got
     entry = declared.get(answer["id"])
     if entry is not None:
-        return f"**{got}** [{entry['id']}](#{_anchor(entry['id'])})"
+        return f"**{got}** [{entry['id']}](#{anchor(entry['id'])})"
     return f"**{got}** (undeclared)"
 
 

@@ -58,7 +58,7 @@ def load(path: str | Path) -> dict[str, Any]:
                 if not _is_num(e.get(key)):
                     problems.append(f"{where}.{when}: field {key!r} must be a number")
             w = e.get("weights")
-            if np.shape(w) != (n, n) or not all(_is_num(x) for row in w for x in row):
+            if w is None or np.shape(w) != (n, n) or not all(_is_num(x) for row in w for x in row):
                 problems.append(f"{where}.{when}: field 'weights' must be (n, n) = ({n}, {n}) numbers")
     if problems:
         raise ResultsError("\n".join(f"{path}: {p}" for p in problems[:5]))

@@ -134,7 +134,7 @@ def lsh_scaling(doc: dict[str, Any]) -> list[str]:
     lsh = [r for r in doc["rows"] if r["implementation"] == "lsh" and not r["causal"]]
     if not lsh:
         return []
-    skips = {(g.get("implementation"), g.get("dtype"), (c.get("B"), c.get("H"), c.get("d"), c.get("n"))):
+    skips = {(str(g.get("implementation")), g.get("dtype"), (c.get("B"), c.get("H"), c.get("d"), c.get("n"))):
              g.get("reason")
              for g in doc.get("skipped") or [] if isinstance(g, dict) for c in g.get("cases") or []}
     out = []
@@ -148,7 +148,8 @@ def lsh_scaling(doc: dict[str, Any]) -> list[str]:
                             key=impl_key)
         if not full_impls:
             continue
-        body, crossover = [], {}
+        body = []
+        crossover: dict[str, list[tuple[int, bool]]] = {}  # implementation -> (L, LSH faster) at each L
         for r in rows:
             cells = [r["n"], (r.get("params") or {}).get("n_buckets", DASH), seconds(r["median_s"]),
                      nbytes(r.get("peak_mem_bytes"))]

@@ -163,7 +163,8 @@ def _panel(ax, series: dict[tuple, list[dict]], field: str, which: int, ylabel: 
     shapes: dict[str, set] = defaultdict(set)
     for key in series:
         shapes[key[1]].add(key[2:5])
-    used, ns = set(), set()
+    used: set[int] = set()  # the theory powers drawn (_THEORY)
+    ns: set[int] = set()
     for key, rows in series.items():
         pts = [(r["n"], as_float(r.get(field))) for r in rows]
         pts = [(n, y) for n, y in pts if y is not None and y > 0 and n > 0]

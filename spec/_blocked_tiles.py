@@ -56,6 +56,12 @@ class _Head:
     (n, m) or None, and the scalars slope (ALiBi) and sink, or None.
     """
 
+    mask: np.ndarray | None
+    bias: np.ndarray | None
+    keep: np.ndarray | None
+    slope: float | None
+    sink: float | None
+
     def __init__(self, p: SDPAPlan, q, kv: _KV, rows: _Rows, q_len: int, kv_len: int):
         self.q, self.kv, self.rows = q, kv, rows  # q (n, dk)
         self.mask = self.bias = self.keep = None
@@ -138,6 +144,7 @@ class _Head:
 
     def dropout(self, p_tile, i0: int, i1: int, cols) -> np.ndarray:
         """P * keep / (1 - p) for one tile (r, t), in place."""
+        assert self.keep is not None  # called only with dropout, which sets keep
         p_tile *= self.keep[i0:i1, cols]
         p_tile *= self.keep_scale
         return p_tile

@@ -178,7 +178,8 @@ def _attend_all(p: SDPAPlan, q, k, v, mask, bias, out, weights, lse, bq: int, bk
     for b in np.ndindex(*p.batch):
         q_len = p.n if p.q_lengths is None else int(p.q_lengths[b])
         kv_len = p.m if p.kv_lengths is None else int(p.kv_lengths[b])
-        rows = _Rows(anchors[b], None if q_ids is None else (q_ids[b], kv_ids[b]))
+        # segment ids come both or neither (validate_sdpa)
+        rows = _Rows(anchors[b], None if q_ids is None or kv_ids is None else (q_ids[b], kv_ids[b]))
         for g in range(p.hkv):
             kv = _KV(k4[b][g], v4[b][g])
             for h in range(g * p.group, (g + 1) * p.group):  # query heads reading kv head g

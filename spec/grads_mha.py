@@ -124,14 +124,17 @@ def mha_vjp(
             "w_o": _outer_sum(dO, merged),  # (E, E)
         }
         d_b = {"b_q": _row_sum(dq), "b_k": np.zeros(params.kv_dim), "b_v": _row_sum(dv), "b_o": _row_sum(dO)}
-    d_params = MHAParams(**{
-        name: round_to(d_w[name], getattr(params, name).dtype) for name in d_w
-    }, **{
-        name: None if getattr(params, name) is None else round_to(d_b[name], getattr(params, name).dtype)
-        for name in d_b
-    })
+    def d_weight(name: str) -> np.ndarray:
+        return round_to(d_w[name], getattr(params, name).dtype)
+
+    def d_bias(name: str) -> np.ndarray | None:
+        return None if getattr(params, name) is None else round_to(d_b[name], getattr(params, name).dtype)
+
+    d_params = MHAParams(w_q=d_weight("w_q"), w_k=d_weight("w_k"), w_v=d_weight("w_v"), w_o=d_weight("w_o"),
+                         b_q=d_bias("b_q"), b_k=d_bias("b_k"), b_v=d_bias("b_v"), b_o=d_bias("b_o"))
     inputs = (query, key, value)
-    result = [round_to(g.reshape(x.shape), x.dtype) for g, x in zip(d_inputs, inputs)]
+    result: list[np.ndarray | MHAParams] = [round_to(g.reshape(x.shape), x.dtype)
+                                            for g, x in zip(d_inputs, inputs)]
     result.append(d_params)
     extra = list(grads[3:])  # sdpa_vjp's dbias, then dsinks (H,)
     if bias is not None:

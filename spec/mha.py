@@ -139,6 +139,7 @@ def validate_mha(
     d = params_dims()
     e = d.embed_dim
     hkv, hd = _check_heads(fn, e, num_heads, num_heads if num_kv_heads is None else num_kv_heads)
+    assert is_int(num_heads)  # checked by _check_heads
     if d.kv_dim != hkv * hd:
         raise SpecError(
             f"{fn}: params.w_k.shape[0]={d.kv_dim} must equal num_kv_heads * head_dim = {hkv} * {hd} "

@@ -184,7 +184,9 @@ def check_param_infos(fn: str, info: Callable[[str], ArrayInfo | None], prefix: 
             raise SpecError(f"{fn}: {prefix}{name}.ndim={len(x.shape)} must be {want}, got shape {x.shape}")
         if x.dtype not in FLOAT_DTYPES:
             raise SpecError(f"{fn}: {prefix}{name}.dtype={x.dtype} must be one of {', '.join(FLOAT_DTYPES)}")
-    e, p, vdim = infos["w_q"].shape[0], infos["w_k"].shape[0], infos["w_v"].shape[1]
+    w_q, w_k, w_v = infos["w_q"], infos["w_k"], infos["w_v"]
+    assert w_q is not None and w_k is not None and w_v is not None  # info gives None only for a missing bias
+    e, p, vdim = w_q.shape[0], w_k.shape[0], w_v.shape[1]
     expected = {
         "w_q": (e, e),
         "w_v": (p, vdim),
@@ -204,7 +206,7 @@ def check_param_infos(fn: str, info: Callable[[str], ArrayInfo | None], prefix: 
         if x is not None and x.shape != shape:
             hint = why.get(name, "(out_features,) of its weight")
             raise SpecError(f"{fn}: {prefix}{name}.shape={x.shape} must be {shape}, i.e. {hint}")
-    return ParamDims(e, infos["w_k"].shape[1], vdim, p)
+    return ParamDims(e, w_k.shape[1], vdim, p)
 
 
 def _expect_shape(fn: str, name: str, x: np.ndarray, shape: tuple[int, ...], what: str) -> None:
@@ -214,17 +216,20 @@ def _expect_shape(fn: str, name: str, x: np.ndarray, shape: tuple[int, ...], wha
 
 def _check_heads(fn: str, embed_dim: object, num_heads: object, num_kv_heads: object) -> tuple[int, int]:
     """(num_kv_heads, head_dim) after checking the head counts against embed_dim."""
+    counts = []
     for name, value in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
         if not is_int(value) or value < 1:
             raise SpecError(f"{fn}: {name}={value!r} must be an int >= 1")
-    if not is_int(embed_dim) or embed_dim < 1 or embed_dim % num_heads:
+        counts.append(int(value))
+    heads, kv_heads = counts
+    if not is_int(embed_dim) or embed_dim < 1 or embed_dim % heads:
         raise SpecError(
             f"{fn}: embed_dim={embed_dim!r} must be a positive multiple of num_heads={num_heads} "
             "(head_dim = embed_dim // num_heads)"
         )
-    if num_heads % num_kv_heads:
+    if heads % kv_heads:
         raise SpecError(
             f"{fn}: num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads} "
             "(query head h reads kv head h // (num_heads // num_kv_heads))"
         )
-    return int(num_kv_heads), int(embed_dim) // int(num_heads)
+    return kv_heads, int(embed_dim) // heads

@@ -128,5 +128,6 @@ def params_to_torch_state_dict(params: MHAParams, packed: bool | None = None) ->
         out["in_proj_bias"] = np.concatenate([params.b_q, params.b_k, params.b_v])  # (3E,)
     out["out_proj.weight"] = params.w_o.copy()
     if present:
+        assert params.b_o is not None  # present: all four biases are set (checked above)
         out["out_proj.bias"] = params.b_o.copy()
     return out

@@ -185,7 +185,8 @@ def alibi_term(plan: SDPAPlan, extras: SDPAExtras, compute: type = np.float64) -
     anchor = query_anchor(p.n, p.m, p.causal, q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
                           q_segment_ids=extras.q_segment_ids, kv_segment_ids=extras.kv_segment_ids)
     dist = np.abs(anchor[..., None, :, None] - np.arange(p.m))  # (..., 1, n, m)
-    slopes = extras.alibi_slopes.astype(compute)[..., :, None, None]  # (..., Hq, 1, 1)
+    assert extras.alibi_slopes is not None  # the ALiBi term exists only for a call with alibi_slopes
+    slopes: np.ndarray = extras.alibi_slopes.astype(compute)[..., :, None, None]  # (..., Hq, 1, 1)
     return -slopes * dist.astype(compute)  # (..., Hq, n, m)
 
 
@@ -214,11 +215,12 @@ def attention_core(
     full_w = p.full_weights_shape
     sink = None if ex.sinks is None else rnd(ex.sinks.astype(compute))[:, None, None]  # (Hq, 1, 1)
     if p.m == 0 or p.n == 0 or p.hq == 0:
-        lse = np.full((*p.batch, p.hq, p.n), -np.inf, compute)
+        lse: np.ndarray = np.full((*p.batch, p.hq, p.n), -np.inf, compute)
         if sink is not None:
             lse[...] = sink[:, :, 0]  # no visible key: the sink alone
-        out = (np.zeros((*p.batch, p.hq, p.n, p.dv), compute), np.zeros(full_w, compute))
-        return (*out, lse) if with_lse else out
+        empty: tuple[np.ndarray, np.ndarray] = (np.zeros((*p.batch, p.hq, p.n, p.dv), compute),
+                                                 np.zeros(full_w, compute))
+        return (*empty, lse) if with_lse else empty
     q = rnd(_with_head(q).astype(compute))
     k = rnd(_with_head(k).astype(compute))
     v = rnd(_with_head(v).astype(compute))

@@ -72,6 +72,7 @@ def sdpa_loops(
         q_len, kv_len = lengths(b)
         if q_ids is None:
             return i + kv_len - q_len
+        assert kv_ids is not None  # segment ids come both or neither (plan_numpy checked)
         sid = q_ids[b][i]  # the ends of query i's own sequence, within the lengths
         qend = max((i2 + 1 for i2 in range(q_len) if q_ids[b][i2] == sid), default=0)
         kend = max((j + 1 for j in range(kv_len) if kv_ids[b][j] == sid), default=0)
@@ -87,7 +88,7 @@ def sdpa_loops(
             return False
         if j >= kv_len or i >= q_len:
             return False
-        if q_ids is not None and (q_ids[b][i] < 0 or q_ids[b][i] != kv_ids[b][j]):
+        if q_ids is not None and kv_ids is not None and (q_ids[b][i] < 0 or q_ids[b][i] != kv_ids[b][j]):
             return False
         if mask_f is not None and not mask_f[b + (h, i, j)]:
             return False

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
@@ -274,7 +275,7 @@ def mha_vjp_allowed(query, key, value, params: MHAParams, d_out, err_ref: dict, 
       sqrt(R_o)) max|o|); b_q R_q (e_dq + u (1 + sqrt(R_q)) S_dq), likewise b_k, b_v; b_o
       u (1 + sqrt(R_o)) N_dO; d_bias e_dbias. R_x counts the rows summed (batch * length).
     """
-    opts = {k: options.get(k) for k in _OPTIONS}
+    opts: dict[str, Any] = {k: options.get(k) for k in _OPTIONS}  # sdpa's keywords, as the caller gave them
     plan = plan_mha_numpy("mha_vjp_allowed", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts)
     u = eps(plan.dtype)
     pr = params

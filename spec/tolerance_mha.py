@@ -121,13 +121,15 @@ def reference_mha(query, key, value, params: MHAParams, *, num_heads: int, num_k
 def mha_golden(query, key, value, params: MHAParams, *, num_heads: int, num_kv_heads: int | None = None,
                mask=None, bias=None, **options: Any) -> MHAGolden:
     """The golden of one case (inputs in their dtype, params exact in it) and its tolerances."""
-    opts = {k: options.get(k) for k in _OPTIONS if options.get(k) is not None}
+    opts: dict[str, Any] = {k: options.get(k) for k in _OPTIONS if options.get(k) is not None}
     plan = plan_mha_numpy("mha_golden", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts)
     f64 = [x.astype(np.float64) for x in (query, key, value)]
-    heads = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask)
-    gold = mha(*f64, params, bias=None if bias is None else bias.astype(np.float64), return_weights=True,
-               **heads, **in_float64(**opts))  # (out, weights[, lse]), float64
-    ref = reference_mha(query, key, value, params, bias=bias, **heads, **opts)
+    q64, k64, v64 = f64
+    gold = mha(q64, k64, v64, params, bias=None if bias is None else bias.astype(np.float64),
+               return_weights=True, num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask,
+               **in_float64(**opts))  # (out, weights[, lse]), float64
+    ref = reference_mha(query, key, value, params, bias=bias, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                        mask=mask, **opts)
     err = [compare(r, g, np.inf).max_abs_err for r, g in zip(ref, gold)]
     floor_out, floor_w, floor_lse = _floors(plan, f64, params, mask, bias, num_heads, opts,
                                             gold[2] if plan.return_lse else None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import numpy as np
 
@@ -126,7 +127,7 @@ def finish(plan: SDPAPlan, out, weights, dtype, return_weights: bool, lse=None):
     return results[0] if len(results) == 1 else tuple(results)
 
 
-def is_int(x: object) -> bool:
+def is_int(x: object) -> TypeGuard[numbers.Integral]:
     return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
 
 
@@ -185,7 +186,7 @@ def check_lengths(
     return np.broadcast_to(lengths.astype(np.int64), batch)
 
 
-def _is_real(x: object) -> bool:
+def _is_real(x: object) -> TypeGuard[numbers.Real]:
     return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
 
 
@@ -259,6 +260,7 @@ def check_segments(fn: str, q_ids: ArrayInfo | None, kv_ids: ArrayInfo | None,
         raise SpecError(f"{fn}: {given} was given without {missing}; expected both or neither")
     if q_ids is None:
         return
+    assert kv_ids is not None  # given together with q_ids (checked above)
     for name, info, length, letter in (("q_segment_ids", q_ids, n, "n"), ("kv_segment_ids", kv_ids, m, "m")):
         if info.dtype not in INT_DTYPES:
             raise SpecError(f"{fn}: {name}.dtype={info.dtype} must be an integer dtype")

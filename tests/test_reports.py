@@ -339,3 +339,18 @@ def test_verdict_table_says_when_and_at_which_commit_each_run_finished(results):
     assert header.split()[-2:] == ["finished", "commit"]
     assert sorted(line.split()[-3:] for line in lines) == [
         ["2026-11-23", "00:00", "abc1234"], ["2026-11-24", "00:00", "abc1234"]]
+
+
+def test_lsh_scaling_reads_a_skipped_group_without_implementation():
+    """A skipped group with no "implementation" next to an implementation outside
+    IMPLEMENTATION_ORDER: the table sorts both (it raised TypeError comparing None with a str)."""
+    from attnspec.reports.performance import lsh_scaling
+
+    shape = {"B": 1, "H": 2, "d": 8, "n": 64, "m": 64, "dtype": "float32", "causal": False}
+    doc = {"backend": "numpy", "device": "cpu",
+           "rows": [{**shape, "implementation": "lsh", "median_s": 2.0, "params": {"n_buckets": 4}},
+                    {**shape, "implementation": "flash", "median_s": 1.0}],
+           "skipped": [{"dtype": "float32", "reason": "no memory",
+                        "cases": [{k: shape[k] for k in ("B", "H", "d", "n")}]}]}
+    text = "\n".join(lsh_scaling(doc))
+    assert "flash median" in text and "None median" in text and "skipped: no memory" in text

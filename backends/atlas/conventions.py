@@ -49,7 +49,9 @@ class MLX(Convention):
         if _only(options) and (p.causal == "lower_right" or (p.causal == "upper_left" and square)):
             kw["mask"] = "causal"  # MLX's causal string is lower-right aligned
         elif options.get("bias") is not None:
-            kw["mask"] = lib.asarray(_full(p, additive_mask(p, options.get("mask"), options["bias"])))
+            full = additive_mask(p, options.get("mask"), options["bias"])
+            assert full is not None  # additive_mask is None only when there is neither a mask nor a bias
+            kw["mask"] = lib.asarray(_full(p, full))
         else:
             vis = attend_mask(p, options.get("mask"))
             if vis is not None:
@@ -342,7 +344,9 @@ class Paddle(Convention):
         if _only(options) and (p.causal == "upper_left" or (p.causal == "lower_right" and square)):
             kw["is_causal"] = True  # alone: paddle ignores attn_mask when is_causal is set
         elif options.get("bias") is not None:
-            kw["attn_mask"] = lib.asarray(_full(p, additive_mask(p, options.get("mask"), options["bias"])))
+            full = additive_mask(p, options.get("mask"), options["bias"])
+            assert full is not None  # additive_mask is None only when there is neither a mask nor a bias
+            kw["attn_mask"] = lib.asarray(_full(p, full))
         else:
             vis = attend_mask(p, options.get("mask"))
             if vis is not None:

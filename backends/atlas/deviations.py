@@ -71,9 +71,9 @@ def check(backend: str, answers: list[dict[str, Any]]) -> tuple[list[dict[str, A
         suffix = {"nan_hidden_key": "-k", "nan_hidden_value": "-v"}.get(a["id"])
         if suffix and any(d.deviation_id.endswith(suffix) for d in builtin):
             builtin = [d for d in builtin if d.deviation_id.endswith(suffix)]
-        for d in builtin:
-            entries.append({"id": d.deviation_id, "question": a["id"], "declared": d.native_does[:120],
+        for dev in builtin:
+            entries.append({"id": dev.deviation_id, "question": a["id"], "declared": dev.native_does[:120],
                             "measured": a["answer"], "status": "declared in backends/deviations.py (checked both ways "
-                            "by tests/test_deviations.py)", "summary": d.native_does.rstrip("."),
+                            "by tests/test_deviations.py)", "summary": dev.native_does.rstrip("."),
                             "upstream": ""})
     return entries, undeclared

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from attnspec.backends.base import Backend, Unsupported
+from attnspec.backends.function import FunctionBackend
 from attnspec.spec import sdpa
 
 __all__ = ["QUESTIONS", "Question", "ask", "reproducer"]
@@ -317,7 +318,7 @@ def ask(backend: Backend, question: Question, dtype: str = "float32") -> dict[st
         opts = {**opts, "causal": flag}
     q, k, v = (x.astype(dtype).astype(np.float64) for x in (q, k, v))  # the values the backend sees
     case = (q, k, v, opts)
-    if hasattr(backend, "record_calls"):
+    if isinstance(backend, FunctionBackend):  # the backends that record their calls (record_calls)
         backend.record_calls, backend.last_call = True, None
     conv = {name: backend.asarray(x, dtype if x.dtype.kind == "f" else None) if isinstance(x, np.ndarray) else x
             for name, x in opts.items()}

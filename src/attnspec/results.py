@@ -93,7 +93,8 @@ def git_state() -> dict[str, Any]:
     """{"git_commit", "git_dirty"}: from ATTNSPEC_GIT_COMMIT (set by nox, "abc1234[-dirty]"), else git."""
     import subprocess
 
-    commit, dirty = os.environ.get("ATTNSPEC_GIT_COMMIT"), os.environ.get("ATTNSPEC_GIT_DIRTY")
+    commit, dirty_env = os.environ.get("ATTNSPEC_GIT_COMMIT"), os.environ.get("ATTNSPEC_GIT_DIRTY")
+    dirty: bool | None
     if commit is None:
         try:
             git = ["git", "-C", str(Path(__file__).resolve().parent)]
@@ -104,6 +105,6 @@ def git_state() -> dict[str, Any]:
         except (OSError, subprocess.SubprocessError):
             commit, dirty = "unknown", None
     else:
-        dirty = commit.endswith("-dirty") if dirty is None else dirty == "1"
+        dirty = commit.endswith("-dirty") if dirty_env is None else dirty_env == "1"
         commit = commit.removesuffix("-dirty")
     return {"git_commit": commit, "git_dirty": dirty}

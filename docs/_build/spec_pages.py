@@ -16,6 +16,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 import re
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from attnspec.spec.clauses import CLAUSES, PROPERTY_CLAUSES, SPEC_VERSION
 
-from . import examples, svg
+from . import examples, pictures, svg
 from .repo_links import github_slug
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,14 +156,23 @@ def _worked(cid: str) -> list[str]:
     out = ["**Worked example** (run when this page was built):", "", "```python", worked.source, "```", ""]
     printed = "\n".join(examples.show(name, value) for name, value in worked.values.items())
     out += ["```text", printed, "```", ""]
+    pic = None
     if worked.picture is not None:
         n, m = worked.picture.shape
-        title = f"{cid}: keys (columns) visible from each query row (rows)"
+        pic = svg.mask(
+            worked.picture,
+            f"The example's <code>picture</code>: {n} query rows by {m} keys, filled where the key is "
+            "visible, as the spec's mask code computes it.",
+        )
+    elif cid in pictures.PICTURES:
+        with warnings.catch_warnings():  # NaN compared on purpose (tolerance.nonfinite)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            pic = pictures.PICTURES[cid]()
+    if pic is not None:
         out += [
             '<figure class="attnspec-figure" markdown="span">',
-            svg.grid(worked.picture, title),
-            f"<figcaption>The example's <code>picture</code>: {n} query rows by {m} keys, "
-            "filled where the key is visible, as the spec's mask code computes it.</figcaption>",
+            svg.draw(pic, f"{cid}: {pic.rows} by {pic.cols}"),
+            f"<figcaption>{pic.caption}</figcaption>",
             "</figure>",
             "",
         ]

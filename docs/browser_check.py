@@ -6,8 +6,8 @@ Serves ``--site`` with ``python -m http.server`` on localhost, opens every page 
 and every HTML file of the site) in Debian's ``/usr/bin/chromium`` through ``/usr/bin/chromedriver``
 (Selenium; nothing is downloaded), and checks on each: no SEVERE entry in the browser's console,
 every internal link answers HTTP 200 and its ``#anchor`` exists on the target, no LaTeX left
-unrendered and MathML present (and laid out) where the page's source has math, a mask picture
-(an ``<svg>`` with cells) on each rule page under ``spec/``; and on the atlas, that its filters
+unrendered and MathML present (and laid out) where the page's source has math, a picture
+(an ``<svg>`` with cells) in every clause section of each rule page under ``spec/``; and on the atlas, that its filters
 reduce the visible rows and a reproducer opens in the dialog. Prints one line per failure and
 exits 1 on any; saves screenshots of the home page, a rule page and the atlas.
 """
@@ -31,8 +31,8 @@ from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-#: LaTeX a reader should never see: $...$, \( \), \[ \], or a command such as \frac outside code
-RAW_LATEX = re.compile(r"(?<![\w$])\$[^$\s][^$\n]*\$|\\\(|\\\[|\\(?:frac|sqrt|mathrm|sum|exp|operatorname)\b")
+#: LaTeX a reader should never see: $...$, \( \), \[ \], or any command (\frac, \argmax...) outside code
+RAW_LATEX = re.compile(r"(?<![\w$])\$[^$\s][^$\n]*\$|\\\(|\\\[|\\[A-Za-z]{2,}\b")
 SOURCE_MATH = re.compile(r"\$[^$\n]+\$|\\\(|\\\[")
 
 
@@ -185,13 +185,27 @@ class Checker:
                 self.fail(page, f"{src.name} has math but the page has no <math> element")
 
     def check_picture(self, page: str) -> None:
-        n = self.driver.execute_script(
-            "return Array.from(document.querySelectorAll('article svg')).filter("
-            "s => !s.closest('.md-icon, .md-content__button, .twemoji, .headerlink, button') "
-            "&& s.querySelectorAll('rect, path, line, polygon').length > 1).length"
+        """Every clause section (an ``h2`` with an id, up to the next ``h2``) holds a drawing: an
+        ``<svg>`` with more than one shape, not an icon."""
+        found = self.driver.execute_script(
+            "const drawing = s => !s.closest('.md-icon, .md-content__button, .twemoji, .headerlink, button')"
+            "  && s.querySelectorAll('rect, path, line, polygon').length > 1;"
+            "const a = document.querySelector('article'); if (!a) return null;"
+            "const out = [];"
+            "for (const h of a.querySelectorAll('h2[id]')) {"
+            "  let n = 0;"
+            "  for (let e = h.nextElementSibling; e && e.tagName !== 'H2'; e = e.nextElementSibling)"
+            "    n += [...(e.matches('svg') ? [e] : []), ...e.querySelectorAll('svg')].filter(drawing).length;"
+            "  out.push([h.id, n]);"
+            "}"
+            "return out;"
         )
-        if not n:
-            self.fail(page, "rule page without a mask picture (no <svg> drawing in the article)")
+        if not found:
+            self.fail(page, "rule page without clause sections (no <h2 id> in the article)")
+            return
+        for section, n in found:
+            if not n:
+                self.fail(page, f"clause section #{section} without a picture (no <svg> drawing in it)")
 
     def check_atlas(self, page: str, screenshots: Path | None) -> None:
         from selenium.webdriver.common.by import By
@@ -311,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--rule-pages",
         default=r"spec/(?!index\.html$)[^#?]+",
-        help="regex (on the page path) of the rule pages, which must show a mask picture",
+        help="regex (on the page path) of the rule pages, each clause section of which must show a picture",
     )
     ap.add_argument("--pages", default="", help="regex: visit only the pages it finds (all when empty)")
     ap.add_argument("--size", default="1400x1000", help="the window, WIDTHxHEIGHT")

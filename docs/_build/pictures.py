@@ -330,24 +330,23 @@ def _fp8_out_dtype():
 def _tolerance_fp8():
     from attnspec.spec.dtypes import eps
 
-    ms, dks = (16, 128, 1024), (32, 64, 128)
-    floor = np.array(
-        [
-            [eps("bfloat16") + eps("float32") * (np.sqrt(m) + 2 * np.sqrt(dk) * 4.0 + 1) for dk in dks]
-            for m in ms
-        ]
+    ms, logits = (16, 128, 1024), (1.0, 4.0, 16.0)
+    dk = 64
+    accumulation = np.array(
+        [[eps("float32") * (np.sqrt(m) + 2 * np.sqrt(dk) * L + 1) for L in logits] for m in ms]
     )
     return heat(
-        floor * 1e3,
-        "The floor of the FP8 budget (×10⁻³, V = 1, L = 4), by keys m and head dim dk, from "
-        "attnspec.spec.dtypes.eps.",
+        accumulation * 1e6,
+        f"The floor's float32 term ×10⁶ (V = 1, dk = {dk}) by keys m and largest logit L, from "
+        f"attnspec.spec.dtypes.eps; the output rounding term, ε_bfloat16 · V = {eps('bfloat16'):.2g}, is added "
+        "to every cell and dominates it.",
         "small",
         "large",
-        digits=4,
+        digits=1,
         rows="keys m",
-        cols="head dim dk",
+        cols="largest logit L",
         row_ticks=[str(m) for m in ms],
-        col_ticks=[str(d) for d in dks],
+        col_ticks=[f"{L:g}" for L in logits],
     )
 
 
@@ -431,6 +430,7 @@ def _lsh_definition():
         "0",
         "1",
         hidden=w == 0,
+        hidden_label="outside its windows",
         rows="query i / bucket",
         cols="key j / bucket",
         row_ticks=[f"{i}/{b}" for i, b in enumerate(buckets[0])],
@@ -450,6 +450,7 @@ def _lsh_rounds():
         "0",
         "1",
         hidden=w == 0,
+        hidden_label="outside its windows",
     )
 
 
@@ -467,6 +468,7 @@ def _lsh_dedup():
         "0",
         "1",
         hidden=cells == 0,
+        hidden_label="outside its windows",
         digits=1,
         split=split,
         col_ticks=ticks,
@@ -484,6 +486,7 @@ def _lsh_causal():
         "0",
         "1",
         hidden=w == 0,
+        hidden_label="outside its windows",
         digits=1,
     )
 
@@ -499,6 +502,7 @@ def _lsh_padding():
         "0",
         "1",
         hidden=w == 0,
+        hidden_label="outside its windows",
         digits=1,
     )
 
@@ -595,11 +599,13 @@ def _tolerance_rule():
         ]
     )
     return heat(
-        used,
-        f"The share of the allowed error ({golden.allowed_out:.2g}) each element of a float16 result "
-        "uses, by attnspec.spec.tolerance.compare: 1 would be the limit.",
-        "0",
-        "max",
+        100 * used,
+        f"The percent of the allowed error ({golden.allowed_out:.2g}, the rule's budget for this call) "
+        "that each element of a float16 result uses, by attnspec.spec.tolerance.compare: 100 would be "
+        "the limit.",
+        "0 %",
+        f"{100 * used.max():.2f} %",
+        digits=2,
         cols="output feature",
     )
 

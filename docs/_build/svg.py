@@ -43,7 +43,15 @@ def mask(visible: np.ndarray, caption: str, **kw) -> Picture:
 
 
 def heat(
-    values: np.ndarray, caption: str, low: str, high: str, *, hidden=None, digits: int = 2, **kw
+    values: np.ndarray,
+    caption: str,
+    low: str,
+    high: str,
+    *,
+    hidden=None,
+    hidden_label: str = "not visible",
+    digits: int = 2,
+    **kw,
 ) -> Picture:
     """Values >= 0 as shades of one colour, each printed; ``hidden`` (n, m) bool cells drawn empty."""
     values = np.asarray(values, np.float64)
@@ -53,8 +61,8 @@ def heat(
     legend = [("heat", "value (darker: larger)")]
     if hidden is not None:
         cells[np.asarray(hidden, bool)] = "hidden"
-        legend.append(("hidden", "not visible"))
-    text = np.vectorize(lambda x: f"{x:.{digits}f}".lstrip("0") if 0 <= x < 1 else f"{x:.{digits}g}")(values)
+        legend.append(("hidden", hidden_label))
+    text = np.vectorize(lambda x: _number(x, digits))(values)
     text = np.where(cells == "hidden", "", text)
     kw.setdefault("legend", legend)
     return Picture(cells.astype(str), caption, shade=shade, text=text, heat_range=(low, high), **kw)
@@ -77,7 +85,8 @@ def draw(pic: Picture, title: str) -> str:
     legend_w = 0
     parts_legend = []
     x = 4
-    for kind, words in pic.legend:
+    shown = set(np.ravel(pic.cells))
+    for kind, words in [(kind, words) for kind, words in pic.legend if kind in shown]:
         if kind == "heat" and pic.heat_range:
             low, high = pic.heat_range
             parts_legend.append(f'<text x="{x}" y="{legend_y + 11}">{_esc(low)}</text>')
@@ -134,6 +143,15 @@ def draw(pic: Picture, title: str) -> str:
 def grid(visible: np.ndarray, title: str) -> str:
     """(n, m) bool -> an <svg> whose filled cells are the keys each query row sees."""
     return draw(mask(visible, ""), title)
+
+
+def _number(x: float, digits: int) -> str:
+    """A cell's number, short: 0, .25, 1.3, 12.5, 1.2e+03."""
+    if x == 0:
+        return "0"
+    if 0 < x < 1:
+        return f"{x:.{digits}f}".lstrip("0")
+    return f"{x:.{digits}f}" if abs(x) < 100 else f"{x:.2g}"
 
 
 def _esc(text: str) -> str:

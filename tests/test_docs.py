@@ -26,8 +26,10 @@ def build():
     sys.path.insert(0, str(DOCS))
     try:
         import _build.examples
+        import _build.pictures
         import _build.repo_links
         import _build.spec_pages
+        import _build.svg
 
         yield _build
     finally:
@@ -130,3 +132,30 @@ def test_every_example_runs(build):
         assert "return" in worked.source, cid
         if worked.picture is not None:
             assert worked.picture.ndim == 2 and worked.picture.dtype == bool, cid
+
+
+def test_every_clause_has_a_picture(build):
+    """Each clause's section draws one picture: its example's visibility grid, or one computed from
+    the spec by `_build.pictures`; never both (one would hide the other)."""
+    import warnings
+
+    for cid in CLAUSES:
+        has_mask = build.examples.run(cid).picture is not None
+        assert has_mask != (cid in build.pictures.PICTURES), cid
+        if has_mask:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            pic = build.pictures.PICTURES[cid]()
+        n, m = pic.cells.shape
+        assert n and pic.caption and pic.legend, cid
+        for extra in (pic.shade, pic.text):
+            assert extra is None or extra.shape == (n, m), cid
+        drawn = build.svg.draw(pic, cid)
+        assert drawn.count("<rect") >= n * m, cid
+
+
+def test_gqa_picture_is_contiguous_groups(build):
+    """The GQA picture is the spec's own head map: query head h reads kv head h // G."""
+    read = build.pictures._head_map(6, 2)
+    assert (read.argmax(1) == [0, 0, 0, 1, 1, 1]).all()

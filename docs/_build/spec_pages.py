@@ -2,8 +2,9 @@
 
 The prose and the LaTeX are hand-written in ``docs/spec/_rules.toml``; everything else is computed
 here from the code when the site is built: each clause's title (`attnspec.spec.clauses.CLAUSES`),
-the version that introduced or changed it (``spec/CHANGELOG.md``), its worked example and picture
-(`examples`, which call the spec's functions), the properties that check it (`PROPERTY_CLAUSES`),
+the version that introduced or changed it (``spec/CHANGELOG.md``), its worked example (`examples`,
+which call the spec's functions) and its picture (the example's visibility grid, or one `pictures`
+computes from the spec), the properties that check it (`PROPERTY_CLAUSES`),
 the vector families whose cases carry it (drawn now, as ``attnspec vectors export`` draws them) and
 the implementations that follow or deviate from it (the atlas' ``docs.gen.implementations_for``).
 """
@@ -269,9 +270,14 @@ def render_index(groups: list[Group], versions: dict[str, list[str]]) -> str:
         examples.helpers_source(),
         "```",
         "",
-        "A picture is the example's `picture`, a visibility array made by the spec's mask code "
-        "(`spec.causal_mask`, `spec.window_mask`, `spec.segment_mask`, `attnspec.spec.masks.visibility`...): "
-        "row i is query i, column j key j, a filled cell a visible key.",
+        "Every clause has a picture, computed when the site was built. Where the example returns a "
+        "`picture`, it is a visibility array made by the spec's mask code (`spec.causal_mask`, "
+        "`spec.window_mask`, `spec.segment_mask`, `attnspec.spec.masks.visibility`...): row i is query i, "
+        "column j key j, a filled cell a visible key. Otherwise the picture is drawn from what the spec "
+        "returns for a small call (`docs/_build/pictures.py`): weights as shades, with the number in "
+        "each cell (from `return_weights`, or from one-hot values, whose output rows are the weights), "
+        "the query-head to kv-head map, the share of the tolerance budget used. Each picture says what "
+        "its rows and columns are and has a legend.",
         "",
     ]
     return "\n".join(lines)

@@ -7,7 +7,7 @@ out with its axis titles, its row and column numbers and a legend, in the theme'
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,7 +33,6 @@ class Picture:
     text: np.ndarray | None = None
     split: int | None = None  # columns from here on are a second block (after a gap)
     heat_range: tuple[str, str] | None = None  # the legend's words for the lightest and darkest heat
-    extra: dict = field(default_factory=dict)
 
 
 def mask(visible: np.ndarray, caption: str, **kw) -> Picture:
@@ -82,7 +81,6 @@ def draw(pic: Picture, title: str) -> str:
 
     width = left + m * cw + gap + 8
     legend_y = TOP + n * CELL + 16
-    legend_w = 0
     parts_legend = []
     x = 4
     shown = set(np.ravel(pic.cells))
@@ -138,11 +136,6 @@ def draw(pic: Picture, title: str) -> str:
     parts += parts_legend
     parts.append("</svg>")
     return "".join(p for p in parts if p)
-
-
-def grid(visible: np.ndarray, title: str) -> str:
-    """(n, m) bool -> an <svg> whose filled cells are the keys each query row sees."""
-    return draw(mask(visible, ""), title)
 
 
 def _number(x: float, digits: int) -> str:

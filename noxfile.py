@@ -300,6 +300,18 @@ LINTERS = ("ruff==0.17.6", "mypy==2.4.1")
 
 
 @nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site into site/ (mkdocs build --strict: a broken link fails it)."""
+    # mkdocstrings reads the package as installed (a real copy, as lint's mypy does): the import
+    # package is assembled from five folders, which its static finder cannot map from the tree
+    install(session, ".[docs]")
+    shutil.rmtree("build", ignore_errors=True)
+    session.install("--no-deps", "--force-reinstall", ".")
+    session.env["NO_MKDOCS_2_WARNING"] = "1"  # material's banner about its successor, on every build
+    session.run("mkdocs", "build", "--strict", "--site-dir", "site", *session.posargs)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """Lint (ruff check), check formatting (ruff format --check) and type-check (mypy) the kit."""
     session.install(*LINTERS)
@@ -329,3 +341,22 @@ def _git_commit(session: nox.Session) -> str:
         return commit + ("-dirty" if dirty.strip() else "")
     except Exception:  # not a git checkout (an sdist): the report says unknown
         return "unknown"
+
+
+#: the browser test's Selenium (Chromium itself is Debian's, never downloaded)
+SELENIUM = "selenium==4.51.0"
+
+
+@nox.session
+def docs_browser(session: nox.Session) -> None:
+    """Build the site (as `docs`), then drive headless Chromium over every page (needs Debian's chromium)."""
+    # apt-get install -y chromium chromium-driver: the check uses /usr/bin/chromium and chromedriver
+    missing = [exe for exe in ("/usr/bin/chromium", "/usr/bin/chromedriver") if not Path(exe).exists()]
+    if missing:
+        session.error(f"{', '.join(missing)} missing: apt-get install -y chromium chromium-driver")
+    session.install(SELENIUM)
+    posargs = list(session.posargs)  # the browser check's; the build takes none
+    session.posargs.clear()
+    docs(session)
+    session.run("python", "docs/browser_check.py", "--site", "site", "--docs", "docs",
+                "--screenshots", "docs/screenshots", *posargs)

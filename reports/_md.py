@@ -7,8 +7,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from tabulate import tabulate
-
 from attnspec.reports._io import as_float
 
 DASH = "—"
@@ -23,6 +21,8 @@ def cell(x: Any) -> str:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
     """A pipe table; ``align`` has one letter per column: l(eft), r(ight) or c(enter)."""
+    from tabulate import tabulate  # here, not at import: a page's words (a verdict) need no table
+
     names = {"l": "left", "r": "right", "c": "center"}
     colalign = [names[a] for a in align] if align else None
     body = [[cell(x) for x in row] for row in rows]

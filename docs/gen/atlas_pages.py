@@ -12,7 +12,9 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable
 
-from .data import DASH, Cell, Implementation, atlas, clauses, esc, md_cell, questions, slug, verdict
+from attnspec.reports.accuracy import verdict
+
+from .data import DASH, Cell, Implementation, atlas, clauses, esc, md_cell, questions, slug
 
 INDEX = "atlas/index.md"
 

@@ -181,24 +181,3 @@ FUNCTION_ORDER = (
     "mha_vjp",
     "lsh_attention_vjp",
 )
-
-
-def verdict(doc: dict[str, Any]) -> str:
-    """A run's verdict in the words of ``reports/accuracy.md`` (`attnspec.reports.accuracy.verdict`,
-    restated here because that module needs ``tabulate``, which the docs build does not install)."""
-    t = {
-        c: sum(int(r.get(c) or 0) for r in doc["rows"])
-        for c in ("passed", "failed", "deviation", "crashed", "timeout")
-    }
-    if t["failed"] + t["crashed"] + t["timeout"]:
-        text = "FAILS"
-    elif t["passed"] + t["deviation"] == 0:
-        text = "nothing run"
-    elif t["deviation"]:
-        text = "deviates as declared"
-    else:
-        text = "conforms"
-    stale = sum(1 for d in doc.get("deviations") or [] if d.get("status") == "stale")
-    if stale:
-        text += f" ({stale} declared deviation{'s' if stale > 1 else ''} stale)"
-    return text

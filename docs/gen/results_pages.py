@@ -9,8 +9,10 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from attnspec.reports.accuracy import verdict
+
 from .atlas_pages import _table, rel
-from .data import DASH, FUNCTION_ORDER, atlas, conformance, md_cell, slug, verdict
+from .data import DASH, FUNCTION_ORDER, atlas, conformance, md_cell, slug
 
 INDEX = "results/index.md"
 COUNTS = ("run", "passed", "failed", "unsupported", "deviation", "crashed", "timeout")

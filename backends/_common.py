@@ -14,6 +14,7 @@ import numpy as np
 
 from attnspec.errors import SpecError
 from attnspec.spec.dtypes import NUMPY_DTYPES, compute_dtype_name, numpy_dtype  # noqa: F401  (re-exported)
+from attnspec.spec.options import VARIANT_ARRAYS, VARIANT_KEYWORDS
 from attnspec.spec.validate import ArrayInfo, SDPAPlan, validate_sdpa
 
 InfoFn = Callable[[str, str, Any], ArrayInfo]
@@ -56,10 +57,6 @@ def validate(
     )
 
 
-#: the array keywords of the sdpa variants (issue #15)
-VARIANT_ARRAYS = ("alibi_slopes", "sinks", "q_segment_ids", "kv_segment_ids", "dropout_mask")
-#: every keyword of the sdpa variants
-VARIANT_KEYWORDS = ("softcap", *VARIANT_ARRAYS, "dropout_p", "return_lse")
 
 
 def variant_keywords(scope: dict[str, Any]) -> dict[str, Any]:

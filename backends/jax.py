@@ -80,6 +80,7 @@ from attnspec.backends._jax_arrays import (  # noqa: F401  (re-exported: jax_nat
 )
 from attnspec.backends.base import VARIANT_FEATURES, variant_features
 from attnspec.errors import SpecError
+from attnspec.spec.options import VARIANT_ARRAYS
 from attnspec.spec.validate import SDPAPlan
 
 __all__ = ["JaxBackend"]
@@ -538,8 +539,7 @@ class JaxBackend(JaxArrays):
         """The whole vjp of a variant call, run in length buckets: jax.vjp of `_variants_on` at
         the padded lengths (one compiled program per bucket, not per length), d_out padded with
         zeros and the gradients cut back. Leaves: q, k, v, then bias, then sinks, as given."""
-        o = {name: options.get(name) for name in ("alibi_slopes", "sinks", "q_segment_ids",
-                                                  "kv_segment_ids", "dropout_mask")}
+        o = {name: options.get(name) for name in VARIANT_ARRAYS}
 
         def whole(q, k, v, *rest):
             *leaves, d_out = rest

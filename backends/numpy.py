@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnspec.backends import _mha
-from attnspec.backends._common import VARIANT_ARRAYS, refuse, to_reference
+from attnspec.backends._common import refuse, to_reference
 from attnspec.backends._common import variant_keywords as _variants
 from attnspec.backends.base import VARIANT_FEATURES, Backend, MHAArrays
 from attnspec.spec.blocked import blocked_core, check_block
@@ -22,6 +22,7 @@ from attnspec.spec.grads_mha import mha_vjp as spec_mha_vjp
 from attnspec.spec.lsh import lsh_attention as spec_lsh_attention
 from attnspec.spec.lsh import validate_lsh
 from attnspec.spec.mha import MHAParams, mha
+from attnspec.spec.options import VARIANT_ARRAYS
 from attnspec.spec.sdpa import golden
 from attnspec.spec.validate import ArrayInfo, SDPAExtras, validate_sdpa
 

@@ -472,10 +472,10 @@ def _seeded(s, rng: np.random.Generator) -> Any:
 
 #: every feature a tour visits: the sdpa cases', the variants' and the serving cases'
 def tour_features() -> tuple[str, ...]:
-    from attnspec.conformance.hypothesis_helpers import SDPA_FEATURES, VARIANT_FEATURES
+    from attnspec.conformance.hypothesis_helpers import SDPA_FEATURES, VARIANT_CASE_FEATURES
     from attnspec.conformance.serving_cases import SERVING_FEATURES
 
-    return tuple(dict.fromkeys((*SDPA_FEATURES, *VARIANT_FEATURES, *SERVING_FEATURES)))
+    return tuple(dict.fromkeys((*SDPA_FEATURES, *VARIANT_CASE_FEATURES, *SERVING_FEATURES)))
 
 
 def simplest(strategy) -> Any:

@@ -17,6 +17,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from attnspec.conformance.corners import corner_case, floor_levels, floor_rows
+from attnspec.spec.options import VARIANT_FEATURES
 
 MAX_SIDE = int(os.environ.get("ATTNSPEC_MAX_SIDE", "24"))
 SIDES = tuple(s for s in (1, 2, 3, 5, 8, 13, 16, 24, 32, 64) if s <= MAX_SIDE)
@@ -261,9 +262,8 @@ def full_visibility(plan, options) -> np.ndarray:
 
 # -- the attention variants of issue #15 --------------------------------------------------------
 
-#: one feature per variant (the names of `attnspec.backends.VARIANT_FEATURES`), and all together
-VARIANT_FEATURES = ("softcap", "alibi", "sinks", "lse", "segments", "causal_lower_right_lengths",
-                    "dropout", "variants_combined")
+#: the variant cases: one per variant (`attnspec.spec.options.VARIANT_FEATURES`), and all together
+VARIANT_CASE_FEATURES = (*VARIANT_FEATURES, "variants_combined")
 #: the sdpa features a variant case is drawn on top of (rank-2 and empty cases are the base
 #: suite's business)
 _VARIANT_BASES = ("plain", "gqa", "mask", "bias", "kv_lengths", "q_lengths", "causal_lower_right",
@@ -288,7 +288,7 @@ def segment_ids(rng: np.random.Generator, shape: tuple[int, ...], segments: int,
     return ids.astype(np.int64)
 
 
-def variant_cases(dtype: str, features: tuple[str, ...] = VARIANT_FEATURES,
+def variant_cases(dtype: str, features: tuple[str, ...] = VARIANT_CASE_FEATURES,
                   bases: tuple[str, ...] = _VARIANT_BASES):
     """One sdpa call with a drawn variant (or all of them) on top of a drawn base case; a `Corner`
     puts the first of ``features`` on the corner case."""

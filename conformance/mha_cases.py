@@ -21,11 +21,13 @@ from attnspec.backends.base import variant_features
 from attnspec.conformance.hypothesis_helpers import (
     NP_DTYPES,
     SIDES,
+    VARIANT_CASE_FEATURES,
     _short,
     draw_packing_and_dropout,
     full_visibility,
 )
 from attnspec.spec.mha import MHAParams, plan_mha_numpy
+from attnspec.spec.options import NAMES
 from attnspec.spec.tolerance_mha import MHAGolden, mha_golden
 
 __all__ = ["MHA_BAD_INPUTS", "MHA_FEATURES", "MHABadInput", "MHACase", "call_mha", "golden_for_mha",
@@ -34,9 +36,8 @@ __all__ = ["MHA_BAD_INPUTS", "MHA_FEATURES", "MHABadInput", "MHACase", "call_mha
 MHA_FEATURES = (
     "plain", "no_bias", "kdim_vdim", "gqa", "mqa", "rank2", "batch_broadcast", "scale",
     "mask", "bias", "bias_neg_inf", "causal_upper_left", "causal_lower_right", "window",
-    "kv_lengths", "q_lengths", "no_visible_rows", "empty", "combined", *(
-        "softcap", "alibi", "sinks", "lse", "segments", "causal_lower_right_lengths", "dropout",
-        "variants_combined"),  # sdpa's variants (issue #15), passed through to every head
+    "kv_lengths", "q_lengths", "no_visible_rows", "empty", "combined",
+    *VARIANT_CASE_FEATURES,  # sdpa's variants (issue #15), passed through to every head
 )
 #: the variant features of `MHA_FEATURES` (the names `attnspec.backends.VARIANT_FEATURES` uses)
 MHA_VARIANT_FEATURES = MHA_FEATURES[MHA_FEATURES.index("softcap"):]
@@ -45,8 +46,7 @@ MHA_VARIANT_FEATURES = MHA_FEATURES[MHA_FEATURES.index("softcap"):]
 #: yet (sdpa_vjp's has)
 MHA_BASE_FEATURES = MHA_FEATURES[:MHA_FEATURES.index("softcap")]
 #: sdpa's keywords besides mask and bias, which mha passes through
-SDPA_OPTIONS = ("causal", "window", "scale", "q_lengths", "kv_lengths", "softcap", "alibi_slopes", "sinks",
-                "q_segment_ids", "kv_segment_ids", "dropout_mask", "dropout_p", "return_lse")
+SDPA_OPTIONS = tuple(name for name in NAMES if name not in ("mask", "bias", "return_weights"))
 PARAM_FIELDS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
 HEAD_DIMS = (1, 2, 4, 8)
 _SIDES = tuple(s for s in SIDES if s <= 13)  # projections make each side cost E * features more

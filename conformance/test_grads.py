@@ -25,7 +25,7 @@ from attnspec.conformance.grads_cases import explicit_mask_case as _explicit
 from attnspec.conformance.grads_cases import poison_hidden_keys
 from attnspec.conformance.grads_cases import vjp_case as _vjp_case
 from attnspec.conformance.hypothesis_helpers import (
-    VARIANT_FEATURES,
+    VARIANT_CASE_FEATURES,
     SDPACase,
     case_plan,
     full_visibility,
@@ -42,7 +42,7 @@ from attnspec.spec.validate import FLOAT_DTYPES
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 #: the variants with a backward: return_lse ("lse") is a forward output, sdpa_vjp has none
-VJP_VARIANTS = tuple(f for f in VARIANT_FEATURES if f != "lse")
+VJP_VARIANTS = tuple(f for f in VARIANT_CASE_FEATURES if f != "lse")
 #: the sdpa features the empty-row property draws (its variant cases are drawn on top of them)
 EMPTY_ROW_FEATURES = ("no_visible_rows", "q_lengths", "bias_neg_inf")
 

@@ -224,18 +224,18 @@ class SDPAVectors(Family):
 
     @property
     def features(self) -> tuple[str, ...]:
-        from attnspec.conformance.hypothesis_helpers import SDPA_FEATURES, VARIANT_FEATURES
+        from attnspec.conformance.hypothesis_helpers import SDPA_FEATURES, VARIANT_CASE_FEATURES
 
-        return (*SDPA_FEATURES, *VARIANT_FEATURES)
+        return (*SDPA_FEATURES, *VARIANT_CASE_FEATURES)
 
     def draw(self, feature: str, dtype: str, seed: int, index: int) -> VectorCase:
         from attnspec.conformance import hypothesis_helpers as hh
         from attnspec.conformance.corners import Tour
 
         tour = Tour(feature, seed)
-        if feature in hh.VARIANT_FEATURES:
+        if feature in hh.VARIANT_CASE_FEATURES:
             case = hh._variant_case(
-                tour.choosing(hh.VARIANT_FEATURES), dtype, hh.VARIANT_FEATURES, hh._VARIANT_BASES
+                tour.choosing(hh.VARIANT_CASE_FEATURES), dtype, hh.VARIANT_CASE_FEATURES, hh._VARIANT_BASES
             )
         else:
             case = hh._sdpa_case(tour.choosing(hh.SDPA_FEATURES), dtype, hh.SDPA_FEATURES)

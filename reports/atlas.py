@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from attnspec.reports._md import DASH, anchor, table
+from attnspec.spec.dtypes import FLOAT_DTYPES
 
 __all__ = ["atlas_page", "load_atlas"]
 
-DTYPES = ("float16", "bfloat16", "float32", "float64")
+DTYPES = FLOAT_DTYPES
 
 
 def load_atlas(directory: Path) -> list[dict[str, Any]]:

@@ -55,42 +55,24 @@ is filled by a second tiled pass with the final M and L.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from attnspec.errors import SpecError
 from attnspec.spec._blocked_tiles import _KV, _attend, _Head, _Rows
 from attnspec.spec.masks import query_anchor
-from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan, finish, is_int, numpy_info, validate_sdpa
+from attnspec.spec.options import take, with_options
+from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan, finish, is_int, plan_options
 
 __all__ = ["blocked_core", "check_block", "sdpa_blocked"]
 
 _FN = "sdpa_blocked"
 
 
-def sdpa_blocked(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    mask: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-    causal: str | None = None,
-    window: tuple[int, int] | None = None,
-    scale: float | None = None,
-    q_lengths: np.ndarray | int | None = None,
-    kv_lengths: np.ndarray | int | None = None,
-    softcap: float | None = None,
-    alibi_slopes: np.ndarray | None = None,
-    sinks: np.ndarray | None = None,
-    q_segment_ids: np.ndarray | None = None,
-    kv_segment_ids: np.ndarray | None = None,
-    dropout_mask: np.ndarray | None = None,
-    dropout_p: float | None = None,
-    return_weights: bool = False,
-    return_lse: bool = False,
-    block_q: int = 256,
-    block_k: int = 512,
-):
+@with_options(after=("block_q", "block_k"))
+def sdpa_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, block_q: int = 256, block_k: int = 512,
+                 **options: Any):
     """`sdpa` without the (n, m) logits: tiled online softmax (see the module docstring).
 
     Arguments, validation, SpecError messages (with this function's name) and results are those
@@ -106,34 +88,10 @@ def sdpa_blocked(
     Raises:
         SpecError: for any input `sdpa` refuses, and for a block size that is not an int >= 1.
     """
-    extras = SDPAExtras(alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
-
-    def info(name, x):
-        return None if x is None else numpy_info(_FN, name, x)
-
-    p = validate_sdpa(
-        _FN,
-        numpy_info(_FN, "q", q),
-        numpy_info(_FN, "k", k),
-        numpy_info(_FN, "v", v),
-        mask=info("mask", mask),
-        bias=info("bias", bias),
-        causal=causal,
-        window=window,
-        scale=scale,
-        q_lengths=q_lengths,
-        kv_lengths=kv_lengths,
-        softcap=softcap,
-        alibi_slopes=info("alibi_slopes", alibi_slopes),
-        sinks=info("sinks", sinks),
-        q_segment_ids=info("q_segment_ids", q_segment_ids),
-        kv_segment_ids=info("kv_segment_ids", kv_segment_ids),
-        dropout_mask=info("dropout_mask", dropout_mask),
-        dropout_p=dropout_p,
-        return_lse=return_lse,
-    )
+    o = take(_FN, options)
+    p, extras = plan_options(_FN, q, k, v, o)
     bq, bk = check_block("block_q", block_q), check_block("block_k", block_k)
-    return blocked_core(p, q, k, v, mask, bias, return_weights, bq, bk, extras=extras)
+    return blocked_core(p, q, k, v, o["mask"], o["bias"], o["return_weights"], bq, bk, extras=extras)
 
 
 def blocked_core(p: SDPAPlan, q, k, v, mask, bias, return_weights: bool,

@@ -25,7 +25,8 @@ import ml_dtypes
 import numpy as np
 
 from attnspec.errors import SpecError
-from attnspec.spec.dtypes import round_to
+from attnspec.spec.dtypes import FLOAT_DTYPES, round_to
+from attnspec.spec.options import ARRAY_NAMES, VALUE_NAMES, take, with_options
 from attnspec.spec.sdpa import golden
 from attnspec.spec.validate import ArrayInfo, SDPAExtras, SDPAPlan, broadcasts_to, numpy_info, validate_sdpa
 
@@ -49,7 +50,7 @@ FP8_NUMPY: dict[str, np.dtype] = {name: np.dtype(getattr(ml_dtypes, name)) for n
 #: vLLM take): then q carries no descale
 WIDE_Q_DTYPES = ("float16", "bfloat16", "float32")
 #: the dtypes a caller may ask for the output in
-OUT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+OUT_DTYPES = FLOAT_DTYPES
 #: bias and sinks are logits, which an FP8 kernel holds in float32
 LOGIT_DTYPE = "float32"
 
@@ -73,6 +74,7 @@ class FP8Plan:
         return "float64" if self.out_dtype == "float64" else "float32"
 
 
+@with_options()
 def sdpa_fp8(
     q: np.ndarray,
     k: np.ndarray,
@@ -82,22 +84,7 @@ def sdpa_fp8(
     k_descale: np.ndarray | float | None = None,
     v_descale: np.ndarray | float | None = None,
     out_dtype: str | None = None,
-    mask: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-    causal: str | None = None,
-    window: tuple[int, int] | None = None,
-    scale: float | None = None,
-    q_lengths: np.ndarray | int | None = None,
-    kv_lengths: np.ndarray | int | None = None,
-    softcap: float | None = None,
-    alibi_slopes: np.ndarray | None = None,
-    sinks: np.ndarray | None = None,
-    q_segment_ids: np.ndarray | None = None,
-    kv_segment_ids: np.ndarray | None = None,
-    dropout_mask: np.ndarray | None = None,
-    dropout_p: float | None = None,
-    return_weights: bool = False,
-    return_lse: bool = False,
+    **options: Any,
 ):
     """Scaled dot-product attention of FP8 q, k, v with descale factors, exactly.
 
@@ -128,9 +115,10 @@ def sdpa_fp8(
             descale of another dtype or shape, non-finite or <= 0, a descale for a non-FP8
             tensor, an unknown out_dtype, and anything `attnspec.spec.sdpa` refuses.
     """
-    options = {name: value for name, value in locals().items() if name not in ("q", "k", "v")}
-    fp = plan_fp8("sdpa_fp8", q, k, v, options)
-    return finish_fp8(fp, golden_fp8(fp, q, k, v, options, return_weights), return_weights)
+    o = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale, "out_dtype": out_dtype,
+         **take("sdpa_fp8", options)}
+    fp = plan_fp8("sdpa_fp8", q, k, v, o)
+    return finish_fp8(fp, golden_fp8(fp, q, k, v, o, o["return_weights"]), o["return_weights"])
 
 
 def golden_fp8(fp: FP8Plan, q, k, v, options: dict[str, Any], return_weights: bool):
@@ -156,26 +144,13 @@ def plan_fp8(fn: str, q: np.ndarray, k: np.ndarray, v: np.ndarray, options: dict
     def info(name: str) -> ArrayInfo | None:
         return None if o.get(name) is None else numpy_info(fn, name, o[name])
 
-    arrays = ("mask", "bias", "alibi_slopes", "sinks", "q_segment_ids", "kv_segment_ids", "dropout_mask")
-    scalars = (
-        "q_descale",
-        "k_descale",
-        "v_descale",
-        "out_dtype",
-        "causal",
-        "window",
-        "scale",
-        "q_lengths",
-        "kv_lengths",
-        "softcap",
-        "dropout_p",
-    )
+    scalars = ("q_descale", "k_descale", "v_descale", "out_dtype", *VALUE_NAMES)
     return validate_fp8(
         fn,
         numpy_info(fn, "q", q),
         numpy_info(fn, "k", k),
         numpy_info(fn, "v", v),
-        **{name: info(name) for name in arrays},
+        **{name: info(name) for name in ARRAY_NAMES},
         **{name: o.get(name) for name in scalars},
         return_lse=o.get("return_lse", False),
     )

@@ -32,39 +32,22 @@ group part of the ordinary sums over i.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
 from attnspec.errors import SpecError
 from attnspec.spec.dtypes import round_to
 from attnspec.spec.masks import visible
-from attnspec.spec.sdpa import _identity, _with_head, attention_core, plan_numpy
-from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan, numpy_info
+from attnspec.spec.options import take, with_options
+from attnspec.spec.sdpa import _identity, _with_head, attention_core
+from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan, numpy_info, plan_options
 
 __all__ = ["sdpa_vjp"]
 
 
-def sdpa_vjp(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    d_out: np.ndarray,
-    *,
-    mask: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-    causal: str | None = None,
-    window: tuple[int, int] | None = None,
-    scale: float | None = None,
-    q_lengths: np.ndarray | int | None = None,
-    kv_lengths: np.ndarray | int | None = None,
-    softcap: float | None = None,
-    alibi_slopes: np.ndarray | None = None,
-    sinks: np.ndarray | None = None,
-    q_segment_ids: np.ndarray | None = None,
-    kv_segment_ids: np.ndarray | None = None,
-    dropout_mask: np.ndarray | None = None,
-    dropout_p: float | None = None,
-) -> tuple[np.ndarray, ...]:
+@with_options(outputs=False)
+def sdpa_vjp(q: np.ndarray, k: np.ndarray, v: np.ndarray, d_out: np.ndarray, **options: Any) -> tuple[np.ndarray, ...]:
     """The vector-Jacobian product of `sdpa`: gradients of ``sum(sdpa(...) * d_out)``.
 
     Args:
@@ -92,13 +75,12 @@ def sdpa_vjp(
         SpecError: for any input `sdpa` refuses, and for a d_out of the wrong type, shape or dtype.
     """
     fn = "sdpa_vjp"
-    extras = SDPAExtras(alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
-    plan = plan_numpy(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
-                     extras, softcap, dropout_p)
+    o = take(fn, options, outputs=False)
+    plan, extras = plan_options(fn, q, k, v, o)
     _check_d_out(fn, plan, d_out)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # NaN and inf are handled
-        grads = _sdpa_grads(plan, q, k, v, d_out, mask, bias, extras)
-    shapes = [x.shape for x in (q, k, v)] + [x.shape for x in (bias, sinks) if x is not None]
+        grads = _sdpa_grads(plan, q, k, v, d_out, o["mask"], o["bias"], extras)
+    shapes = [x.shape for x in (q, k, v)] + [x.shape for x in (o["bias"], o["sinks"]) if x is not None]
     return tuple(round_to(g, q.dtype).reshape(shape) for g, shape in zip(grads, shapes))
 
 

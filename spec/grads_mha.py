@@ -23,18 +23,22 @@ rounding, since each row of dS sums to 0; the spec returns the exact value.)
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from attnspec.errors import SpecError
 from attnspec.spec.dtypes import round_to
 from attnspec.spec.grads import sdpa_vjp
 from attnspec.spec.mha import MHAParams, _project, in_float64, merge_heads, plan_mha_numpy, split_heads
+from attnspec.spec.options import take, with_options
 from attnspec.spec.sdpa import sdpa
 from attnspec.spec.validate import numpy_info
 
 __all__ = ["mha_vjp"]
 
 
+@with_options(outputs=False)
 def mha_vjp(
     query: np.ndarray,
     key: np.ndarray,
@@ -44,20 +48,7 @@ def mha_vjp(
     *,
     num_heads: int,
     num_kv_heads: int | None = None,
-    mask: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-    causal: str | None = None,
-    window: tuple[int, int] | None = None,
-    scale: float | None = None,
-    q_lengths: np.ndarray | int | None = None,
-    kv_lengths: np.ndarray | int | None = None,
-    softcap: float | None = None,
-    alibi_slopes: np.ndarray | None = None,
-    sinks: np.ndarray | None = None,
-    q_segment_ids: np.ndarray | None = None,
-    kv_segment_ids: np.ndarray | None = None,
-    dropout_mask: np.ndarray | None = None,
-    dropout_p: float | None = None,
+    **options: Any,
 ) -> tuple:
     """The vector-Jacobian product of `mha`: gradients of ``sum(mha(...) * d_out)``.
 
@@ -84,9 +75,8 @@ def mha_vjp(
         SpecError: for any input `mha` refuses, and for a d_out of the wrong type, shape or dtype.
     """
     fn = "mha_vjp"
-    options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                   softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, q_segment_ids=q_segment_ids,
-                   kv_segment_ids=kv_segment_ids, dropout_mask=dropout_mask, dropout_p=dropout_p)
+    options = take(fn, options, outputs=False)
+    mask, bias, sinks = options.pop("mask"), options.pop("bias"), options["sinks"]
     plan_mha_numpy(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias, options)
     hkv = num_heads if num_kv_heads is None else num_kv_heads
     out_shape = (*np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2]),

@@ -44,13 +44,12 @@ import numpy as np
 from attnspec.errors import SpecError
 from attnspec.spec.dtypes import round_to
 from attnspec.spec.mha_params import MHAParams, ParamDims, _check_heads, check_param_infos
+from attnspec.spec.options import VARIANT_ARRAYS, take, with_options
 from attnspec.spec.sdpa import sdpa
 from attnspec.spec.validate import FLOAT_DTYPES, ArrayInfo, SDPAPlan, is_int, numpy_info, validate_sdpa
 
 __all__ = ["MHAParams", "ParamDims", "check_param_infos", "merge_heads", "mha", "split_heads", "validate_mha"]
 
-#: the array keywords of sdpa's variants, which mha passes through (checked by shape and dtype)
-VARIANT_ARRAYS = ("alibi_slopes", "sinks", "q_segment_ids", "kv_segment_ids", "dropout_mask")
 
 
 def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
@@ -186,6 +185,7 @@ def validate_mha(
     )
 
 
+@with_options()
 def mha(
     query: np.ndarray,
     key: np.ndarray,
@@ -194,22 +194,7 @@ def mha(
     *,
     num_heads: int,
     num_kv_heads: int | None = None,
-    mask: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-    causal: str | None = None,
-    window: tuple[int, int] | None = None,
-    scale: float | None = None,
-    q_lengths: np.ndarray | int | None = None,
-    kv_lengths: np.ndarray | int | None = None,
-    softcap: float | None = None,
-    alibi_slopes: np.ndarray | None = None,
-    sinks: np.ndarray | None = None,
-    q_segment_ids: np.ndarray | None = None,
-    kv_segment_ids: np.ndarray | None = None,
-    dropout_mask: np.ndarray | None = None,
-    dropout_p: float | None = None,
-    return_weights: bool = False,
-    return_lse: bool = False,
+    **options: Any,
 ):
     """Multi-head attention, exactly as defined in this module's docstring.
 
@@ -241,13 +226,10 @@ def mha(
         SpecError: for any input outside the definition, naming ``mha`` and the argument.
     """
     fn = "mha"
-    options = dict(
-        causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-        softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids, dropout_mask=dropout_mask, dropout_p=dropout_p,
-    )
-    plan = plan_mha_numpy(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias,
-                     {**options, "return_lse": return_lse})
+    options = take(fn, options)
+    mask, bias, return_weights = options.pop("mask"), options.pop("bias"), options.pop("return_weights")
+    plan = plan_mha_numpy(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias, options)
+    return_lse = options.pop("return_lse")
     hkv = num_heads if num_kv_heads is None else num_kv_heads
 
     q = split_heads(_project(query, params.w_q, params.b_q), num_heads)  # (..., n, E) -> (..., H, n, hd)

@@ -32,6 +32,7 @@ of `attnspec.spec.blocked`, the same function to a few ulp, in O(tile + n * dv) 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -39,9 +40,9 @@ import numpy as np
 
 from attnspec.spec.blocked import blocked_core
 from attnspec.spec.masks import query_anchor, visible
-from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan, finish, numpy_info, validate_sdpa
+from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan, finish, plan_options
 
-__all__ = ["BLOCKED_MIN_LOGITS", "GOLDEN_TILES", "finish", "golden", "sdpa"]
+__all__ = ["BLOCKED_MIN_LOGITS", "GOLDEN_TILES", "finish", "golden", "plan_options", "sdpa"]
 
 #: `sdpa` computes tile by tile (`attnspec.spec.blocked`) once batch * Hq * n * m reaches this.
 #: The vectorized form holds about five float64 arrays of that many elements at once (logits,
@@ -58,31 +59,12 @@ GOLDEN_TILES = (512, 1024)
 def plan_numpy(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
                extras: SDPAExtras = NO_EXTRAS, softcap=None, dropout_p=None,
                return_lse=False) -> SDPAPlan:
-    """Validate an sdpa call on NumPy arrays and return its plan (`attnspec.spec.validate`)."""
-    def info(name, x):
-        return None if x is None else numpy_info(fn, name, x)
-
-    return validate_sdpa(
-        fn,
-        numpy_info(fn, "q", q),
-        numpy_info(fn, "k", k),
-        numpy_info(fn, "v", v),
-        mask=info("mask", mask),
-        bias=info("bias", bias),
-        causal=causal,
-        window=window,
-        scale=scale,
-        q_lengths=q_lengths,
-        kv_lengths=kv_lengths,
-        softcap=softcap,
-        alibi_slopes=info("alibi_slopes", extras.alibi_slopes),
-        sinks=info("sinks", extras.sinks),
-        q_segment_ids=info("q_segment_ids", extras.q_segment_ids),
-        kv_segment_ids=info("kv_segment_ids", extras.kv_segment_ids),
-        dropout_mask=info("dropout_mask", extras.dropout_mask),
-        dropout_p=dropout_p,
-        return_lse=return_lse,
-    )
+    """Validate an sdpa call on NumPy arrays and return its plan (`attnspec.spec.validate`): the
+    keywords one by one, as the golden has them (`plan_options` takes them as a dict)."""
+    o = {"mask": mask, "bias": bias, "causal": causal, "window": window, "scale": scale, "q_lengths": q_lengths,
+         "kv_lengths": kv_lengths, "softcap": softcap, **dataclasses.asdict(extras), "dropout_p": dropout_p,
+         "return_lse": return_lse}
+    return plan_options(fn, q, k, v, o)[0]
 
 
 def _with_head(x: np.ndarray) -> np.ndarray:

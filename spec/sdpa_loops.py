@@ -4,37 +4,19 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
-from attnspec.spec.sdpa import _with_head, plan_numpy
-from attnspec.spec.validate import SDPAExtras, finish
+from attnspec.spec.options import take, with_options
+from attnspec.spec.sdpa import _with_head
+from attnspec.spec.validate import finish, plan_options
 
 __all__ = ["sdpa_loops"]
 
 
-def sdpa_loops(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    *,
-    mask: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-    causal: str | None = None,
-    window: tuple[int, int] | None = None,
-    scale: float | None = None,
-    q_lengths: np.ndarray | int | None = None,
-    kv_lengths: np.ndarray | int | None = None,
-    softcap: float | None = None,
-    alibi_slopes: np.ndarray | None = None,
-    sinks: np.ndarray | None = None,
-    q_segment_ids: np.ndarray | None = None,
-    kv_segment_ids: np.ndarray | None = None,
-    dropout_mask: np.ndarray | None = None,
-    dropout_p: float | None = None,
-    return_weights: bool = False,
-    return_lse: bool = False,
-):
+@with_options()
+def sdpa_loops(q: np.ndarray, k: np.ndarray, v: np.ndarray, **options: Any):
     """`sdpa` written as explicit loops over batch, head, query and key: the literal definition.
 
     O(n * m) Python iterations per head, so for small shapes only. It applies each rule as
@@ -42,9 +24,10 @@ def sdpa_loops(
     dropout) rather than through the mask builders and `query_anchor`, which makes it an
     independent check of the vectorized code.
     """
-    extras = SDPAExtras(alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
-    p = plan_numpy("sdpa_loops", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
-                  extras, softcap, dropout_p, return_lse)
+    o = take("sdpa_loops", options)
+    p, _ = plan_options("sdpa_loops", q, k, v, o)
+    mask, bias, dropout_mask, alibi_slopes = o["mask"], o["bias"], o["dropout_mask"], o["alibi_slopes"]
+    sinks, q_segment_ids, kv_segment_ids = o["sinks"], o["q_segment_ids"], o["kv_segment_ids"]
     full = (*p.batch, p.hq)
     q64 = np.broadcast_to(_with_head(q).astype(np.float64), (*full, p.n, p.dk))
     k64 = np.broadcast_to(_with_head(k).astype(np.float64), (*p.batch, p.hkv, p.m, p.dk))
@@ -125,4 +108,4 @@ def sdpa_loops(
                         w = w * keep_f[b + (h, i, j)] / (1.0 - p.dropout_p)
                     weights[b + (h, i, j)] = w
                     out[b + (h, i)] += w * v64[b + (g, j)]
-    return finish(p, out, weights, q.dtype, return_weights, lse)
+    return finish(p, out, weights, q.dtype, o["return_weights"], lse)

@@ -48,7 +48,6 @@ from typing import Any
 import numpy as np
 
 from attnspec.spec.mha import (
-    VARIANT_ARRAYS,
     MHAParams,
     in_float64,
     merge_heads,
@@ -56,6 +55,7 @@ from attnspec.spec.mha import (
     plan_mha_numpy,
     split_heads,
 )
+from attnspec.spec.options import NAMES, VARIANT_ARRAYS
 from attnspec.spec.sdpa import attention_core, sdpa
 from attnspec.spec.tolerance import _NP, K, _logit_scale, compare, eps, logit_scale, visibility_view
 from attnspec.spec.validate import SDPAExtras
@@ -63,8 +63,7 @@ from attnspec.spec.validate import SDPAExtras
 __all__ = ["MHAGolden", "mha_golden", "reference_mha"]
 
 #: sdpa's keywords besides mask and bias, which mha passes through
-_OPTIONS = ("causal", "window", "scale", "q_lengths", "kv_lengths", "softcap", *VARIANT_ARRAYS, "dropout_p",
-            "return_lse")
+_OPTIONS = tuple(name for name in NAMES if name not in ("mask", "bias", "return_weights"))
 
 
 @dataclass(frozen=True)

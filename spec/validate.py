@@ -17,6 +17,7 @@ import numpy as np
 
 from attnspec.errors import SpecError
 from attnspec.spec.dtypes import FLOAT_DTYPES, compute_dtype_name, round_to
+from attnspec.spec.options import ARRAY_NAMES, VALUE_NAMES, VARIANT_ARRAYS
 
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 CAUSAL_CHOICES = ("upper_left", "lower_right", "lower_right_lengths")
@@ -394,3 +395,18 @@ def validate_sdpa(
         dropout_p=dropout_value,
         return_lse=lse_flag,
     )
+
+
+def plan_options(fn: str, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                 o: dict[str, object]) -> tuple[SDPAPlan, SDPAExtras]:
+    """Validate an sdpa call on NumPy arrays, its keywords a dict as `attnspec.spec.options.take`
+    gives them, and return its plan and the variants' arrays (return_weights is not read)."""
+
+    def info(name: str, x: object) -> ArrayInfo | None:
+        return None if x is None else numpy_info(fn, name, x)
+
+    arrays = {name: info(name, o[name]) for name in ARRAY_NAMES}
+    values = {name: o[name] for name in VALUE_NAMES}
+    plan = validate_sdpa(fn, numpy_info(fn, "q", q), numpy_info(fn, "k", k), numpy_info(fn, "v", v),
+                         **arrays, **values, return_lse=o.get("return_lse", False))  # type: ignore[arg-type]
+    return plan, SDPAExtras(*(o[name] for name in VARIANT_ARRAYS))  # type: ignore[arg-type]

@@ -25,6 +25,7 @@ ALLOWED = {
     ("spec/masks.py", "visible"): "the one function",
     ("spec/sdpa_loops.py", "sdpa_loops"): "the literal per-element definition, an independent check "
     "of the vectorized golden: sharing `visible` would defeat it",
+    ("spec/sdpa_loops.py", "visible"): "the loop form's own per-pair rule (nested in sdpa_loops)",
     ("spec/_blocked_tiles.py", "hidden"): "the tiled golden decides per tile which rules can hide a "
     "key, in O(tile) memory; the whole grid is what it avoids",
     ("backends/_common.py", "visibility"): "the same rules in a framework's arrays (torch, JAX, array "
@@ -81,6 +82,12 @@ def _combines(nodes: list[ast.AST], *ops: type) -> bool:
     return any(isinstance(n, (ast.BinOp, ast.AugAssign)) and isinstance(n.op, ops) for n in nodes)
 
 
+def _chained(nodes: list[ast.AST]) -> bool:
+    """``lo - window[0] <= j <= hi + window[1]``: both edges of the window in one comparison."""
+    return any(isinstance(n, ast.Compare) and sum(map(_window_edge, [n.left, *n.comparators])) == 2
+               for n in nodes)
+
+
 def visibility_writers(source: str) -> list[tuple[str, str]]:
     """(function, rule) for each function of ``source`` that writes a visibility rule itself."""
     found = []
@@ -89,7 +96,7 @@ def visibility_writers(source: str) -> list[tuple[str, str]]:
             continue
         nodes = list(ast.walk(fn))
         order = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
-        if _compares(nodes, order, _window_edge) and _combines(nodes, ast.BitAnd, ast.BitOr):
+        if _compares(nodes, order, _window_edge) and (_combines(nodes, ast.BitAnd, ast.BitOr) or _chained(nodes)):
             found.append((fn.name, "window"))
         if _compares(nodes, (ast.NotEq,), _neg_inf) and _combines(nodes, ast.BitAnd) and "mask" in _names(fn):
             found.append((fn.name, "mask & bias != -inf"))

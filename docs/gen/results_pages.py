@@ -10,13 +10,15 @@ from collections import defaultdict
 from typing import Any
 
 from attnspec.reports.accuracy import verdict
+from attnspec.spec.dtypes import FLOAT_DTYPES
+from attnspec.spec.fp8 import FP8_DTYPES
 
 from .atlas_pages import _table, rel
 from .data import DASH, FUNCTION_ORDER, atlas, conformance, md_cell, slug
 
 INDEX = "results/index.md"
 COUNTS = ("run", "passed", "failed", "unsupported", "deviation", "crashed", "timeout")
-DTYPES = ("float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2")
+DTYPES = (*FLOAT_DTYPES, *FP8_DTYPES)
 
 
 def backend_page(backend: str) -> str:

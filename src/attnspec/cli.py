@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from attnspec.conformance.profiles import PROFILES
+from attnspec.spec.dtypes import FLOAT_DTYPES
+from attnspec.spec.fp8 import FP8_DTYPES
 
-DTYPES = ("float16", "bfloat16", "float32", "float64")
-#: sdpa_fp8's storage dtypes (`attnspec.spec.fp8.FP8_DTYPES`): --dtype may name them too
-FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+#: --dtype takes the float dtypes and sdpa_fp8's storage dtypes
+DTYPES = FLOAT_DTYPES
 
 
 class UsageError(Exception):

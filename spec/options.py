@@ -1,0 +1,147 @@
+"""The keywords of sdpa, once: every signature, variant list and option tuple derives from here.
+
+`attnspec.spec.sdpa` writes its signature out in full, because that signature is the definition
+a reader reads; a test checks that it equals `signature()` below, keyword for keyword (name,
+order, default and annotation). Every other form of the spec (`sdpa_loops`, `sdpa_blocked`,
+`sdpa_fp8`, `sdpa_vjp`, `mha`, `mha_vjp`) and the `Backend` contract take ``**options`` and carry
+``__signature__`` built from this table (`with_options`), so ``inspect.signature`` and ``help``
+show the same keywords, and a keyword added to the table reaches every layer at once. A call
+with a keyword the table does not have is refused as Python refuses it (`take`).
+
+    OPTIONS                    the table: name, annotation, default, kind, variant
+    NAMES, INPUT_NAMES         every keyword; those a vjp takes (no return_* keywords)
+    ARRAY_NAMES, VALUE_NAMES   the array keywords; those read by value
+    VARIANT_FEATURES           the attention variants (issue #15), as feature names
+    VARIANT_KEYWORDS           the keywords that belong to a variant
+    VARIANT_ARRAYS             those of them that are arrays (the fields of `SDPAExtras`)
+    with_options(...)          decorator: ``**options`` shown as the table's keywords
+    take(fn, options, ...)     the call's keywords with the table's defaults, unknown ones refused
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+__all__ = [
+    "ARRAY_NAMES",
+    "INPUT_NAMES",
+    "NAMES",
+    "OPTIONS",
+    "VALUE_NAMES",
+    "VARIANT_ARRAYS",
+    "VARIANT_FEATURES",
+    "VARIANT_KEYWORDS",
+    "Option",
+    "parameters",
+    "signature",
+    "take",
+    "with_options",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Option:
+    """One keyword of sdpa.
+
+    kind: "array" (an array the call passes, checked by shape and dtype), "value" (a Python
+    value: a string, a pair, a number or lengths) or "output" (asks for another result).
+    variant: the name in `VARIANT_FEATURES` of the variant the keyword belongs to, or None for
+    the core of the definition.
+    """
+
+    name: str
+    annotation: str
+    default: Any
+    kind: str
+    variant: str | None = None
+
+
+_ARRAY = "np.ndarray | None"
+
+#: every keyword of `attnspec.spec.sdpa`, in the order of its signature
+OPTIONS: tuple[Option, ...] = (
+    Option("mask", _ARRAY, None, "array"),
+    Option("bias", _ARRAY, None, "array"),
+    Option("causal", "str | None", None, "value"),
+    Option("window", "tuple[int, int] | None", None, "value"),
+    Option("scale", "float | None", None, "value"),
+    Option("q_lengths", "np.ndarray | int | None", None, "value"),
+    Option("kv_lengths", "np.ndarray | int | None", None, "value"),
+    Option("softcap", "float | None", None, "value", "softcap"),
+    Option("alibi_slopes", _ARRAY, None, "array", "alibi"),
+    Option("sinks", _ARRAY, None, "array", "sinks"),
+    Option("q_segment_ids", _ARRAY, None, "array", "segments"),
+    Option("kv_segment_ids", _ARRAY, None, "array", "segments"),
+    Option("dropout_mask", _ARRAY, None, "array", "dropout"),
+    Option("dropout_p", "float | None", None, "value", "dropout"),
+    Option("return_weights", "bool", False, "output"),
+    Option("return_lse", "bool", False, "output", "lse"),
+)
+
+#: the attention variants, as the feature names a backend's ``variants`` holds and
+#: `attnspec.backends.base.variant_features` reports, in that order. All but
+#: ``causal_lower_right_lengths`` are keywords of the table; that one is a value of ``causal``.
+VARIANT_FEATURES = ("softcap", "alibi", "sinks", "lse", "segments", "causal_lower_right_lengths", "dropout")
+
+NAMES = tuple(o.name for o in OPTIONS)
+#: the keywords of the vjp forms, which return gradients only
+INPUT_NAMES = tuple(o.name for o in OPTIONS if o.kind != "output")
+#: the array keywords (checked by shape and dtype) and the value keywords (read by value)
+ARRAY_NAMES = tuple(o.name for o in OPTIONS if o.kind == "array")
+VALUE_NAMES = tuple(o.name for o in OPTIONS if o.kind == "value")
+VARIANT_KEYWORDS = tuple(o.name for o in OPTIONS if o.variant is not None)
+VARIANT_ARRAYS = tuple(o.name for o in OPTIONS if o.variant is not None and o.kind == "array")
+
+
+def parameters(*, outputs: bool = True, annotated: bool = True) -> list[inspect.Parameter]:
+    """The table's keywords as keyword-only `inspect.Parameter`s (without the return_* ones when
+    ``outputs`` is False; annotations as the golden writes them when ``annotated``)."""
+    empty = inspect.Parameter.empty
+    return [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default,
+                              annotation=o.annotation if annotated else empty)
+            for o in OPTIONS if outputs or o.kind != "output"]
+
+
+def signature(fn: Callable[..., Any], *, outputs: bool = True, after: tuple[str, ...] = ()) -> inspect.Signature:
+    """``fn``'s signature with its ``**options`` replaced by the table's keywords.
+
+    ``fn``'s own keyword-only parameters come before the table's, except those named in
+    ``after`` (`sdpa_blocked`'s tile sizes), which follow it, as the spec's signatures have them.
+    """
+    own = inspect.signature(fn)
+    params = [p for p in own.parameters.values() if p.kind != inspect.Parameter.VAR_KEYWORD]
+    annotated = any(p.annotation is not inspect.Parameter.empty for p in params)
+    first = [p for p in params if p.name not in after]
+    last = [p for p in params if p.name in after]
+    return own.replace(parameters=[*first, *parameters(outputs=outputs, annotated=annotated), *last])
+
+
+def with_options(*, outputs: bool = True, after: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Decorator: show a function's ``**options`` as the table's keywords (`signature`).
+
+    The function itself reads its keywords with `take`, which refuses one the table lacks.
+    """
+
+    def decorate(fn: F) -> F:
+        fn.__signature__ = signature(fn, outputs=outputs, after=after)  # type: ignore[attr-defined]
+        return fn
+
+    return decorate
+
+
+def take(fn: str, options: Mapping[str, Any], *, outputs: bool = True) -> dict[str, Any]:
+    """The call's keywords with the table's defaults for those not given.
+
+    Raises ``TypeError`` for a keyword outside the table (or a return_* keyword where
+    ``outputs`` is False), worded as Python words it for a signature that lacks it.
+    """
+    known = NAMES if outputs else INPUT_NAMES
+    for name in options:
+        if name not in known:
+            raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}")
+    return {o.name: options.get(o.name, o.default) for o in OPTIONS if o.name in known}

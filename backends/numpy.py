@@ -12,7 +12,6 @@ import numpy as np
 
 from attnspec.backends import _mha
 from attnspec.backends._common import refuse, to_reference
-from attnspec.backends._common import variant_keywords as _variants
 from attnspec.backends.base import VARIANT_FEATURES, Backend, MHAArrays
 from attnspec.spec.blocked import blocked_core, check_block
 from attnspec.spec.fp8 import FP8_DTYPES, FP8_NUMPY, finish_fp8, golden_fp8, plan_fp8
@@ -22,7 +21,7 @@ from attnspec.spec.grads_mha import mha_vjp as spec_mha_vjp
 from attnspec.spec.lsh import lsh_attention as spec_lsh_attention
 from attnspec.spec.lsh import validate_lsh
 from attnspec.spec.mha import MHAParams, mha
-from attnspec.spec.options import VARIANT_ARRAYS
+from attnspec.spec.options import ARRAY_NAMES, VALUE_NAMES, VARIANT_ARRAYS, take, with_options
 from attnspec.spec.sdpa import golden
 from attnspec.spec.validate import ArrayInfo, SDPAExtras, validate_sdpa
 
@@ -35,18 +34,13 @@ def _info(fn: str, name: str, x: object) -> ArrayInfo:
     return ArrayInfo(tuple(x.shape), x.dtype.name)
 
 
-def _plan(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, variants: dict):
-    arrays = {name: None if variants.get(name) is None else _info(fn, name, variants[name])
-              for name in VARIANT_ARRAYS}
-    plan = validate_sdpa(
-        fn, _info(fn, "q", q), _info(fn, "k", k), _info(fn, "v", v),
-        mask=None if mask is None else _info(fn, "mask", mask),
-        bias=None if bias is None else _info(fn, "bias", bias),
-        causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-        softcap=variants.get("softcap"), dropout_p=variants.get("dropout_p"),
-        return_lse=variants.get("return_lse", False), **arrays,
-    )
-    return plan, SDPAExtras(*(variants.get(name) for name in VARIANT_ARRAYS))
+def _plan(fn: str, q, k, v, o: dict):
+    """The plan of a call, its keywords as `attnspec.spec.options.take` gives them (arrays must be
+    NumPy's: `_info` refuses anything else, naming the argument)."""
+    arrays = {name: None if o[name] is None else _info(fn, name, o[name]) for name in ARRAY_NAMES}
+    plan = validate_sdpa(fn, _info(fn, "q", q), _info(fn, "k", k), _info(fn, "v", v), **arrays,
+                         **{name: o[name] for name in VALUE_NAMES}, return_lse=o.get("return_lse", False))
+    return plan, SDPAExtras(*(o[name] for name in VARIANT_ARRAYS))
 
 
 class NumpyBackend(Backend):
@@ -63,39 +57,32 @@ class NumpyBackend(Backend):
     def to_numpy(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x)
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
-             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
-             return_weights=False, return_lse=False):
-        plan, extras = _plan("numpy.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths,
-                             kv_lengths, _variants(locals()))
-        return golden(plan, q, k, v, mask, bias, return_weights, extras)  # tiled for large inputs
+    @with_options()
+    def sdpa(self, q, k, v, **options):
+        o = take("numpy.sdpa", options)
+        plan, extras = _plan("numpy.sdpa", q, k, v, o)
+        return golden(plan, q, k, v, o["mask"], o["bias"], o["return_weights"], extras)  # tiled for large inputs
 
-    def sdpa_blocked(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-                     q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
-                     q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
-                     return_weights=False, return_lse=False, block_q=256, block_k=512):
+    @with_options(after=("block_q", "block_k"))
+    def sdpa_blocked(self, q, k, v, *, block_q=256, block_k=512, **options):
         fn = "numpy.sdpa_blocked"
-        plan, extras = _plan(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
-                             _variants(locals()))
+        o = take(fn, options)
+        plan, extras = _plan(fn, q, k, v, o)
         bq, bk = check_block("block_q", block_q, fn), check_block("block_k", block_k, fn)
-        return blocked_core(plan, q, k, v, mask, bias, return_weights, bq, bk, extras=extras)
+        return blocked_core(plan, q, k, v, o["mask"], o["bias"], o["return_weights"], bq, bk, extras=extras)
 
-    def sdpa_fp8(self, q, k, v, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None,
-                 mask=None, bias=None, causal=None, window=None, scale=None, q_lengths=None,
-                 kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None,
-                 kv_segment_ids=None, dropout_mask=None, dropout_p=None, return_weights=False,
-                 return_lse=False):
-        options = {name: value for name, value in locals().items() if name not in ("self", "q", "k", "v")}
-        fp = plan_fp8("numpy.sdpa_fp8", q, k, v, options)
-        return finish_fp8(fp, golden_fp8(fp, q, k, v, options, return_weights), return_weights)
+    @with_options()
+    def sdpa_fp8(self, q, k, v, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None, **options):
+        fn = "numpy.sdpa_fp8"
+        o = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale, "out_dtype": out_dtype,
+             **take(fn, options)}
+        fp = plan_fp8(fn, q, k, v, o)
+        return finish_fp8(fp, golden_fp8(fp, q, k, v, o, o["return_weights"]), o["return_weights"])
 
-    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
-            bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
-            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
-        options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                       **_variants(locals()))
+    @with_options()
+    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, **options):
+        options = take("numpy.mha", options)
+        mask, bias, return_weights = options.pop("mask"), options.pop("bias"), options.pop("return_weights")
         _mha.validate("numpy.mha", _info, _same, query, key, value, params, num_heads, num_kv_heads,
                       mask, bias, options)
         if isinstance(params, MHAArrays):
@@ -114,24 +101,16 @@ class NumpyBackend(Backend):
                                   return_buckets=return_buckets)
 
     # the golden gradients themselves (attnspec.spec.grads*): analytic, float64
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
-                 scale=None, q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None,
-                 sinks=None, q_segment_ids=None, kv_segment_ids=None, dropout_mask=None,
-                 dropout_p=None):
-        return spec_sdpa_vjp(q, k, v, d_out, mask=mask, bias=bias, causal=causal, window=window,
-                             scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                             **_variants(locals()))
+    @with_options(outputs=False)
+    def sdpa_vjp(self, q, k, v, d_out, **options):
+        return spec_sdpa_vjp(q, k, v, d_out, **take("numpy.sdpa_vjp", options, outputs=False))
 
-    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
-                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
-                dropout_mask=None, dropout_p=None):
+    @with_options(outputs=False)
+    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, **options):
         if isinstance(params, MHAArrays):
             params = MHAParams(**vars(params))
-        grads = spec_mha_vjp(query, key, value, params, d_out, num_heads=num_heads,
-                             num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal,
-                             window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                             **_variants(locals()))
+        grads = spec_mha_vjp(query, key, value, params, d_out, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                             **take("numpy.mha_vjp", options, outputs=False))
         return (*grads[:3], MHAArrays(**vars(grads[3])), *grads[4:])
 
     def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,

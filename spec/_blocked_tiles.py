@@ -155,8 +155,9 @@ def _offset(row_max: np.ndarray) -> np.ndarray:
     return np.where(far, row_max, 0.0)
 
 
-def _attend(head: _Head, out_h: np.ndarray, w_h: np.ndarray | None, lse_h: np.ndarray, bq: int,
-            bk: int, scratch):
+def _attend(
+    head: _Head, out_h: np.ndarray, w_h: np.ndarray | None, lse_h: np.ndarray, bq: int, bk: int, scratch
+):
     """Fill out_h (n, dv), lse_h (n,), and w_h (n, m) if given, for one (batch index, query head)."""
     dv = head.dv
     for i0 in range(0, head.q_len, bq):  # rows at or past q_len see nothing: they stay 0

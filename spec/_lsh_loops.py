@@ -27,9 +27,17 @@ def _lsh_attention_loops(
 ):
     """`lsh_attention` as Python loops over the numbered steps: an independent check, tiny inputs."""
     fn = "_lsh_attention_loops"
-    p = validate_lsh(fn, numpy_info(fn, "x", x), numpy_info(fn, "v", v),
-                     numpy_info(fn, "rotations", rotations), chunk_length=chunk_length,
-                     causal=causal, kv_lengths=kv_lengths, dedup=dedup, scale=scale)
+    p = validate_lsh(
+        fn,
+        numpy_info(fn, "x", x),
+        numpy_info(fn, "v", v),
+        numpy_info(fn, "rotations", rotations),
+        chunk_length=chunk_length,
+        causal=causal,
+        kv_lengths=kv_lengths,
+        dedup=dedup,
+        scale=scale,
+    )
     L, nh, nb, C, Lp = p.L, p.n_hashes, p.n_buckets, p.chunk_length, p.padded_length
     xs = np.broadcast_to(x.astype(np.float64), (*p.batch, L, p.d))
     vs = np.broadcast_to(v.astype(np.float64), (*p.batch, L, p.dv))
@@ -52,12 +60,12 @@ def _lsh_attention_loops(
                 if t < L:
                     all_buckets[b + (r, t)] = bucket[t]
             slots += sorted(range(Lp), key=lambda t: (bucket[t], t))
-        chunks = [slots[c:c + C] for c in range(0, len(slots), C)]  # step 5
+        chunks = [slots[c : c + C] for c in range(0, len(slots), C)]  # step 5
 
         for i in range(n):  # padded query rows stay 0
             windows = []
             for r in range(nh):
-                c = (r * Lp + slots[r * Lp:(r + 1) * Lp].index(i)) // C
+                c = (r * Lp + slots[r * Lp : (r + 1) * Lp].index(i)) // C
                 windows.append(chunks[c - 1] + chunks[c])  # chunks[-1] wraps to the last chunk
             count = Counter(j for window in windows for j in window)  # step 8
             lses, outs = [], []

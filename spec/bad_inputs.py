@@ -48,23 +48,49 @@ SDPA_BAD_INPUTS: tuple[BadInput, ...] = (
     BadInput("kv_length_mismatch", r"v\.shape\[-2\]=6 must equal k\.shape\[-2\]=7", v=(2, 6, 4)),
     BadInput("kv_heads_mismatch", r"v has 1 heads .* k has 2", v=(1, 7, 4)),
     BadInput("gqa_not_multiple", r"Hq=3 must be a multiple of .* Hkv=2", q=(3, 5, 8)),
-    BadInput("batch_not_broadcast", r"batch dims do not broadcast", q=(3, 2, 5, 8), k=(4, 2, 7, 8), v=(4, 2, 7, 4)),
+    BadInput(
+        "batch_not_broadcast", r"batch dims do not broadcast", q=(3, 2, 5, 8), k=(4, 2, 7, 8), v=(4, 2, 7, 4)
+    ),
     BadInput("int_dtype", r"q\.dtype=int32 must be one of", dtypes=("int32", "int32", "int32")),
     BadInput("mixed_dtypes", r"must share one dtype", dtypes=("float32", "float64", "float32")),
     BadInput("mask_not_bool", r"mask\.dtype=float32 must be bool", options={"mask": np.ones((5, 7), _f32)}),
-    BadInput("mask_not_broadcast", r"mask\.shape=\(5, 6\) must broadcast", options={"mask": np.ones((5, 6), bool)}),
-    BadInput("mask_adds_batch", r"mask\.shape=\(3, 2, 5, 7\) must broadcast",
-             options={"mask": np.ones((3, 2, 5, 7), bool)}),
-    BadInput("bias_not_broadcast", r"bias\.shape=\(4, 7\) must broadcast", options={"bias": np.zeros((4, 7), _f32)}),
-    BadInput("bias_dtype", r"bias\.dtype=float64 must equal q\.dtype=float32", options={"bias": np.zeros((5, 7))}),
-    BadInput("kv_lengths_negative", r"kv_lengths must lie in \[0, m=7\]", options={"kv_lengths": np.array(-1)}),
-    BadInput("kv_lengths_too_long", r"kv_lengths must lie in \[0, m=7\]", options={"kv_lengths": np.array(8)}),
+    BadInput(
+        "mask_not_broadcast", r"mask\.shape=\(5, 6\) must broadcast", options={"mask": np.ones((5, 6), bool)}
+    ),
+    BadInput(
+        "mask_adds_batch",
+        r"mask\.shape=\(3, 2, 5, 7\) must broadcast",
+        options={"mask": np.ones((3, 2, 5, 7), bool)},
+    ),
+    BadInput(
+        "bias_not_broadcast", r"bias\.shape=\(4, 7\) must broadcast", options={"bias": np.zeros((4, 7), _f32)}
+    ),
+    BadInput(
+        "bias_dtype", r"bias\.dtype=float64 must equal q\.dtype=float32", options={"bias": np.zeros((5, 7))}
+    ),
+    BadInput(
+        "kv_lengths_negative", r"kv_lengths must lie in \[0, m=7\]", options={"kv_lengths": np.array(-1)}
+    ),
+    BadInput(
+        "kv_lengths_too_long", r"kv_lengths must lie in \[0, m=7\]", options={"kv_lengths": np.array(8)}
+    ),
     BadInput("q_lengths_too_long", r"q_lengths must lie in \[0, n=5\]", options={"q_lengths": np.array(6)}),
-    BadInput("lengths_float", r"kv_lengths\.dtype=float64 must be an integer dtype",
-             options={"kv_lengths": np.array(3.0)}),
-    BadInput("lengths_not_broadcast", r"kv_lengths\.shape=\(3,\) must broadcast to the batch shape \(2,\)",
-             q=(2, 2, 5, 8), k=(2, 2, 7, 8), v=(2, 2, 7, 4), options={"kv_lengths": np.array([1, 2, 3])}),
-    BadInput("causal_true", r"causal=True is not supported; expected None, 'upper_left'", options={"causal": True}),
+    BadInput(
+        "lengths_float",
+        r"kv_lengths\.dtype=float64 must be an integer dtype",
+        options={"kv_lengths": np.array(3.0)},
+    ),
+    BadInput(
+        "lengths_not_broadcast",
+        r"kv_lengths\.shape=\(3,\) must broadcast to the batch shape \(2,\)",
+        q=(2, 2, 5, 8),
+        k=(2, 2, 7, 8),
+        v=(2, 2, 7, 4),
+        options={"kv_lengths": np.array([1, 2, 3])},
+    ),
+    BadInput(
+        "causal_true", r"causal=True is not supported; expected None, 'upper_left'", options={"causal": True}
+    ),
     BadInput("causal_typo", r"causal='lower-right' is not supported", options={"causal": "lower-right"}),
     BadInput("window_negative", r"window=\(-1, 2\) must have left >= 0", options={"window": (-1, 2)}),
     BadInput("window_not_pair", r"window=3 must be None or a pair of ints", options={"window": 3}),
@@ -84,43 +110,100 @@ SDPA_VARIANT_BAD_INPUTS: tuple[BadInput, ...] = (
     BadInput("softcap_nan", r"softcap=nan must be finite and > 0", options={"softcap": float("nan")}),
     BadInput("softcap_inf", r"softcap=inf must be finite and > 0", options={"softcap": float("inf")}),
     BadInput("softcap_bool", r"softcap must be a real number or None, got bool", options={"softcap": True}),
-    BadInput("alibi_slopes_shape", r"alibi_slopes\.shape=\(3,\) must be \(Hq,\)=\(2,\)",
-             options={"alibi_slopes": np.ones(3, _f32)}),
-    BadInput("alibi_slopes_int", r"alibi_slopes\.dtype=int32 must be one of float16",
-             options={"alibi_slopes": np.ones(2, _i32)}),
-    BadInput("alibi_slopes_batch", r"alibi_slopes\.shape=\(3, 2\) must be \(Hq,\)=\(2,\) or \(\.\.\., Hq\)",
-             q=_Q4, k=_K4, v=_V4, options={"alibi_slopes": np.ones((3, 2), _f32)}),
+    BadInput(
+        "alibi_slopes_shape",
+        r"alibi_slopes\.shape=\(3,\) must be \(Hq,\)=\(2,\)",
+        options={"alibi_slopes": np.ones(3, _f32)},
+    ),
+    BadInput(
+        "alibi_slopes_int",
+        r"alibi_slopes\.dtype=int32 must be one of float16",
+        options={"alibi_slopes": np.ones(2, _i32)},
+    ),
+    BadInput(
+        "alibi_slopes_batch",
+        r"alibi_slopes\.shape=\(3, 2\) must be \(Hq,\)=\(2,\) or \(\.\.\., Hq\)",
+        q=_Q4,
+        k=_K4,
+        v=_V4,
+        options={"alibi_slopes": np.ones((3, 2), _f32)},
+    ),
     BadInput("alibi_slopes_list", r"alibi_slopes must be a", options={"alibi_slopes": [0.5, 0.25]}),
-    BadInput("sinks_shape", r"sinks\.shape=\(2, 1\) must be \(Hq,\)=\(2,\)", options={"sinks": np.zeros((2, 1), _f32)}),
-    BadInput("sinks_dtype", r"sinks\.dtype=float64 must equal q\.dtype=float32", options={"sinks": np.zeros(2)}),
-    BadInput("segment_ids_float", r"q_segment_ids\.dtype=float32 must be an integer dtype",
-             options={"q_segment_ids": np.zeros(5, _f32), "kv_segment_ids": np.zeros(7, _i32)}),
-    BadInput("q_segment_ids_alone", r"q_segment_ids was given without kv_segment_ids",
-             options={"q_segment_ids": np.zeros(5, _i32)}),
-    BadInput("kv_segment_ids_alone", r"kv_segment_ids was given without q_segment_ids",
-             options={"kv_segment_ids": np.zeros(7, _i32)}),
-    BadInput("segment_ids_length", r"kv_segment_ids\.shape=\(6,\) must be \(\.\.\., m\)=\(\.\.\., 7\)",
-             options={"q_segment_ids": np.zeros(5, _i32), "kv_segment_ids": np.zeros(6, _i32)}),
-    BadInput("segment_ids_batch",
-             r"q_segment_ids\.shape=\(3, 5\) must be \(\.\.\., n\)=\(\.\.\., 5\) with leading dims",
-             q=_Q4, k=_K4, v=_V4,
-             options={"q_segment_ids": np.zeros((3, 5), _i32), "kv_segment_ids": np.zeros(7, _i32)}),
-    BadInput("dropout_p_negative", r"dropout_p=-0\.1 must lie in \[0, 1\)",
-             options={"dropout_mask": _KEEP, "dropout_p": -0.1}),
-    BadInput("dropout_p_one", r"dropout_p=1\.0 must lie in \[0, 1\)",
-             options={"dropout_mask": _KEEP, "dropout_p": 1.0}),
-    BadInput("dropout_p_nan", r"dropout_p=nan must lie in \[0, 1\)",
-             options={"dropout_mask": _KEEP, "dropout_p": float("nan")}),
-    BadInput("dropout_p_bool", r"dropout_p must be a real number or None, got bool",
-             options={"dropout_mask": _KEEP, "dropout_p": True}),
+    BadInput(
+        "sinks_shape",
+        r"sinks\.shape=\(2, 1\) must be \(Hq,\)=\(2,\)",
+        options={"sinks": np.zeros((2, 1), _f32)},
+    ),
+    BadInput(
+        "sinks_dtype", r"sinks\.dtype=float64 must equal q\.dtype=float32", options={"sinks": np.zeros(2)}
+    ),
+    BadInput(
+        "segment_ids_float",
+        r"q_segment_ids\.dtype=float32 must be an integer dtype",
+        options={"q_segment_ids": np.zeros(5, _f32), "kv_segment_ids": np.zeros(7, _i32)},
+    ),
+    BadInput(
+        "q_segment_ids_alone",
+        r"q_segment_ids was given without kv_segment_ids",
+        options={"q_segment_ids": np.zeros(5, _i32)},
+    ),
+    BadInput(
+        "kv_segment_ids_alone",
+        r"kv_segment_ids was given without q_segment_ids",
+        options={"kv_segment_ids": np.zeros(7, _i32)},
+    ),
+    BadInput(
+        "segment_ids_length",
+        r"kv_segment_ids\.shape=\(6,\) must be \(\.\.\., m\)=\(\.\.\., 7\)",
+        options={"q_segment_ids": np.zeros(5, _i32), "kv_segment_ids": np.zeros(6, _i32)},
+    ),
+    BadInput(
+        "segment_ids_batch",
+        r"q_segment_ids\.shape=\(3, 5\) must be \(\.\.\., n\)=\(\.\.\., 5\) with leading dims",
+        q=_Q4,
+        k=_K4,
+        v=_V4,
+        options={"q_segment_ids": np.zeros((3, 5), _i32), "kv_segment_ids": np.zeros(7, _i32)},
+    ),
+    BadInput(
+        "dropout_p_negative",
+        r"dropout_p=-0\.1 must lie in \[0, 1\)",
+        options={"dropout_mask": _KEEP, "dropout_p": -0.1},
+    ),
+    BadInput(
+        "dropout_p_one",
+        r"dropout_p=1\.0 must lie in \[0, 1\)",
+        options={"dropout_mask": _KEEP, "dropout_p": 1.0},
+    ),
+    BadInput(
+        "dropout_p_nan",
+        r"dropout_p=nan must lie in \[0, 1\)",
+        options={"dropout_mask": _KEEP, "dropout_p": float("nan")},
+    ),
+    BadInput(
+        "dropout_p_bool",
+        r"dropout_p must be a real number or None, got bool",
+        options={"dropout_mask": _KEEP, "dropout_p": True},
+    ),
     BadInput("dropout_p_without_mask", r"dropout_p=0\.1 needs a dropout_mask", options={"dropout_p": 0.1}),
-    BadInput("dropout_mask_without_p", r"dropout_mask was given without dropout_p", options={"dropout_mask": _KEEP}),
-    BadInput("dropout_mask_not_bool", r"dropout_mask\.dtype=float32 must be bool",
-             options={"dropout_mask": np.ones((5, 7), _f32), "dropout_p": 0.1}),
-    BadInput("dropout_mask_not_broadcast", r"dropout_mask\.shape=\(5, 6\) must broadcast",
-             options={"dropout_mask": np.ones((5, 6), bool), "dropout_p": 0.1}),
+    BadInput(
+        "dropout_mask_without_p", r"dropout_mask was given without dropout_p", options={"dropout_mask": _KEEP}
+    ),
+    BadInput(
+        "dropout_mask_not_bool",
+        r"dropout_mask\.dtype=float32 must be bool",
+        options={"dropout_mask": np.ones((5, 7), _f32), "dropout_p": 0.1},
+    ),
+    BadInput(
+        "dropout_mask_not_broadcast",
+        r"dropout_mask\.shape=\(5, 6\) must broadcast",
+        options={"dropout_mask": np.ones((5, 6), bool), "dropout_p": 0.1},
+    ),
     BadInput("return_lse_int", r"return_lse must be a bool, got int", options={"return_lse": 1}),
-    BadInput("causal_lower_right_length_typo", r"causal='lower_right_length' is not supported",
-             options={"causal": "lower_right_length"}),
+    BadInput(
+        "causal_lower_right_length_typo",
+        r"causal='lower_right_length' is not supported",
+        options={"causal": "lower_right_length"},
+    ),
 )
 ALL_SDPA_BAD_INPUTS: tuple[BadInput, ...] = SDPA_BAD_INPUTS + SDPA_VARIANT_BAD_INPUTS

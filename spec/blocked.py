@@ -71,8 +71,9 @@ _FN = "sdpa_blocked"
 
 
 @with_options(after=("block_q", "block_k"))
-def sdpa_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, block_q: int = 256, block_k: int = 512,
-                 **options: Any):
+def sdpa_blocked(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, *, block_q: int = 256, block_k: int = 512, **options: Any
+):
     """`sdpa` without the (n, m) logits: tiled online softmax (see the module docstring).
 
     Arguments, validation, SpecError messages (with this function's name) and results are those
@@ -94,8 +95,19 @@ def sdpa_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, block_q: int = 
     return blocked_core(p, q, k, v, o["mask"], o["bias"], o["return_weights"], bq, bk, extras=extras)
 
 
-def blocked_core(p: SDPAPlan, q, k, v, mask, bias, return_weights: bool,
-                 block_q: int = 256, block_k: int = 512, *, extras: SDPAExtras = NO_EXTRAS):
+def blocked_core(
+    p: SDPAPlan,
+    q,
+    k,
+    v,
+    mask,
+    bias,
+    return_weights: bool,
+    block_q: int = 256,
+    block_k: int = 512,
+    *,
+    extras: SDPAExtras = NO_EXTRAS,
+):
     """`sdpa_blocked` after validation: the result(s) in q's dtype, shaped as `sdpa` returns them.
 
     `attnspec.spec.sdpa` calls this for large inputs (see `sdpa.BLOCKED_MIN_LOGITS`).
@@ -114,8 +126,9 @@ def blocked_core(p: SDPAPlan, q, k, v, mask, bias, return_weights: bool,
     return finish(p, out, weights, q.dtype, return_weights, lse)
 
 
-def _attend_all(p: SDPAPlan, q, k, v, mask, bias, out, weights, lse, bq: int, bk: int,
-                ex: SDPAExtras) -> None:
+def _attend_all(
+    p: SDPAPlan, q, k, v, mask, bias, out, weights, lse, bq: int, bk: int, ex: SDPAExtras
+) -> None:
     q4 = np.broadcast_to(_with_head(q), (*p.batch, p.hq, p.n, p.dk))  # (..., Hq, n, dk)
     k4 = np.broadcast_to(_with_head(k), (*p.batch, p.hkv, p.m, p.dk))  # (..., Hkv, m, dk)
     v4 = np.broadcast_to(_with_head(v), (*p.batch, p.hkv, p.m, p.dv))  # (..., Hkv, m, dv)
@@ -124,11 +137,22 @@ def _attend_all(p: SDPAPlan, q, k, v, mask, bias, out, weights, lse, bq: int, bk
     bias4 = None if bias is None else np.broadcast_to(bias, fw)
     keep4 = None if ex.dropout_mask is None else np.broadcast_to(ex.dropout_mask, fw)
     anchors = np.broadcast_to(  # i' per row, (..., n)
-        query_anchor(p.n, p.m, p.causal, q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
-                     q_segment_ids=ex.q_segment_ids, kv_segment_ids=ex.kv_segment_ids),
-        (*p.batch, p.n))
-    slopes = None if ex.alibi_slopes is None else np.broadcast_to(
-        ex.alibi_slopes.astype(np.float64), (*p.batch, p.hq))  # (..., Hq)
+        query_anchor(
+            p.n,
+            p.m,
+            p.causal,
+            q_lengths=p.q_lengths,
+            kv_lengths=p.kv_lengths,
+            q_segment_ids=ex.q_segment_ids,
+            kv_segment_ids=ex.kv_segment_ids,
+        ),
+        (*p.batch, p.n),
+    )
+    slopes = (
+        None
+        if ex.alibi_slopes is None
+        else np.broadcast_to(ex.alibi_slopes.astype(np.float64), (*p.batch, p.hq))
+    )  # (..., Hq)
     sinks = None if ex.sinks is None else ex.sinks.astype(np.float64)  # (Hq,)
     q_ids = None if ex.q_segment_ids is None else np.broadcast_to(ex.q_segment_ids, (*p.batch, p.n))
     kv_ids = None if ex.kv_segment_ids is None else np.broadcast_to(ex.kv_segment_ids, (*p.batch, p.m))
@@ -147,8 +171,9 @@ def _attend_all(p: SDPAPlan, q, k, v, mask, bias, out, weights, lse, bq: int, bk
                 head.keep = None if keep4 is None else keep4[b][h]
                 head.slope = None if slopes is None else float(slopes[b][h])
                 head.sink = None if sinks is None else float(sinks[h])
-                _attend(head, out[b][h], None if weights is None else weights[b][h], lse[b][h],
-                        bq, bk, scratch)
+                _attend(
+                    head, out[b][h], None if weights is None else weights[b][h], lse[b][h], bq, bk, scratch
+                )
 
 
 def check_block(name: str, value: object, fn: str = _FN) -> int:

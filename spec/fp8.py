@@ -115,8 +115,13 @@ def sdpa_fp8(
             descale of another dtype or shape, non-finite or <= 0, a descale for a non-FP8
             tensor, an unknown out_dtype, and anything `attnspec.spec.sdpa` refuses.
     """
-    o = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale, "out_dtype": out_dtype,
-         **take("sdpa_fp8", options)}
+    o = {
+        "q_descale": q_descale,
+        "k_descale": k_descale,
+        "v_descale": v_descale,
+        "out_dtype": out_dtype,
+        **take("sdpa_fp8", options),
+    }
     fp = plan_fp8("sdpa_fp8", q, k, v, o)
     return finish_fp8(fp, golden_fp8(fp, q, k, v, o, o["return_weights"]), o["return_weights"])
 

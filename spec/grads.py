@@ -47,7 +47,9 @@ __all__ = ["sdpa_vjp"]
 
 
 @with_options(outputs=False)
-def sdpa_vjp(q: np.ndarray, k: np.ndarray, v: np.ndarray, d_out: np.ndarray, **options: Any) -> tuple[np.ndarray, ...]:
+def sdpa_vjp(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, d_out: np.ndarray, **options: Any
+) -> tuple[np.ndarray, ...]:
     """The vector-Jacobian product of `sdpa`: gradients of ``sum(sdpa(...) * d_out)``.
 
     Args:
@@ -92,8 +94,9 @@ def _check_d_out(fn: str, plan: SDPAPlan, d_out: object) -> None:
         raise SpecError(f"{fn}: d_out.dtype={info.dtype} must equal q.dtype={plan.dtype}")
 
 
-def _sdpa_grads(plan: SDPAPlan, q, k, v, d_out, mask, bias,
-                extras: SDPAExtras = NO_EXTRAS) -> list[np.ndarray]:
+def _sdpa_grads(
+    plan: SDPAPlan, q, k, v, d_out, mask, bias, extras: SDPAExtras = NO_EXTRAS
+) -> list[np.ndarray]:
     """float64 gradients, each in its input's shape (a rank-2 input as (1, L, d))."""
     p, ex = plan, extras
     q_h, k_h, v_h = _with_head(q), _with_head(k), _with_head(v)
@@ -120,8 +123,18 @@ def _sdpa_grads(plan: SDPAPlan, q, k, v, d_out, mask, bias,
     if p.softcap is not None:
         t = p.scale * (fold(q64) @ np.swapaxes(k64, -1, -2))  # (..., Hkv, G*n, m): capped logits' input
         cap_grad = 1.0 - np.tanh(t / p.softcap) ** 2  # d/dt of softcap * tanh(t / softcap)
-    dq, dk, dv, ds = _attention_vjp(fold(q64), k64, v64, fold(w), fold(vis), fold(out), fold(dO), p.scale,
-                                    keep=None if keep is None else fold(keep), cap_grad=cap_grad)
+    dq, dk, dv, ds = _attention_vjp(
+        fold(q64),
+        k64,
+        v64,
+        fold(w),
+        fold(vis),
+        fold(out),
+        fold(dO),
+        p.scale,
+        keep=None if keep is None else fold(keep),
+        cap_grad=cap_grad,
+    )
     dq = dq.reshape(*p.batch, p.hq, p.n, p.dk)  # (..., Hkv, G*n, dk) -> (..., Hq, n, dk)
     grads = [dq, dk, dv]
     if bias is not None:

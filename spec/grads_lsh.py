@@ -74,9 +74,17 @@ def lsh_attention_vjp(
             shape or dtype.
     """
     fn = "lsh_attention_vjp"
-    p = validate_lsh(fn, numpy_info(fn, "x", x), numpy_info(fn, "v", v),
-                     numpy_info(fn, "rotations", rotations), chunk_length=chunk_length,
-                     causal=causal, kv_lengths=kv_lengths, dedup=dedup, scale=scale)
+    p = validate_lsh(
+        fn,
+        numpy_info(fn, "x", x),
+        numpy_info(fn, "v", v),
+        numpy_info(fn, "rotations", rotations),
+        chunk_length=chunk_length,
+        causal=causal,
+        kv_lengths=kv_lengths,
+        dedup=dedup,
+        scale=scale,
+    )
     out_shape = (*p.batch, p.L, p.dv)
     info = numpy_info(fn, "d_out", d_out)
     if info.shape != out_shape:
@@ -192,7 +200,9 @@ def _lsh_grads(p: LSHPlan, x64, v64, dO, kv, buckets, rnd=None):
     np.add.at(dv_pad, (bi, win_pos), dv_win)
     big = norm > NORM_EPS  # (B, Lp, 1)
     radial = rnd(np.sum(k_hat * dk_hat, axis=-1, keepdims=True))  # (B, Lp, 1)
-    dx_pad = dx_pad + np.where(big, (dk_hat - k_hat * radial) / np.where(big, norm, 1), dk_hat / ct.type(NORM_EPS))
+    dx_pad = dx_pad + np.where(
+        big, (dk_hat - k_hat * radial) / np.where(big, norm, 1), dk_hat / ct.type(NORM_EPS)
+    )
     keep = valid[..., None]  # (B, Lp, 1): padded positions get exactly 0
     return np.where(keep, dx_pad, 0)[:, :L], np.where(keep, dv_pad, 0)[:, :L]
 

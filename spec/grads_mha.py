@@ -79,8 +79,11 @@ def mha_vjp(
     mask, bias, sinks = options.pop("mask"), options.pop("bias"), options["sinks"]
     plan_mha_numpy(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias, options)
     hkv = num_heads if num_kv_heads is None else num_kv_heads
-    out_shape = (*np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2]),
-                 query.shape[-2], params.embed_dim)
+    out_shape = (
+        *np.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2]),
+        query.shape[-2],
+        params.embed_dim,
+    )
     info = numpy_info(fn, "d_out", d_out)
     if info.shape != out_shape:
         raise SpecError(f"{fn}: d_out.shape={info.shape} must equal the output shape {out_shape}")
@@ -90,8 +93,10 @@ def mha_vjp(
     query64, key64, value64, dO = (x.astype(np.float64) for x in (query, key, value, d_out))
     w = {name: getattr(params, name) for name in ("w_q", "w_k", "w_v", "w_o")}
     w = {name: x.astype(np.float64) for name, x in w.items()}
-    b = {name: None if getattr(params, name) is None else getattr(params, name).astype(np.float64)
-         for name in ("b_q", "b_k", "b_v", "b_o")}
+    b = {
+        name: None if getattr(params, name) is None else getattr(params, name).astype(np.float64)
+        for name in ("b_q", "b_k", "b_v", "b_o")
+    }
     kw = in_float64(bias=bias, **options)  # bias and sinks in float64, like the projections
     with np.errstate(invalid="ignore", over="ignore"):  # NaN in padded rows and hidden keys is expected
         q = split_heads(_project(query64, w["w_q"], b["b_q"]), num_heads)  # (..., H, n, hd)
@@ -114,17 +119,27 @@ def mha_vjp(
             "w_o": _outer_sum(dO, merged),  # (E, E)
         }
         d_b = {"b_q": _row_sum(dq), "b_k": np.zeros(params.kv_dim), "b_v": _row_sum(dv), "b_o": _row_sum(dO)}
+
     def d_weight(name: str) -> np.ndarray:
         return round_to(d_w[name], getattr(params, name).dtype)
 
     def d_bias(name: str) -> np.ndarray | None:
         return None if getattr(params, name) is None else round_to(d_b[name], getattr(params, name).dtype)
 
-    d_params = MHAParams(w_q=d_weight("w_q"), w_k=d_weight("w_k"), w_v=d_weight("w_v"), w_o=d_weight("w_o"),
-                         b_q=d_bias("b_q"), b_k=d_bias("b_k"), b_v=d_bias("b_v"), b_o=d_bias("b_o"))
+    d_params = MHAParams(
+        w_q=d_weight("w_q"),
+        w_k=d_weight("w_k"),
+        w_v=d_weight("w_v"),
+        w_o=d_weight("w_o"),
+        b_q=d_bias("b_q"),
+        b_k=d_bias("b_k"),
+        b_v=d_bias("b_v"),
+        b_o=d_bias("b_o"),
+    )
     inputs = (query, key, value)
-    result: list[np.ndarray | MHAParams] = [round_to(g.reshape(x.shape), x.dtype)
-                                            for g, x in zip(d_inputs, inputs)]
+    result: list[np.ndarray | MHAParams] = [
+        round_to(g.reshape(x.shape), x.dtype) for g, x in zip(d_inputs, inputs)
+    ]
     result.append(d_params)
     extra = list(grads[3:])  # sdpa_vjp's dbias, then dsinks (H,)
     if bias is not None:

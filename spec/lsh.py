@@ -132,7 +132,9 @@ def lsh_rotations(seed: int, d: int, n_hashes: int, n_buckets: int) -> np.ndarra
 
 def _check_x_rotations(fn: str, x: ArrayInfo, rotations: ArrayInfo) -> None:
     if len(x.shape) < 2:
-        raise SpecError(f"{fn}: x.ndim={len(x.shape)} must be >= 2 (expected (..., L, d)), got shape {x.shape}")
+        raise SpecError(
+            f"{fn}: x.ndim={len(x.shape)} must be >= 2 (expected (..., L, d)), got shape {x.shape}"
+        )
     if x.dtype not in FLOAT_DTYPES:
         raise SpecError(f"{fn}: x.dtype={x.dtype} must be one of {', '.join(FLOAT_DTYPES)}")
     d = x.shape[-1]
@@ -198,12 +200,16 @@ def validate_lsh(
     """Check one lsh_attention call and return its plan; raise `SpecError` naming the first problem."""
     _check_x_rotations(fn, x, rotations)
     if len(v.shape) < 2:
-        raise SpecError(f"{fn}: v.ndim={len(v.shape)} must be >= 2 (expected (..., L, dv)), got shape {v.shape}")
+        raise SpecError(
+            f"{fn}: v.ndim={len(v.shape)} must be >= 2 (expected (..., L, dv)), got shape {v.shape}"
+        )
     if v.dtype != x.dtype:
         raise SpecError(f"{fn}: x and v must share one dtype, got x.dtype={x.dtype}, v.dtype={v.dtype}")
     L, d = x.shape[-2:]
     if v.shape[-2] != L:
-        raise SpecError(f"{fn}: v.shape[-2]={v.shape[-2]} must equal x.shape[-2]={L} (one value per position)")
+        raise SpecError(
+            f"{fn}: v.shape[-2]={v.shape[-2]} must equal x.shape[-2]={L} (one value per position)"
+        )
     try:
         batch = tuple(np.broadcast_shapes(x.shape[:-2], v.shape[:-2]))
     except ValueError:
@@ -301,9 +307,17 @@ def lsh_attention(
     array is built.
     """
     fn = "lsh_attention"
-    p = validate_lsh(fn, numpy_info(fn, "x", x), numpy_info(fn, "v", v),
-                     numpy_info(fn, "rotations", rotations), chunk_length=chunk_length,
-                     causal=causal, kv_lengths=kv_lengths, dedup=dedup, scale=scale)
+    p = validate_lsh(
+        fn,
+        numpy_info(fn, "x", x),
+        numpy_info(fn, "v", v),
+        numpy_info(fn, "rotations", rotations),
+        chunk_length=chunk_length,
+        causal=causal,
+        kv_lengths=kv_lengths,
+        dedup=dedup,
+        scale=scale,
+    )
     B, L = math.prod(p.batch), p.L
     x64 = np.broadcast_to(x.astype(np.float64), (*p.batch, L, p.d)).reshape(B, L, p.d)  # (B, L, d)
     v64 = np.broadcast_to(v.astype(np.float64), (*p.batch, L, p.dv)).reshape(B, L, p.dv)  # (B, L, dv)

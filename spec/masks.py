@@ -107,8 +107,10 @@ def _with_head_axis(rows: np.ndarray) -> np.ndarray:
 
 def _anchor_for(fn: str, n: int, m: int, align: str | None, per_sequence: dict) -> np.ndarray:
     if align != "lower_right_lengths" and any(x is not None for x in per_sequence.values()):
-        raise SpecError(f"{fn}: lengths and segment ids only shape the 'lower_right_lengths' "
-                        f"alignment, got align={align!r}")
+        raise SpecError(
+            f"{fn}: lengths and segment ids only shape the 'lower_right_lengths' "
+            f"alignment, got align={align!r}"
+        )
     ql = per_sequence["q_lengths"]
     kl = per_sequence["kv_lengths"]
     q_ids, kv_ids = per_sequence["q_segment_ids"], per_sequence["kv_segment_ids"]
@@ -121,8 +123,9 @@ def _anchor_for(fn: str, n: int, m: int, align: str | None, per_sequence: dict) 
     if q_ids is not None:
         q_ids = _segment_ids(fn, "q_segment_ids", q_ids, n)
         kv_ids = _segment_ids(fn, "kv_segment_ids", kv_ids, m)
-    return query_anchor(n, m, align, q_lengths=ql, kv_lengths=kl, q_segment_ids=q_ids,
-                        kv_segment_ids=kv_ids)[..., :, None]  # (..., n, 1)
+    return query_anchor(n, m, align, q_lengths=ql, kv_lengths=kl, q_segment_ids=q_ids, kv_segment_ids=kv_ids)[
+        ..., :, None
+    ]  # (..., n, 1)
 
 
 def causal_mask(n: int, m: int, align: str = "upper_left", **per_sequence) -> np.ndarray:
@@ -139,14 +142,17 @@ def causal_mask(n: int, m: int, align: str = "upper_left", **per_sequence) -> np
     """
     n, m = _check_size("causal_mask", "n", n), _check_size("causal_mask", "m", m)
     if check_causal("causal_mask", align) is None:
-        raise SpecError("causal_mask: align=None is not an alignment; expected 'upper_left', "
-                        "'lower_right' or 'lower_right_lengths'")
+        raise SpecError(
+            "causal_mask: align=None is not an alignment; expected 'upper_left', "
+            "'lower_right' or 'lower_right_lengths'"
+        )
     anchor = _anchor_for("causal_mask", n, m, align, _per_sequence("causal_mask", per_sequence))
     return _with_head_axis(np.arange(m) <= anchor)
 
 
-def window_mask(n: int, m: int, left: int, right: int, align: str | None = None,
-                **per_sequence) -> np.ndarray:
+def window_mask(
+    n: int, m: int, left: int, right: int, align: str | None = None, **per_sequence
+) -> np.ndarray:
     """(n, m) sliding-window visibility: key j visible iff i' - left <= j <= i' + right.
 
     i' is `query_anchor`'s: i unless ``align`` is ``"lower_right"`` (i + m - n) or
@@ -165,8 +171,9 @@ def window_mask(n: int, m: int, left: int, right: int, align: str | None = None,
 def _per_sequence(fn: str, given: dict) -> dict:
     unknown = sorted(set(given) - set(_PER_SEQUENCE))
     if unknown:
-        raise SpecError(f"{fn}: unexpected keyword {unknown[0]!r}; expected one of "
-                        f"{', '.join(_PER_SEQUENCE)}")
+        raise SpecError(
+            f"{fn}: unexpected keyword {unknown[0]!r}; expected one of {', '.join(_PER_SEQUENCE)}"
+        )
     return {**_PER_SEQUENCE, **given}
 
 
@@ -182,8 +189,10 @@ def segment_mask(q_segment_ids: np.ndarray, kv_segment_ids: np.ndarray) -> np.nd
     try:
         np.broadcast_shapes(q_ids.shape[:-1], kv_ids.shape[:-1])
     except ValueError:
-        raise SpecError(f"segment_mask: leading dims of q_segment_ids {q_ids.shape[:-1]} and "
-                        f"kv_segment_ids {kv_ids.shape[:-1]} do not broadcast") from None
+        raise SpecError(
+            f"segment_mask: leading dims of q_segment_ids {q_ids.shape[:-1]} and "
+            f"kv_segment_ids {kv_ids.shape[:-1]} do not broadcast"
+        ) from None
     q_col, kv_row = q_ids[..., :, None], kv_ids[..., None, :]  # (..., n, 1), (..., 1, m)
     return ((q_col == kv_row) & (q_col >= 0))[..., None, :, :]  # (..., 1, n, m)
 
@@ -212,8 +221,11 @@ def segment_ids_from_cu_seqlens(cu_seqlens: np.ndarray, total: int) -> np.ndarra
     if isinstance(cu_seqlens, (list, tuple)) and all(map(is_int, cu_seqlens)):
         cu_seqlens = np.asarray(cu_seqlens, np.int64).reshape(len(cu_seqlens))
     if not isinstance(cu_seqlens, np.ndarray) or cu_seqlens.dtype.name not in INT_DTYPES:
-        what = type(cu_seqlens).__name__ if not isinstance(cu_seqlens, np.ndarray) else (
-            f"dtype {cu_seqlens.dtype.name}")
+        what = (
+            type(cu_seqlens).__name__
+            if not isinstance(cu_seqlens, np.ndarray)
+            else (f"dtype {cu_seqlens.dtype.name}")
+        )
         raise SpecError(f"{fn}: cu_seqlens must be a 1-D integer array, got {what}")
     if cu_seqlens.ndim != 1 or cu_seqlens.size == 0:
         raise SpecError(f"{fn}: cu_seqlens.shape={cu_seqlens.shape} must be (S + 1,) with S >= 0")
@@ -277,8 +289,9 @@ def visibility(
     (data rather than rules) for a whole call. Arguments are assumed valid (as in a plan).
     """
     vis = None
-    per_sequence = dict(q_lengths=q_lengths, kv_lengths=kv_lengths, q_segment_ids=q_segment_ids,
-                        kv_segment_ids=kv_segment_ids)
+    per_sequence = dict(
+        q_lengths=q_lengths, kv_lengths=kv_lengths, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids
+    )
     anchor = query_anchor(n, m, causal, **per_sequence)[..., :, None]  # (..., n, 1): i'
     j = np.arange(m)
 
@@ -299,9 +312,15 @@ def visibility(
     return vis
 
 
-def visible(plan: SDPAPlan, mask: np.ndarray | None = None, bias: np.ndarray | None = None,
-            extras: SDPAExtras = NO_EXTRAS, *, structure: bool = True,
-            lengths: bool = True) -> np.ndarray | None:
+def visible(
+    plan: SDPAPlan,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    extras: SDPAExtras = NO_EXTRAS,
+    *,
+    structure: bool = True,
+    lengths: bool = True,
+) -> np.ndarray | None:
     """visible(i, j) of `attnspec.spec.sdpa`: every rule of a call ANDed, None when all is visible.
 
     The one place the rules meet: the structural ones of the plan (causal with its alignment and
@@ -311,11 +330,16 @@ def visible(plan: SDPAPlan, mask: np.ndarray | None = None, bias: np.ndarray | N
     against (*batch, Hq, n, m) without being expanded to it; NumPy ``mask`` and ``bias`` are read,
     never modified. Arguments are assumed valid (as in a plan).
     """
-    vis = visibility(plan.n, plan.m, causal=plan.causal if structure else None,
-                     window=plan.window if structure else None,
-                     q_lengths=plan.q_lengths if lengths else None,
-                     kv_lengths=plan.kv_lengths if lengths else None,
-                     q_segment_ids=extras.q_segment_ids, kv_segment_ids=extras.kv_segment_ids)
+    vis = visibility(
+        plan.n,
+        plan.m,
+        causal=plan.causal if structure else None,
+        window=plan.window if structure else None,
+        q_lengths=plan.q_lengths if lengths else None,
+        kv_lengths=plan.kv_lengths if lengths else None,
+        q_segment_ids=extras.q_segment_ids,
+        kv_segment_ids=extras.kv_segment_ids,
+    )
     if mask is not None:
         vis = mask if vis is None else vis & mask
     if bias is not None:

@@ -51,7 +51,6 @@ from attnspec.spec.validate import FLOAT_DTYPES, ArrayInfo, SDPAPlan, is_int, nu
 __all__ = ["MHAParams", "ParamDims", "check_param_infos", "merge_heads", "mha", "split_heads", "validate_mha"]
 
 
-
 def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
     """(..., L, H * hd) -> (..., H, L, hd): head h is columns h*hd : (h+1)*hd."""
     fn = "split_heads"
@@ -59,9 +58,7 @@ def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
     if len(info.shape) < 2:
         raise SpecError(f"{fn}: x.ndim={len(info.shape)} must be >= 2 (expected (..., L, H * hd))")
     if not is_int(num_heads) or num_heads < 1 or x.shape[-1] % num_heads:
-        raise SpecError(
-            f"{fn}: x.shape[-1]={x.shape[-1]} must be a multiple of num_heads={num_heads!r} >= 1"
-        )
+        raise SpecError(f"{fn}: x.shape[-1]={x.shape[-1]} must be a multiple of num_heads={num_heads!r} >= 1")
     x = x.reshape(*x.shape[:-1], num_heads, x.shape[-1] // num_heads)  # (..., L, H, hd)
     return np.swapaxes(x, -2, -3)  # (..., H, L, hd)
 
@@ -83,6 +80,7 @@ def _project(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
 
 def plan_mha_numpy(fn, query, key, value, params, num_heads, num_kv_heads, mask, bias, options) -> SDPAPlan:
     """Validate an mha call on NumPy arrays and return the plan of its per-head sdpa."""
+
     def dims() -> ParamDims:
         if not isinstance(params, MHAParams):
             raise SpecError(f"{fn}: params must be an MHAParams, got {type(params).__name__}")
@@ -235,8 +233,9 @@ def mha(
     q = split_heads(_project(query, params.w_q, params.b_q), num_heads)  # (..., n, E) -> (..., H, n, hd)
     k = split_heads(_project(key, params.w_k, params.b_k), hkv)  # (..., m, P) -> (..., Hkv, m, hd)
     v = split_heads(_project(value, params.w_v, params.b_v), hkv)  # (..., m, P) -> (..., Hkv, m, hd)
-    result = sdpa(q, k, v, mask=mask, return_weights=True, return_lse=return_lse,
-                  **in_float64(bias=bias, **options))  # (..., H, n, hd), (..., H, n, m)[, (..., H, n)]
+    result = sdpa(
+        q, k, v, mask=mask, return_weights=True, return_lse=return_lse, **in_float64(bias=bias, **options)
+    )  # (..., H, n, hd), (..., H, n, m)[, (..., H, n)]
     out = _project(merge_heads(result[0]), params.w_o, params.b_o)  # (..., n, E)
     results = [round_to(out, query.dtype)]
     if return_weights:

@@ -105,10 +105,14 @@ class MHAParams:
             return (rng.uniform(-1.0, 1.0, out_f) / np.sqrt(max(1, in_f))).astype(dtype)
 
         return cls(
-            w_q=weight(embed_dim, embed_dim), b_q=bias_of(embed_dim, embed_dim),
-            w_k=weight(p, kdim), b_k=bias_of(p, kdim),
-            w_v=weight(p, vdim), b_v=bias_of(p, vdim),
-            w_o=weight(embed_dim, embed_dim), b_o=bias_of(embed_dim, embed_dim),
+            w_q=weight(embed_dim, embed_dim),
+            b_q=bias_of(embed_dim, embed_dim),
+            w_k=weight(p, kdim),
+            b_k=bias_of(p, kdim),
+            w_v=weight(p, vdim),
+            b_v=bias_of(p, vdim),
+            w_o=weight(embed_dim, embed_dim),
+            b_o=bias_of(embed_dim, embed_dim),
         )
 
     @classmethod

@@ -19,7 +19,12 @@ __all__ = ["params_from_torch_state_dict", "params_to_torch_state_dict"]
 
 _PACKED_KEYS = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")
 _SEPARATE_KEYS = (
-    "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias",
+    "q_proj_weight",
+    "k_proj_weight",
+    "v_proj_weight",
+    "in_proj_bias",
+    "out_proj.weight",
+    "out_proj.bias",
 )
 
 

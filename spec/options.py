@@ -102,12 +102,21 @@ def parameters(*, outputs: bool = True, annotated: bool = True) -> list[inspect.
     """The table's keywords as keyword-only `inspect.Parameter`s (without the return_* ones when
     ``outputs`` is False; annotations as the golden writes them when ``annotated``)."""
     empty = inspect.Parameter.empty
-    return [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default,
-                              annotation=o.annotation if annotated else empty)
-            for o in OPTIONS if outputs or o.kind != "output"]
+    return [
+        inspect.Parameter(
+            o.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=o.default,
+            annotation=o.annotation if annotated else empty,
+        )
+        for o in OPTIONS
+        if outputs or o.kind != "output"
+    ]
 
 
-def signature(fn: Callable[..., Any], *, outputs: bool = True, after: tuple[str, ...] = ()) -> inspect.Signature:
+def signature(
+    fn: Callable[..., Any], *, outputs: bool = True, after: tuple[str, ...] = ()
+) -> inspect.Signature:
     """``fn``'s signature with its ``**options`` replaced by the table's keywords.
 
     ``fn``'s own keyword-only parameters come before the table's, except those named in

@@ -16,7 +16,12 @@ def sinusoidal_positions(n: int, d: int, base: float = 10000.0) -> np.ndarray:
     for name, value in (("n", n), ("d", d)):
         if not is_int(value) or value < 0:
             raise SpecError(f"sinusoidal_positions: {name}={value!r} must be an int >= 0")
-    if not isinstance(base, (int, float, np.floating)) or isinstance(base, bool) or not np.isfinite(base) or base <= 0:
+    if (
+        not isinstance(base, (int, float, np.floating))
+        or isinstance(base, bool)
+        or not np.isfinite(base)
+        or base <= 0
+    ):
         raise SpecError(f"sinusoidal_positions: base={base!r} must be a finite number > 0")
     pos = np.arange(n, dtype=np.float64)[:, None]  # (n, 1)
     two_i = np.arange(0, d, 2, dtype=np.float64)  # (ceil(d/2),)

@@ -60,7 +60,7 @@ def _buckets(x: np.ndarray, rotations: np.ndarray, factors: list[int]) -> np.nda
     buckets = np.zeros((*x.shape[:-2], nh, x.shape[-2]), np.int64)
     col, product = 0, 1
     for f in factors:
-        r = rotations[:, :, col:col + f // 2]  # (d, nh, f / 2)
+        r = rotations[:, :, col : col + f // 2]  # (d, nh, f / 2)
         p = np.einsum("...ld,dhk->...hlk", x, r)  # (..., nh, L, f / 2)
         buckets += product * np.argmax(np.concatenate([p, -p], axis=-1), axis=-1)
         col, product = col + f // 2, product * f
@@ -68,8 +68,20 @@ def _buckets(x: np.ndarray, rotations: np.ndarray, factors: list[int]) -> np.nda
 
 
 def _plan(B: int, L: int, d: int, nh: int, nb: int, C: int, scale: float, causal: bool) -> LSHPlan:
-    return LSHPlan(batch=(B,), L=L, d=d, dv=d, n_hashes=nh, n_buckets=nb, chunk_length=C,
-                   dtype="float64", scale=scale, causal=causal, dedup=False, kv_lengths=None)
+    return LSHPlan(
+        batch=(B,),
+        L=L,
+        d=d,
+        dv=d,
+        n_hashes=nh,
+        n_buckets=nb,
+        chunk_length=C,
+        dtype="float64",
+        scale=scale,
+        causal=causal,
+        dedup=False,
+        kv_lengths=None,
+    )
 
 
 def _hf_num_buckets(layer, L: int) -> int | list[int]:
@@ -79,7 +91,7 @@ def _hf_num_buckets(layer, L: int) -> int | list[int]:
     C = layer.chunk_length
     power = (2 * (L // C)).bit_length() - 1
     limit = 2 * max(int((layer.max_position_embeddings // C) ** 0.5), C)
-    return [2 ** (power // 2), 2 ** (power - power // 2)] if 2 ** power > limit else 2 ** power
+    return [2 ** (power // 2), 2 ** (power - power // 2)] if 2**power > limit else 2**power
 
 
 def hf_lsh_self_attention(layer: Any, hidden_states: Any, attention_mask: Any = None) -> np.ndarray:
@@ -104,8 +116,10 @@ def hf_lsh_self_attention(layer: Any, hidden_states: Any, attention_mask: Any = 
     """
     fn = "hf_lsh_self_attention"
     if getattr(layer, "hash_seed", None) is None:
-        raise SpecError(f"{fn}: layer.hash_seed=None: the layer draws its rotations from torch's global "
-                        "random state; set config.hash_seed to an int to make them reproducible")
+        raise SpecError(
+            f"{fn}: layer.hash_seed=None: the layer draws its rotations from torch's global "
+            "random state; set config.hash_seed to an int to make them reproducible"
+        )
     if layer.training and layer.dropout > 0:
         raise SpecError(f"{fn}: layer.dropout={layer.dropout} in training mode is random; call layer.eval()")
     H, hd, nh, C = layer.num_attention_heads, layer.attention_head_size, layer.num_hashes, layer.chunk_length
@@ -123,21 +137,31 @@ def hf_lsh_self_attention(layer: Any, hidden_states: Any, attention_mask: Any = 
         if mask.shape != (B, L):
             raise SpecError(f"{fn}: attention_mask.shape={mask.shape} must be (B, L) = {(B, L)}")
         valid = np.repeat(mask, H, axis=0)  # (B * H, L)
-    sem = _Semantics(before=layer.num_chunks_before, after=layer.num_chunks_after, key_eps=HF_KEY_EPS,
-                     mask_queries=False, mask_value=HF_MASK_LOGIT, self_logit=HF_SELF_LOGIT,
-                     self_over_mask=True, zero_invalid_rows=False)
+    sem = _Semantics(
+        before=layer.num_chunks_before,
+        after=layer.num_chunks_after,
+        key_eps=HF_KEY_EPS,
+        mask_queries=False,
+        mask_value=HF_MASK_LOGIT,
+        self_logit=HF_SELF_LOGIT,
+        self_over_mask=True,
+        zero_invalid_rows=False,
+    )
     if L <= C:  # HF skips hashing: full attention, which is one chunk of one round holding everything
         plan = _plan(B * H, L, hd, 1, 2, L, 1.0, bool(layer.is_decoder))
         sem = _Semantics(**{**sem.__dict__, "before": 0, "after": 0})
         buckets = np.zeros((B * H, 1, L), np.int64)
     else:
         if L % C:
-            raise SpecError(f"{fn}: L={L} must be a multiple of layer.chunk_length={C} (as the layer requires)")
+            raise SpecError(
+                f"{fn}: L={L} must be a multiple of layer.chunk_length={C} (as the layer requires)"
+            )
         n_buckets = _hf_num_buckets(layer, L)
         factors = [n_buckets] if isinstance(n_buckets, int) else list(n_buckets)
         rot = _rotations((H, hd, nh, sum(factors) // 2), layer.hash_seed, weight.dtype, weight.device)
-        buckets = np.stack([_buckets(qk.reshape(B, H, L, hd)[:, i], rot[i], factors) for i in range(H)],
-                           axis=1).reshape(B * H, nh, L)  # (B * H, nh, L)
+        buckets = np.stack(
+            [_buckets(qk.reshape(B, H, L, hd)[:, i], rot[i], factors) for i in range(H)], axis=1
+        ).reshape(B * H, nh, L)  # (B * H, nh, L)
         plan = _plan(B * H, L, hd, nh, math.prod(factors), C, 1.0, bool(layer.is_decoder))
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         out, _ = _lsh_core(plan, qk, v, None, buckets, sem, valid)  # (B * H, L, hd)
@@ -164,8 +188,12 @@ def lucidrains_lsh_attention(module: Any, qk: Any, v: Any, seed: int, input_mask
         query's row holds only itself (self logit -5e4 replaces the mask), so it outputs v there.
     """
     fn = "lucidrains_lsh_attention"
-    for attr, want in (("_rehash_each_round", True), ("_attend_across_buckets", True),
-                       ("_allow_duplicate_attention", True), ("_random_rotations_per_head", False)):
+    for attr, want in (
+        ("_rehash_each_round", True),
+        ("_attend_across_buckets", True),
+        ("_allow_duplicate_attention", True),
+        ("_random_rotations_per_head", False),
+    ):
         if getattr(module, attr) is not want:
             raise SpecError(f"{fn}: module.{attr[1:]}={getattr(module, attr)} is not supported (only {want})")
     if module.training and (module.dropout.p > 0 or module.dropout_for_hash.p > 0):
@@ -179,7 +207,9 @@ def lucidrains_lsh_attention(module: Any, qk: Any, v: Any, seed: int, input_mask
     B, L, d = x.shape
     C, nh = module.bucket_size, module.n_hashes
     if L % (2 * C):
-        raise SpecError(f"{fn}: L={L} must be divisible by 2 * bucket_size = {2 * C} (as the module requires)")
+        raise SpecError(
+            f"{fn}: L={L} must be divisible by 2 * bucket_size = {2 * C} (as the module requires)"
+        )
     nb = L // C
     rot = _rotations((1, d, nh, nb // 2), seed, t.dtype, t.device)[0]  # (d, nh, nb / 2)
     valid = np.ones((B, L), bool)
@@ -188,9 +218,14 @@ def lucidrains_lsh_attention(module: Any, qk: Any, v: Any, seed: int, input_mask
         if m.ndim != 2 or m.shape[0] != B or m.shape[1] > L:
             raise SpecError(f"{fn}: input_mask.shape={m.shape} must be (B, L') with L' <= L = {L}")
         valid = np.concatenate([m, np.ones((B, L - m.shape[1]), bool)], axis=1)  # (B, L)
-    sem = _Semantics(pad_bucket=False, mask_value=-float(torch.finfo(t.dtype).max), self_logit=SELF_LOGIT,
-                     self_over_mask=True, zero_invalid_rows=False)
-    plan = _plan(B, L, d, nh, nb, C, d ** -0.5, bool(module.causal))
+    sem = _Semantics(
+        pad_bucket=False,
+        mask_value=-float(torch.finfo(t.dtype).max),
+        self_logit=SELF_LOGIT,
+        self_over_mask=True,
+        zero_invalid_rows=False,
+    )
+    plan = _plan(B, L, d, nh, nb, C, d**-0.5, bool(module.causal))
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         out, _ = _lsh_core(plan, x, vv, None, _buckets(x, rot, [nb]), sem, valid)
     return out  # (B, L, d)

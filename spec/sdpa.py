@@ -40,6 +40,7 @@ import numpy as np
 
 from attnspec.spec.blocked import blocked_core
 from attnspec.spec.masks import query_anchor, visible
+from attnspec.spec.options import NAMES
 from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan, finish, plan_options
 
 __all__ = ["BLOCKED_MIN_LOGITS", "GOLDEN_TILES", "finish", "golden", "plan_options", "sdpa"]
@@ -56,14 +57,38 @@ BLOCKED_MIN_LOGITS = 1 << 20
 GOLDEN_TILES = (512, 1024)
 
 
-def plan_numpy(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
-               extras: SDPAExtras = NO_EXTRAS, softcap=None, dropout_p=None,
-               return_lse=False) -> SDPAPlan:
+def plan_numpy(
+    fn,
+    q,
+    k,
+    v,
+    mask,
+    bias,
+    causal,
+    window,
+    scale,
+    q_lengths,
+    kv_lengths,
+    extras: SDPAExtras = NO_EXTRAS,
+    softcap=None,
+    dropout_p=None,
+    return_lse=False,
+) -> SDPAPlan:
     """Validate an sdpa call on NumPy arrays and return its plan (`attnspec.spec.validate`): the
     keywords one by one, as the golden has them (`plan_options` takes them as a dict)."""
-    o = {"mask": mask, "bias": bias, "causal": causal, "window": window, "scale": scale, "q_lengths": q_lengths,
-         "kv_lengths": kv_lengths, "softcap": softcap, **dataclasses.asdict(extras), "dropout_p": dropout_p,
-         "return_lse": return_lse}
+    o = {
+        "mask": mask,
+        "bias": bias,
+        "causal": causal,
+        "window": window,
+        "scale": scale,
+        "q_lengths": q_lengths,
+        "kv_lengths": kv_lengths,
+        "softcap": softcap,
+        **dataclasses.asdict(extras),
+        "dropout_p": dropout_p,
+        "return_lse": return_lse,
+    }
     return plan_options(fn, q, k, v, o)[0]
 
 
@@ -142,19 +167,18 @@ def sdpa(
     Raises:
         SpecError: for any input outside the definition (see spec/README.md, "Bad input").
     """
-    extras = SDPAExtras(alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
-    plan = plan_numpy("sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
-                     extras, softcap, dropout_p, return_lse)
+    given = locals()  # the keywords of the signature above, which is the table's (spec/options.py)
+    plan, extras = plan_options("sdpa", q, k, v, {name: given[name] for name in NAMES})
     return golden(plan, q, k, v, mask, bias, return_weights, extras)
 
 
-def golden(plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool,
-           extras: SDPAExtras = NO_EXTRAS):
+def golden(plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool, extras: SDPAExtras = NO_EXTRAS):
     """`sdpa` after validation: the vectorized core, or the tiled one for large inputs."""
     if math.prod(plan.full_weights_shape) >= BLOCKED_MIN_LOGITS:
         return blocked_core(plan, q, k, v, mask, bias, return_weights, *GOLDEN_TILES, extras=extras)
-    out, weights, lse = attention_core(plan, q, k, v, mask, bias, np.float64, _identity, extras,
-                                       with_lse=True)
+    out, weights, lse = attention_core(
+        plan, q, k, v, mask, bias, np.float64, _identity, extras, with_lse=True
+    )
     return finish(plan, out, weights, q.dtype, return_weights, lse)
 
 
@@ -165,8 +189,15 @@ def _identity(x: np.ndarray) -> np.ndarray:
 def alibi_term(plan: SDPAPlan, extras: SDPAExtras, compute: type = np.float64) -> np.ndarray:
     """-slope[h] * |i' - j|, broadcastable to (..., Hq, n, m); i' as for the window."""
     p = plan
-    anchor = query_anchor(p.n, p.m, p.causal, q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
-                          q_segment_ids=extras.q_segment_ids, kv_segment_ids=extras.kv_segment_ids)
+    anchor = query_anchor(
+        p.n,
+        p.m,
+        p.causal,
+        q_lengths=p.q_lengths,
+        kv_lengths=p.kv_lengths,
+        q_segment_ids=extras.q_segment_ids,
+        kv_segment_ids=extras.kv_segment_ids,
+    )
     dist = np.abs(anchor[..., None, :, None] - np.arange(p.m))  # (..., 1, n, m)
     assert extras.alibi_slopes is not None  # the ALiBi term exists only for a call with alibi_slopes
     slopes: np.ndarray = extras.alibi_slopes.astype(compute)[..., :, None, None]  # (..., Hq, 1, 1)
@@ -201,8 +232,10 @@ def attention_core(
         lse: np.ndarray = np.full((*p.batch, p.hq, p.n), -np.inf, compute)
         if sink is not None:
             lse[...] = sink[:, :, 0]  # no visible key: the sink alone
-        empty: tuple[np.ndarray, np.ndarray] = (np.zeros((*p.batch, p.hq, p.n, p.dv), compute),
-                                                 np.zeros(full_w, compute))
+        empty: tuple[np.ndarray, np.ndarray] = (
+            np.zeros((*p.batch, p.hq, p.n, p.dv), compute),
+            np.zeros(full_w, compute),
+        )
         return (*empty, lse) if with_lse else empty
     q = rnd(_with_head(q).astype(compute))
     k = rnd(_with_head(k).astype(compute))

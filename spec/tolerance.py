@@ -54,8 +54,9 @@ K = 4.0
 _NP = {name: NUMPY_DTYPES[name].type for name in FLOAT_DTYPES}
 
 
-def reference_sdpa(plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool = False,
-                   extras: SDPAExtras = NO_EXTRAS):
+def reference_sdpa(
+    plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool = False, extras: SDPAExtras = NO_EXTRAS
+):
     """The golden algorithm run in the inputs' precision (the tolerance rule's ``ref``).
 
     Without weights, large inputs run in blocks of query rows (`visible_rows`): rows are
@@ -82,10 +83,20 @@ def reference_sdpa(plan: SDPAPlan, q, k, v, mask, bias, return_weights: bool = F
     for i0 in range(0, plan.n, step):
         i1 = min(i0 + step, plan.n)
         # the structural rules are folded into the block's mask: the block's plan has none
-        block = dataclasses.replace(plan, n=i1 - i0, causal=None, window=None, q_lengths=None,
-                                    kv_lengths=None)
-        out, _, lse = attention_core(block, q[..., i0:i1, :], k, v, rows(vis, plan.n, i0, i1),
-                                     rows(bias, plan.n, i0, i1), compute, rnd, with_lse=True)
+        block = dataclasses.replace(
+            plan, n=i1 - i0, causal=None, window=None, q_lengths=None, kv_lengths=None
+        )
+        out, _, lse = attention_core(
+            block,
+            q[..., i0:i1, :],
+            k,
+            v,
+            rows(vis, plan.n, i0, i1),
+            rows(bias, plan.n, i0, i1),
+            compute,
+            rnd,
+            with_lse=True,
+        )
         outs.append(out)  # (..., Hq, r, dv)
         lses.append(lse)  # (..., Hq, r)
     return finish(plan, np.concatenate(outs, axis=-2), None, dt, False, np.concatenate(lses, axis=-1))
@@ -179,8 +190,17 @@ def _compare_finite(r: np.ndarray, g: np.ndarray, allowed: float) -> Comparison:
     )
 
 
-def sdpa_allowed(plan: SDPAPlan, q, k, v, bias, vis: np.ndarray | None, err_ref: float,
-                 value_scale: float | None = None, extras: SDPAExtras = NO_EXTRAS) -> float:
+def sdpa_allowed(
+    plan: SDPAPlan,
+    q,
+    k,
+    v,
+    bias,
+    vis: np.ndarray | None,
+    err_ref: float,
+    value_scale: float | None = None,
+    extras: SDPAExtras = NO_EXTRAS,
+) -> float:
     """``allowed`` for one sdpa case (outputs; pass value_scale=1 for weights)."""
     v64 = np.asarray(v, dtype=np.float64)
     V = value_scale if value_scale is not None else float(np.abs(v64[np.isfinite(v64)]).max(initial=0.0))
@@ -191,8 +211,16 @@ def sdpa_allowed(plan: SDPAPlan, q, k, v, bias, vis: np.ndarray | None, err_ref:
     return K * err_ref + floor
 
 
-def lse_allowed(plan: SDPAPlan, q, k, bias, vis: np.ndarray | None, err_ref: float,
-                golden_lse: np.ndarray, extras: SDPAExtras = NO_EXTRAS) -> float:
+def lse_allowed(
+    plan: SDPAPlan,
+    q,
+    k,
+    bias,
+    vis: np.ndarray | None,
+    err_ref: float,
+    golden_lse: np.ndarray,
+    extras: SDPAExtras = NO_EXTRAS,
+) -> float:
     """``allowed`` for the log-sum-exp of one sdpa case: K * err_ref + floor, where
 
         floor = eps(D) * (2 * sqrt(dk) * L + sqrt(m) + 1) + eps(lse dtype) * max |lse|
@@ -210,8 +238,9 @@ def lse_allowed(plan: SDPAPlan, q, k, bias, vis: np.ndarray | None, err_ref: flo
     L = logit_scale(plan, q, k, bias, vis, extras)
     g = np.asarray(golden_lse, dtype=np.float64)
     top = float(np.abs(g[np.isfinite(g)]).max(initial=0.0))
-    floor = (eps(plan.dtype) * (2.0 * math.sqrt(plan.dk) * L + math.sqrt(plan.m) + 1.0)
-             + eps(plan.lse_dtype) * top)
+    floor = (
+        eps(plan.dtype) * (2.0 * math.sqrt(plan.dk) * L + math.sqrt(plan.m) + 1.0) + eps(plan.lse_dtype) * top
+    )
     return K * err_ref + floor
 
 

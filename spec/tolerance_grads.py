@@ -76,26 +76,51 @@ from attnspec.spec.tolerance_grads_lsh import LSH_GRAD_NAMES, lsh_vjp_allowed, r
 from attnspec.spec.tolerance_mha import _abs_projection
 from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan
 
-__all__ = ["GRAD_NAMES", "LSH_GRAD_NAMES", "MHA_GRAD_NAMES", "grad_names", "lsh_vjp_allowed", "mha_grads_by_name",
-           "mha_vjp_allowed", "reference_lsh_vjp", "reference_mha_vjp", "reference_sdpa_vjp",
-           "sdpa_vjp_allowed"]
+__all__ = [
+    "GRAD_NAMES",
+    "LSH_GRAD_NAMES",
+    "MHA_GRAD_NAMES",
+    "grad_names",
+    "lsh_vjp_allowed",
+    "mha_grads_by_name",
+    "mha_vjp_allowed",
+    "reference_lsh_vjp",
+    "reference_mha_vjp",
+    "reference_sdpa_vjp",
+    "sdpa_vjp_allowed",
+]
 
 #: sdpa_vjp's gradients by name, each present when its input is (`grad_names`)
 GRAD_NAMES = ("dq", "dk", "dv", "dbias", "dsinks")
 #: mha_vjp's gradients by name: the inputs', each parameter's (its MHAParams field), the bias's
-MHA_GRAD_NAMES = ("d_query", "d_key", "d_value", "w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o",
-                  "d_bias")
+MHA_GRAD_NAMES = (
+    "d_query",
+    "d_key",
+    "d_value",
+    "w_q",
+    "b_q",
+    "w_k",
+    "b_k",
+    "w_v",
+    "b_v",
+    "w_o",
+    "b_o",
+    "d_bias",
+)
 PARAM_FIELDS = MHA_GRAD_NAMES[3:11]
 _OPTIONS = ("causal", "window", "scale", "q_lengths", "kv_lengths")
 
 
 def grad_names(bias, sinks) -> tuple[str, ...]:
     """The names of sdpa_vjp's results, in its order: dq, dk, dv, then dbias, then dsinks."""
-    return GRAD_NAMES[:3] + (("dbias",) if bias is not None else ()) + (("dsinks",) if sinks is not None else ())
+    return (
+        GRAD_NAMES[:3] + (("dbias",) if bias is not None else ()) + (("dsinks",) if sinks is not None else ())
+    )
 
 
-def reference_sdpa_vjp(plan: SDPAPlan, q, k, v, d_out, mask, bias,
-                       extras: SDPAExtras = NO_EXTRAS) -> list[np.ndarray]:
+def reference_sdpa_vjp(
+    plan: SDPAPlan, q, k, v, d_out, mask, bias, extras: SDPAExtras = NO_EXTRAS
+) -> list[np.ndarray]:
     """The golden backward in the inputs' precision (the rule's ``ref_T``), as float64 arrays, in
     `grad_names` order. With the variants (``extras``, and the plan's softcap and dropout_p) it
     follows `attnspec.spec.grads`: the softcap's derivative 1 - y^2 from the rounded y = tanh, the
@@ -122,8 +147,9 @@ def reference_sdpa_vjp(plan: SDPAPlan, q, k, v, d_out, mask, bias,
         keep = None
         if ex.dropout_mask is not None:
             out, _ = attention_core(p, q, k, v, mask, bias, ct, rnd, ex)
-            keep = fold(rnd(np.broadcast_to(ex.dropout_mask, p.full_weights_shape).astype(ct)
-                            / ct(1.0 - p.dropout_p)))
+            keep = fold(
+                rnd(np.broadcast_to(ex.dropout_mask, p.full_weights_shape).astype(ct) / ct(1.0 - p.dropout_p))
+            )
         out, w = rnd(out), rnd(w)  # stored in D, as the forward returns them
         vis = _sdpa_visibility(p, mask, bias, ex)  # (..., Hq, n, m)
         kk = np.broadcast_to(_with_head(k), (*p.batch, p.hkv, p.m, p.dk)).astype(ct)
@@ -135,8 +161,9 @@ def reference_sdpa_vjp(plan: SDPAPlan, q, k, v, d_out, mask, bias,
             y = rnd(np.tanh(rnd(t / ct(p.softcap))))
             cap_grad = rnd(1 - y * y)
         dO = d_out.astype(ct).reshape(full_out)  # (..., Hq, n, dv)
-        dq, dk, dv, ds = _attention_vjp(qq, kk, vv, fold(w), fold(vis), fold(out), fold(dO), ct(p.scale),
-                                        keep=keep, cap_grad=cap_grad)
+        dq, dk, dv, ds = _attention_vjp(
+            qq, kk, vv, fold(w), fold(vis), fold(out), fold(dO), ct(p.scale), keep=keep, cap_grad=cap_grad
+        )
         grads = [dq.reshape(*p.batch, p.hq, p.n, p.dk), dk, dv]
         if bias is not None:
             grads.append(ds.reshape(p.full_weights_shape))
@@ -146,12 +173,24 @@ def reference_sdpa_vjp(plan: SDPAPlan, q, k, v, d_out, mask, bias,
             row = np.where(vis.any(axis=-1), np.sum(dO * np.broadcast_to(out, full_out), axis=-1), 0)
             p_sink = rnd(np.exp(rnd(ex.sinks.astype(ct))[:, None] - lse))  # (..., Hq, n)
             grads.append(-(p_sink * row).reshape(-1, p.hq, p.n).sum(axis=(0, 2)))  # (Hq,)
-    return [g.astype(dt).astype(np.float64).reshape(x.shape)  # one rounding, after the sums
-            for g, x in zip(grads, leaves)]
+    return [
+        g.astype(dt).astype(np.float64).reshape(x.shape)  # one rounding, after the sums
+        for g, x in zip(grads, leaves)
+    ]
 
 
-def sdpa_vjp_allowed(plan: SDPAPlan, q, k, v, d_out, bias, vis: np.ndarray, weights: np.ndarray,
-                     err_ref: dict[str, float], extras: SDPAExtras = NO_EXTRAS) -> dict[str, float]:
+def sdpa_vjp_allowed(
+    plan: SDPAPlan,
+    q,
+    k,
+    v,
+    d_out,
+    bias,
+    vis: np.ndarray,
+    weights: np.ndarray,
+    err_ref: dict[str, float],
+    extras: SDPAExtras = NO_EXTRAS,
+) -> dict[str, float]:
     """``allowed_T`` for each gradient of one sdpa_vjp case (``weights``: the golden P, float64,
     before dropout; ``vis``: the case's visibility, (..., Hq, n, m)). With sinks, dsinks too."""
     p, ex = plan, extras
@@ -194,6 +233,7 @@ def _ratio(err: float, size: float) -> float:
 
 # -- mha_vjp ------------------------------------------------------------------------------------
 
+
 def mha_grads_by_name(grads: tuple) -> dict:
     """mha_vjp's result as ``{name: array}`` in `MHA_GRAD_NAMES` order (None parameters left out)."""
     named = dict(zip(MHA_GRAD_NAMES[:3], grads[:3]))
@@ -203,8 +243,19 @@ def mha_grads_by_name(grads: tuple) -> dict:
     return named
 
 
-def reference_mha_vjp(query, key, value, params: MHAParams, d_out, *, num_heads: int,
-                      num_kv_heads: int | None = None, mask=None, bias=None, **options) -> dict:
+def reference_mha_vjp(
+    query,
+    key,
+    value,
+    params: MHAParams,
+    d_out,
+    *,
+    num_heads: int,
+    num_kv_heads: int | None = None,
+    mask=None,
+    bias=None,
+    **options,
+) -> dict:
     """mha's backward with every stored intermediate rounded to D (the rule's ``ref_T``).
 
     The projections and the output projection's backward ``dO W_o`` are rounded to D, sdpa's
@@ -213,8 +264,9 @@ def reference_mha_vjp(query, key, value, params: MHAParams, d_out, *, num_heads:
     computes it (the golden's exact 0 is its limit). Returns float64 arrays by name.
     """
     opts = {k: options.get(k) for k in _OPTIONS}
-    plan = plan_mha_numpy("reference_mha_vjp", query, key, value, params, num_heads, num_kv_heads, mask,
-                         bias, opts)
+    plan = plan_mha_numpy(
+        "reference_mha_vjp", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts
+    )
     dt = _NP[plan.dtype]
     ct = np.float64 if plan.dtype == "float64" else np.float32
 
@@ -236,22 +288,46 @@ def reference_mha_vjp(query, key, value, params: MHAParams, d_out, *, num_heads:
         grads = reference_sdpa_vjp(plan, q, k, v, do, mask, bias)
         dq, dk, dv = (merge_heads(g).astype(ct) for g in grads[:3])  # (..., n, E), (..., m, P) twice
         named = {
-            "d_query": dq @ p.w_q.astype(ct), "d_key": dk @ p.w_k.astype(ct), "d_value": dv @ p.w_v.astype(ct),
-            "w_q": _outer_sum(dq, query.astype(ct)), "w_k": _outer_sum(dk, key.astype(ct)),
-            "w_v": _outer_sum(dv, value.astype(ct)), "w_o": _outer_sum(dO, merge_heads(o).astype(ct)),
-            "b_q": _row_sum(dq), "b_k": _row_sum(dk), "b_v": _row_sum(dv), "b_o": _row_sum(dO),
+            "d_query": dq @ p.w_q.astype(ct),
+            "d_key": dk @ p.w_k.astype(ct),
+            "d_value": dv @ p.w_v.astype(ct),
+            "w_q": _outer_sum(dq, query.astype(ct)),
+            "w_k": _outer_sum(dk, key.astype(ct)),
+            "w_v": _outer_sum(dv, value.astype(ct)),
+            "w_o": _outer_sum(dO, merge_heads(o).astype(ct)),
+            "b_q": _row_sum(dq),
+            "b_k": _row_sum(dk),
+            "b_v": _row_sum(dv),
+            "b_o": _row_sum(dO),
         }
     named = {name: g for name, g in named.items() if name not in PARAM_FIELDS or getattr(p, name) is not None}
     named = {name: rnd(g).astype(np.float64) for name, g in named.items()}
-    named.update({"d_query": named["d_query"].reshape(query.shape), "d_key": named["d_key"].reshape(key.shape),
-                  "d_value": named["d_value"].reshape(value.shape)})
+    named.update(
+        {
+            "d_query": named["d_query"].reshape(query.shape),
+            "d_key": named["d_key"].reshape(key.shape),
+            "d_value": named["d_value"].reshape(value.shape),
+        }
+    )
     if bias is not None:
         named["d_bias"] = grads[3]
     return named
 
 
-def mha_vjp_allowed(query, key, value, params: MHAParams, d_out, err_ref: dict, *, num_heads: int,
-                    num_kv_heads: int | None = None, mask=None, bias=None, **options) -> dict:
+def mha_vjp_allowed(
+    query,
+    key,
+    value,
+    params: MHAParams,
+    d_out,
+    err_ref: dict,
+    *,
+    num_heads: int,
+    num_kv_heads: int | None = None,
+    mask=None,
+    bias=None,
+    **options,
+) -> dict:
     """``allowed_T`` for each gradient of one mha_vjp case: K * err_ref_T + floor_T.
 
     The floor is the first-order error of an implementation as exact as D allows, u = eps(D),
@@ -276,7 +352,9 @@ def mha_vjp_allowed(query, key, value, params: MHAParams, d_out, err_ref: dict, 
       u (1 + sqrt(R_o)) N_dO; d_bias e_dbias. R_x counts the rows summed (batch * length).
     """
     opts: dict[str, Any] = {k: options.get(k) for k in _OPTIONS}  # sdpa's keywords, as the caller gave them
-    plan = plan_mha_numpy("mha_vjp_allowed", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts)
+    plan = plan_mha_numpy(
+        "mha_vjp_allowed", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts
+    )
     u = eps(plan.dtype)
     pr = params
     e, hd, hkv, G, n, m = pr.embed_dim, plan.dk, plan.hkv, plan.group, plan.n, plan.m
@@ -297,11 +375,15 @@ def mha_vjp_allowed(query, key, value, params: MHAParams, d_out, err_ref: dict, 
     d_v = u * (1 + math.sqrt(pr.vdim)) * float(_abs_projection(value64, pr.w_v, pr.b_v).max(initial=0.0))
     d_do = u * (1 + math.sqrt(e)) * float(_abs_projection(dO, wo.T, None).max(initial=0.0))
     with np.errstate(all="ignore"):
-        o, w = sdpa(q, k, v, mask=mask, bias=bias64, return_weights=True, **opts)  # (..., H, n, hd), (..., H, n, m)
+        o, w = sdpa(
+            q, k, v, mask=mask, bias=bias64, return_weights=True, **opts
+        )  # (..., H, n, hd), (..., H, n, m)
     vis = _sdpa_visibility(plan, mask, bias64)  # (..., H, n, m)
     L = _logit_scale(plan, q, k, bias64, vis)
-    d_L = u * ((1 + math.sqrt(e)) * _logit_scale(plan, a_q, k, None, vis)
-               + (1 + math.sqrt(pr.kdim)) * _logit_scale(plan, q, a_k, None, vis))
+    d_L = u * (
+        (1 + math.sqrt(e)) * _logit_scale(plan, a_q, k, None, vis)
+        + (1 + math.sqrt(pr.kdim)) * _logit_scale(plan, q, a_k, None, vis)
+    )
     v_max = _finite_max(v)
     d_o = u * v_max * (1 + math.sqrt(m) + 2 * math.sqrt(hd) * L) + 2 * d_L * v_max + d_v
 
@@ -333,7 +415,9 @@ def mha_vjp_allowed(query, key, value, params: MHAParams, d_out, err_ref: dict, 
         return float(np.abs(w_.astype(np.float64)).sum(axis=0).max(initial=0.0))
 
     def rowsum(x) -> float:
-        return float(np.abs(np.where(np.isfinite(x), x, 0)).reshape(-1, x.shape[-1]).sum(axis=0).max(initial=0.0))
+        return float(
+            np.abs(np.where(np.isfinite(x), x, 0)).reshape(-1, x.shape[-1]).sum(axis=0).max(initial=0.0)
+        )
 
     def rows(x) -> int:
         return math.prod(x.shape[:-1])

@@ -85,15 +85,27 @@ def _extras(options: dict[str, Any]) -> SDPAExtras:
     return SDPAExtras(*(options.get(name) for name in VARIANT_ARRAYS))
 
 
-def reference_mha(query, key, value, params: MHAParams, *, num_heads: int, num_kv_heads: int | None = None,
-                  mask=None, bias=None, **options: Any):
+def reference_mha(
+    query,
+    key,
+    value,
+    params: MHAParams,
+    *,
+    num_heads: int,
+    num_kv_heads: int | None = None,
+    mask=None,
+    bias=None,
+    **options: Any,
+):
     """The golden algorithm with every stored intermediate rounded to the inputs' dtype.
 
     Returns (out (..., n, E), weights (..., H, n, m)) in the inputs' dtype, and the lse
     (..., H, n) in its dtype when ``return_lse`` is among the options.
     """
     options = {k: options[k] for k in _OPTIONS if options.get(k) is not None}
-    plan = plan_mha_numpy("reference_mha", query, key, value, params, num_heads, num_kv_heads, mask, bias, options)
+    plan = plan_mha_numpy(
+        "reference_mha", query, key, value, params, num_heads, num_kv_heads, mask, bias, options
+    )
     dt = _NP[plan.dtype]
     compute = np.float32 if plan.dtype in ("float16", "bfloat16") else dt
 
@@ -109,29 +121,59 @@ def reference_mha(query, key, value, params: MHAParams, *, num_heads: int, num_k
     k = split_heads(project(key, p.w_k, p.b_k), plan.hkv)  # (..., Hkv, m, hd)
     v = split_heads(project(value, p.w_v, p.b_v), plan.hkv)  # (..., Hkv, m, hd)
     with np.errstate(all="ignore"):
-        o, w, lse = attention_core(plan, q, k, v, mask, bias, compute, rnd, _extras(options),
-                                   with_lse=True)  # (*batch, H, n, hd), (*batch, H, n, m), (*batch, H, n)
+        o, w, lse = attention_core(
+            plan, q, k, v, mask, bias, compute, rnd, _extras(options), with_lse=True
+        )  # (*batch, H, n, hd), (*batch, H, n, m), (*batch, H, n)
     out = project(merge_heads(o), p.w_o, p.b_o)  # (*batch, n, E)
     if plan.return_lse:
         return out.astype(dt), w.astype(dt), lse.astype(plan.lse_dtype)
     return out.astype(dt), w.astype(dt)
 
 
-def mha_golden(query, key, value, params: MHAParams, *, num_heads: int, num_kv_heads: int | None = None,
-               mask=None, bias=None, **options: Any) -> MHAGolden:
+def mha_golden(
+    query,
+    key,
+    value,
+    params: MHAParams,
+    *,
+    num_heads: int,
+    num_kv_heads: int | None = None,
+    mask=None,
+    bias=None,
+    **options: Any,
+) -> MHAGolden:
     """The golden of one case (inputs in their dtype, params exact in it) and its tolerances."""
     opts: dict[str, Any] = {k: options.get(k) for k in _OPTIONS if options.get(k) is not None}
     plan = plan_mha_numpy("mha_golden", query, key, value, params, num_heads, num_kv_heads, mask, bias, opts)
     f64 = [x.astype(np.float64) for x in (query, key, value)]
     q64, k64, v64 = f64
-    gold = mha(q64, k64, v64, params, bias=None if bias is None else bias.astype(np.float64),
-               return_weights=True, num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask,
-               **in_float64(**opts))  # (out, weights[, lse]), float64
-    ref = reference_mha(query, key, value, params, bias=bias, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                        mask=mask, **opts)
+    gold = mha(
+        q64,
+        k64,
+        v64,
+        params,
+        bias=None if bias is None else bias.astype(np.float64),
+        return_weights=True,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        mask=mask,
+        **in_float64(**opts),
+    )  # (out, weights[, lse]), float64
+    ref = reference_mha(
+        query,
+        key,
+        value,
+        params,
+        bias=bias,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        mask=mask,
+        **opts,
+    )
     err = [compare(r, g, np.inf).max_abs_err for r, g in zip(ref, gold)]
-    floor_out, floor_w, floor_lse = _floors(plan, f64, params, mask, bias, num_heads, opts,
-                                            gold[2] if plan.return_lse else None)
+    floor_out, floor_w, floor_lse = _floors(
+        plan, f64, params, mask, bias, num_heads, opts, gold[2] if plan.return_lse else None
+    )
     golden = MHAGolden(gold[0], gold[1], K * err[0] + floor_out, K * err[1] + floor_w, err[0], err[1])
     if plan.return_lse:
         golden = replace(golden, lse=gold[2], allowed_lse=K * err[2] + floor_lse, err_ref_lse=err[2])
@@ -144,8 +186,16 @@ def _abs_projection(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.nd
     return a if b is None else a + np.abs(b.astype(np.float64))
 
 
-def _floors(plan, f64, params: MHAParams, mask, bias, num_heads: int, opts: dict[str, Any],
-            gold_lse: np.ndarray | None) -> tuple[float, float, float]:
+def _floors(
+    plan,
+    f64,
+    params: MHAParams,
+    mask,
+    bias,
+    num_heads: int,
+    opts: dict[str, Any],
+    gold_lse: np.ndarray | None,
+) -> tuple[float, float, float]:
     """The floors of the output, the weights and the lse (0 when the case has none)."""
     query, key, value = f64
     p = params
@@ -171,8 +221,10 @@ def _floors(plan, f64, params: MHAParams, mask, bias, num_heads: int, opts: dict
     full = np.ones(shape, bool) if vis is None else np.broadcast_to(vis, shape)
     logit = logit_scale(plan, q, k, bias64, full, extras)  # with ALiBi's terms and the sinks
     # logit error: sum_d (dq_d k_d + q_d dk_d), with |dq_d| <= u (1 + sqrt(E)) A_q[d] and so on
-    d_logit = u * ((1 + math.sqrt(e)) * _logit_scale(plan, a_q, k, None, full)
-                   + (1 + math.sqrt(p.kdim)) * _logit_scale(plan, q, a_k, None, full))
+    d_logit = u * (
+        (1 + math.sqrt(e)) * _logit_scale(plan, a_q, k, None, full)
+        + (1 + math.sqrt(p.kdim)) * _logit_scale(plan, q, a_k, None, full)
+    )
     sdpa_floor = 1.0 + math.sqrt(plan.m) + 2.0 * math.sqrt(hd) * logit
     d_v = u * (1 + math.sqrt(p.vdim)) * a_v
     weight_gain = 1.0 / (1.0 - plan.dropout_p) if extras.dropout_mask is not None else 1.0
@@ -189,6 +241,7 @@ def _floors(plan, f64, params: MHAParams, mask, bias, num_heads: int, opts: dict
     if gold_lse is not None:  # sdpa's lse floor (`tolerance.lse_allowed`) on the projections, plus d_L
         finite = gold_lse[np.isfinite(gold_lse)]
         top = float(np.abs(finite).max(initial=0.0))
-        floor_lse = (u * (2.0 * math.sqrt(hd) * logit + math.sqrt(plan.m) + 1.0)
-                     + eps(plan.lse_dtype) * top + d_logit)
+        floor_lse = (
+            u * (2.0 * math.sqrt(hd) * logit + math.sqrt(plan.m) + 1.0) + eps(plan.lse_dtype) * top + d_logit
+        )
     return floor_out, floor_w, floor_lse

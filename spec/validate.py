@@ -200,8 +200,9 @@ def check_softcap(fn: str, softcap: object) -> float | None:
         )
     value = float(softcap)
     if not math.isfinite(value) or value <= 0:
-        raise SpecError(f"{fn}: softcap={value!r} must be finite and > 0 (logits become "
-                        "softcap * tanh(s / softcap))")
+        raise SpecError(
+            f"{fn}: softcap={value!r} must be finite and > 0 (logits become softcap * tanh(s / softcap))"
+        )
     return value
 
 
@@ -209,8 +210,7 @@ def check_dropout(fn: str, dropout_p: object, mask: ArrayInfo | None, target: tu
     if dropout_p is not None:
         if not _is_real(dropout_p):
             raise SpecError(
-                f"{fn}: dropout_p must be a real number or None, got {type(dropout_p).__name__} "
-                f"{dropout_p!r}"
+                f"{fn}: dropout_p must be a real number or None, got {type(dropout_p).__name__} {dropout_p!r}"
             )
         if not 0.0 <= float(dropout_p) < 1.0:  # NaN fails too
             raise SpecError(f"{fn}: dropout_p={float(dropout_p)!r} must lie in [0, 1)")
@@ -229,14 +229,13 @@ def check_dropout(fn: str, dropout_p: object, mask: ArrayInfo | None, target: tu
     if mask.dtype != "bool":
         raise SpecError(f"{fn}: dropout_mask.dtype={mask.dtype} must be bool (True = keep)")
     if not broadcasts_to(mask.shape, target):
-        raise SpecError(
-            f"{fn}: dropout_mask.shape={mask.shape} must broadcast to (..., Hq, n, m)={target}"
-        )
+        raise SpecError(f"{fn}: dropout_mask.shape={mask.shape} must broadcast to (..., Hq, n, m)={target}")
     return float(dropout_p)
 
 
-def check_per_head(fn: str, name: str, info: ArrayInfo, batch: tuple[int, ...], hq: int,
-                   q_dtype: str | None) -> None:
+def check_per_head(
+    fn: str, name: str, info: ArrayInfo, batch: tuple[int, ...], hq: int, q_dtype: str | None
+) -> None:
     """alibi_slopes ((Hq,) or (..., Hq) over the batch dims, any float dtype) and sinks ((Hq,),
     q's dtype: a sink is a logit, like bias). ``q_dtype`` None means any float dtype, batched."""
     if q_dtype is None and info.dtype not in FLOAT_DTYPES:
@@ -246,18 +245,22 @@ def check_per_head(fn: str, name: str, info: ArrayInfo, batch: tuple[int, ...], 
     batched = q_dtype is None
     expected = f"(Hq,)=({hq},)" + (f" or (..., Hq) broadcasting to {(*batch, hq)}" if batched else "")
     shape = info.shape
-    ok = len(shape) >= 1 and shape[-1] == hq and (
-        len(shape) == 1 or (batched and broadcasts_to(shape[:-1], batch))
+    ok = (
+        len(shape) >= 1
+        and shape[-1] == hq
+        and (len(shape) == 1 or (batched and broadcasts_to(shape[:-1], batch)))
     )
     if not ok:
         raise SpecError(f"{fn}: {name}.shape={shape} must be {expected}")
 
 
-def check_segments(fn: str, q_ids: ArrayInfo | None, kv_ids: ArrayInfo | None,
-                   batch: tuple[int, ...], n: int, m: int) -> None:
+def check_segments(
+    fn: str, q_ids: ArrayInfo | None, kv_ids: ArrayInfo | None, batch: tuple[int, ...], n: int, m: int
+) -> None:
     if (q_ids is None) != (kv_ids is None):
-        given, missing = ("q_segment_ids", "kv_segment_ids") if kv_ids is None else (
-            "kv_segment_ids", "q_segment_ids")
+        given, missing = (
+            ("q_segment_ids", "kv_segment_ids") if kv_ids is None else ("kv_segment_ids", "q_segment_ids")
+        )
         raise SpecError(f"{fn}: {given} was given without {missing}; expected both or neither")
     if q_ids is None:
         return
@@ -397,8 +400,9 @@ def validate_sdpa(
     )
 
 
-def plan_options(fn: str, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                 o: dict[str, object]) -> tuple[SDPAPlan, SDPAExtras]:
+def plan_options(
+    fn: str, q: np.ndarray, k: np.ndarray, v: np.ndarray, o: dict[str, object]
+) -> tuple[SDPAPlan, SDPAExtras]:
     """Validate an sdpa call on NumPy arrays, its keywords a dict as `attnspec.spec.options.take`
     gives them, and return its plan and the variants' arrays (return_weights is not read)."""
 
@@ -407,6 +411,13 @@ def plan_options(fn: str, q: np.ndarray, k: np.ndarray, v: np.ndarray,
 
     arrays = {name: info(name, o[name]) for name in ARRAY_NAMES}
     values = {name: o[name] for name in VALUE_NAMES}
-    plan = validate_sdpa(fn, numpy_info(fn, "q", q), numpy_info(fn, "k", k), numpy_info(fn, "v", v),
-                         **arrays, **values, return_lse=o.get("return_lse", False))  # type: ignore[arg-type]
+    plan = validate_sdpa(
+        fn,
+        numpy_info(fn, "q", q),
+        numpy_info(fn, "k", k),
+        numpy_info(fn, "v", v),
+        **arrays,
+        **values,
+        return_lse=o.get("return_lse", False),
+    )  # type: ignore[arg-type]
     return plan, SDPAExtras(*(o[name] for name in VARIANT_ARRAYS))  # type: ignore[arg-type]

@@ -382,6 +382,14 @@ def test_jax_native_lse_is_jaxs_own_residual(dtype):
         *(jnp.asarray(x).transpose(0, 2, 1, 3) for x in (q, k, v)),  # (B, L, H, d)
         mask=jnp.asarray(mask)[None, None], return_residual=True)  # residual: (B, n, Hq)
     assert lse.dtype == residual.dtype == q.dtype  # jax.lse-in-input-dtype for bfloat16
-    assert np.array_equal(np.asarray(lse), np.asarray(residual).transpose(0, 2, 1))  # (B, Hq, n)
-    assert np.array_equal(np.asarray(out), np.asarray(direct_out).transpose(0, 2, 1, 3))
+    # The same values to float32 rounding: jax-native runs the call inside its own jit (transposes
+    # and reshapes around it), and XLA:CPU may fuse that program differently from the direct call
+    # on some CPUs (measured: 2.4e-7 apart on one machine, bit-equal on another). The empty row's
+    # fill is compared exactly: that is the deviation being measured.
+    lse_np, res_np = np.asarray(lse, np.float64), np.asarray(residual, np.float64).transpose(0, 2, 1)
+    assert np.array_equal(lse_np[..., 1], res_np[..., 1])
+    tol = 4 * float(ml_dtypes.finfo(q.dtype).eps)  # a few roundings of q's dtype
+    np.testing.assert_allclose(lse_np, res_np, rtol=tol, atol=tol)  # (B, Hq, n)
+    np.testing.assert_allclose(np.asarray(out, np.float64),
+                               np.asarray(direct_out, np.float64).transpose(0, 2, 1, 3), rtol=tol, atol=tol)
     assert np.isfinite(np.asarray(lse, np.float64)[..., 1]).all()  # jax.lse-empty-row-finite

@@ -84,8 +84,9 @@ def _combines(nodes: list[ast.AST], *ops: type) -> bool:
 
 def _chained(nodes: list[ast.AST]) -> bool:
     """``lo - window[0] <= j <= hi + window[1]``: both edges of the window in one comparison."""
-    return any(isinstance(n, ast.Compare) and sum(map(_window_edge, [n.left, *n.comparators])) == 2
-               for n in nodes)
+    return any(
+        isinstance(n, ast.Compare) and sum(map(_window_edge, [n.left, *n.comparators])) == 2 for n in nodes
+    )
 
 
 def visibility_writers(source: str) -> list[tuple[str, str]]:
@@ -96,7 +97,9 @@ def visibility_writers(source: str) -> list[tuple[str, str]]:
             continue
         nodes = list(ast.walk(fn))
         order = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
-        if _compares(nodes, order, _window_edge) and (_combines(nodes, ast.BitAnd, ast.BitOr) or _chained(nodes)):
+        if _compares(nodes, order, _window_edge) and (
+            _combines(nodes, ast.BitAnd, ast.BitOr) or _chained(nodes)
+        ):
             found.append((fn.name, "window"))
         if _compares(nodes, (ast.NotEq,), _neg_inf) and _combines(nodes, ast.BitAnd) and "mask" in _names(fn):
             found.append((fn.name, "mask & bias != -inf"))

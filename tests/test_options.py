@@ -26,8 +26,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ("spec", "backends", "conformance", "reports", "bench", "src")
 
 #: each spec form, and whether it takes the return_* keywords
-FORMS = [(sdpa, True), (sdpa_loops, True), (sdpa_blocked, True), (sdpa_fp8, True), (mha, True),
-         (sdpa_vjp, False), (mha_vjp, False)]
+FORMS = [
+    (sdpa, True),
+    (sdpa_loops, True),
+    (sdpa_blocked, True),
+    (sdpa_fp8, True),
+    (mha, True),
+    (sdpa_vjp, False),
+    (mha_vjp, False),
+]
 
 
 def table_keywords(outputs: bool) -> list[str]:
@@ -36,12 +43,17 @@ def table_keywords(outputs: bool) -> list[str]:
 
 def sdpa_keywords(fn) -> list[str]:
     """The keyword-only parameters of ``fn`` that are sdpa's (not its own, like block_q)."""
-    return [p.name for p in inspect.signature(fn).parameters.values()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name in options.NAMES]
+    return [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name in options.NAMES
+    ]
 
 
 def test_the_golden_signature_is_the_table_keyword_for_keyword():
-    ours = [p for p in inspect.signature(sdpa).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    ours = [
+        p for p in inspect.signature(sdpa).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
     assert ours == options.parameters()  # name, order, default and annotation
 
 
@@ -53,7 +65,9 @@ def test_every_spec_form_shows_the_table(fn, outputs):
 @pytest.mark.parametrize(("fn", "outputs"), FORMS, ids=[f.__name__ for f, _ in FORMS])
 def test_every_spec_form_refuses_a_keyword_outside_the_table(fn, outputs):
     q = np.zeros((1, 2, 4))
-    args = {"sdpa_vjp": (q, q, q, q), "mha": (q, q, q, None), "mha_vjp": (q, q, q, None, q)}.get(fn.__name__, (q, q, q))
+    args = {"sdpa_vjp": (q, q, q, q), "mha": (q, q, q, None), "mha_vjp": (q, q, q, None, q)}.get(
+        fn.__name__, (q, q, q)
+    )
     heads = {"num_heads": 1} if fn in (mha, mha_vjp) else {}
     with pytest.raises(TypeError, match="unexpected keyword argument 'is_causal'"):
         fn(*args, **heads, is_causal=True)  # refused before anything is read (mha's params included)
@@ -72,11 +86,24 @@ def test_every_table_keyword_reaches_the_form(fn, outputs):
     each keyword a refused value.)"""
     q = np.zeros((1, 2, 4))
     args = (q, q, q, q) if fn is sdpa_vjp else (q, q, q)
-    bad = {"mask": np.zeros((3, 3)), "bias": np.zeros((3, 3)), "causal": "diagonal", "window": (-1, 0),
-           "scale": -1.0, "q_lengths": -1, "kv_lengths": -1, "softcap": -1.0, "alibi_slopes": np.zeros(5),
-           "sinks": np.zeros(5), "q_segment_ids": np.zeros((1, 7), np.int32),
-           "kv_segment_ids": np.zeros((1, 7), np.int32), "dropout_mask": np.zeros((3, 3), bool),
-           "dropout_p": 1.5, "return_weights": "yes", "return_lse": "yes"}
+    bad = {
+        "mask": np.zeros((3, 3)),
+        "bias": np.zeros((3, 3)),
+        "causal": "diagonal",
+        "window": (-1, 0),
+        "scale": -1.0,
+        "q_lengths": -1,
+        "kv_lengths": -1,
+        "softcap": -1.0,
+        "alibi_slopes": np.zeros(5),
+        "sinks": np.zeros(5),
+        "q_segment_ids": np.zeros((1, 7), np.int32),
+        "kv_segment_ids": np.zeros((1, 7), np.int32),
+        "dropout_mask": np.zeros((3, 3), bool),
+        "dropout_p": 1.5,
+        "return_weights": "yes",
+        "return_lse": "yes",
+    }
     assert set(bad) == set(options.NAMES)
     for name in table_keywords(outputs):
         if name == "return_weights":
@@ -106,7 +133,13 @@ def test_every_backend_method_accepts_the_same_set():
 
 
 def test_the_variant_lists_derive_from_the_table():
-    assert options.VARIANT_ARRAYS == ("alibi_slopes", "sinks", "q_segment_ids", "kv_segment_ids", "dropout_mask")
+    assert options.VARIANT_ARRAYS == (
+        "alibi_slopes",
+        "sinks",
+        "q_segment_ids",
+        "kv_segment_ids",
+        "dropout_mask",
+    )
     assert set(options.VARIANT_ARRAYS) <= set(options.VARIANT_KEYWORDS) <= set(options.NAMES)
     assert {o.variant for o in options.OPTIONS if o.variant} <= set(options.VARIANT_FEATURES)
     from attnspec.spec.validate import SDPAExtras
@@ -116,16 +149,26 @@ def test_the_variant_lists_derive_from_the_table():
 
 def _tuples_of_strings(tree: ast.AST):
     for node in ast.walk(tree):
-        strings = isinstance(node, (ast.Tuple, ast.List)) and len(node.elts) >= 4 and all(
-            isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+        strings = (
+            isinstance(node, (ast.Tuple, ast.List))
+            and len(node.elts) >= 4
+            and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+        )
         if strings:
             yield node.lineno, [e.value for e in node.elts]
 
 
 #: the lists derived from the table, and the one mha passes on to sdpa (all but mask, bias and
 #: return_weights)
-DERIVED = [set(options.NAMES), set(options.INPUT_NAMES), set(options.VARIANT_ARRAYS), set(options.VARIANT_KEYWORDS),
-           set(options.ARRAY_NAMES), set(options.VALUE_NAMES), set(options.NAMES) - {"mask", "bias", "return_weights"}]
+DERIVED = [
+    set(options.NAMES),
+    set(options.INPUT_NAMES),
+    set(options.VARIANT_ARRAYS),
+    set(options.VARIANT_KEYWORDS),
+    set(options.ARRAY_NAMES),
+    set(options.VALUE_NAMES),
+    set(options.NAMES) - {"mask", "bias", "return_weights"},
+]
 
 
 def test_no_module_writes_a_keyword_list_again():
@@ -145,8 +188,10 @@ def test_no_module_writes_a_keyword_list_again():
 
 def test_the_dtype_and_variant_tables_are_written_once():
     """The float dtypes and the variant features: one literal each, in their home module."""
-    homes = {("float16", "bfloat16", "float32", "float64"): "spec/dtypes.py",
-             options.VARIANT_FEATURES: "spec/options.py"}
+    homes = {
+        ("float16", "bfloat16", "float32", "float64"): "spec/dtypes.py",
+        options.VARIANT_FEATURES: "spec/options.py",
+    }
     found: dict[tuple[str, ...], list[str]] = {t: [] for t in homes}
     for folder in (*PACKAGE, "docs"):
         for path in sorted((ROOT / folder).rglob("*.py")):

@@ -40,6 +40,7 @@ from attnspec.backends._common import (
 from attnspec.backends.base import VARIANT_FEATURES, Backend, Unsupported, variant_features
 from attnspec.errors import SpecError
 from attnspec.spec.blocked import check_block
+from attnspec.spec.options import take, with_options
 from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS
 from attnspec.spec.validate import ArrayInfo, SDPAPlan
 
@@ -227,18 +228,14 @@ class ArrayAPIBackend(Backend):
             block_q=bq, block_k=bk, device=device)
         return (out, weights) if return_weights else out
 
-    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
-            bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
-            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
+    @with_options()
+    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, **options):
         # `attnspec.backends._mha` on the query's namespace, then self.sdpa per head
         fn = f"{self.name}.mha"
         xp = self._compat.array_namespace(query) if self._compat.is_array_api_obj(query) else None
         return _mha.run(self, fn, _mha.XPHeadOps(xp), self._info, self._lengths_to_numpy,
                         lambda: str(self._compat.device(query)), query, key, value, params,
-                        num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask, bias=bias,
-                        causal=causal, window=window, scale=scale, q_lengths=q_lengths,
-                        kv_lengths=kv_lengths, return_weights=return_weights, **variant_keywords(locals()))
+                        num_heads=num_heads, num_kv_heads=num_kv_heads, **take(fn, options))
 
     def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
                       dedup=False, scale=None, return_buckets=False):

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from attnspec.spec.fp8 import FP8_DTYPES
-from attnspec.spec.options import VARIANT_FEATURES, with_options
+from attnspec.spec.options import VARIANT_FEATURES
 from attnspec.spec.validate import FLOAT_DTYPES
 
 __all__ = [
@@ -236,26 +236,47 @@ class Backend:
             raise Unsupported("; ".join(reasons))
 
     # -- the spec's functions ---------------------------------------------------------------
-    @with_options()
-    def sdpa(self, q: Any, k: Any, v: Any, **options: Any) -> Any:
+    # Written out, keyword for keyword, as the contract a backend author reads and overrides
+    # (mypy checks an override against these); tests/test_options.py checks they are the
+    # keywords of attnspec.spec.options, the one table.
+    def sdpa(self, q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None, causal: str | None = None,
+             window: tuple[int, int] | None = None, scale: float | None = None, q_lengths: Any = None,
+             kv_lengths: Any = None, softcap: float | None = None, alibi_slopes: Any = None, sinks: Any = None,
+             q_segment_ids: Any = None, kv_segment_ids: Any = None, dropout_mask: Any = None,
+             dropout_p: float | None = None, return_weights: bool = False, return_lse: bool = False) -> Any:
         raise Unsupported(f"{self.name} does not implement sdpa")
 
-    @with_options(after=("block_q", "block_k"))
-    def sdpa_blocked(self, q: Any, k: Any, v: Any, *, block_q: int = 256, block_k: int = 512, **options: Any) -> Any:
+    def sdpa_blocked(self, q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None,
+                     causal: str | None = None, window: tuple[int, int] | None = None,
+                     scale: float | None = None, q_lengths: Any = None, kv_lengths: Any = None,
+                     softcap: float | None = None, alibi_slopes: Any = None, sinks: Any = None,
+                     q_segment_ids: Any = None, kv_segment_ids: Any = None, dropout_mask: Any = None,
+                     dropout_p: float | None = None, return_weights: bool = False, return_lse: bool = False,
+                     block_q: int = 256, block_k: int = 512) -> Any:
         raise Unsupported(f"{self.name} does not implement sdpa_blocked")
 
-    @with_options()
     def sdpa_fp8(self, q: Any, k: Any, v: Any, *, q_descale: Any = None, k_descale: Any = None,
-                 v_descale: Any = None, out_dtype: str | None = None, **options: Any) -> Any:
+                 v_descale: Any = None, out_dtype: str | None = None, mask: Any = None, bias: Any = None,
+                 causal: str | None = None, window: tuple[int, int] | None = None, scale: float | None = None,
+                 q_lengths: Any = None, kv_lengths: Any = None, softcap: float | None = None,
+                 alibi_slopes: Any = None, sinks: Any = None, q_segment_ids: Any = None,
+                 kv_segment_ids: Any = None, dropout_mask: Any = None, dropout_p: float | None = None,
+                 return_weights: bool = False, return_lse: bool = False) -> Any:
         raise Unsupported(f"{self.name} does not implement sdpa_fp8")
 
-    @with_options(outputs=False)
-    def sdpa_vjp(self, q: Any, k: Any, v: Any, d_out: Any, **options: Any) -> Any:
+    def sdpa_vjp(self, q: Any, k: Any, v: Any, d_out: Any, *, mask: Any = None, bias: Any = None,
+                 causal: str | None = None, window: tuple[int, int] | None = None, scale: float | None = None,
+                 q_lengths: Any = None, kv_lengths: Any = None, softcap: float | None = None,
+                 alibi_slopes: Any = None, sinks: Any = None, q_segment_ids: Any = None,
+                 kv_segment_ids: Any = None, dropout_mask: Any = None, dropout_p: float | None = None) -> Any:
         raise Unsupported(f"{self.name} does not implement sdpa_vjp")
 
-    @with_options()
     def mha(self, query: Any, key: Any, value: Any, params: Any, *, num_heads: int,
-            num_kv_heads: int | None = None, **options: Any) -> Any:
+            num_kv_heads: int | None = None, mask: Any = None, bias: Any = None, causal: str | None = None,
+            window: tuple[int, int] | None = None, scale: float | None = None, q_lengths: Any = None,
+            kv_lengths: Any = None, softcap: float | None = None, alibi_slopes: Any = None, sinks: Any = None,
+            q_segment_ids: Any = None, kv_segment_ids: Any = None, dropout_mask: Any = None,
+            dropout_p: float | None = None, return_weights: bool = False, return_lse: bool = False) -> Any:
         raise Unsupported(f"{self.name} does not implement mha")
 
     def lsh_attention(self, x: Any, v: Any, *, rotations: Any, chunk_length: int, causal: bool = False,
@@ -263,9 +284,12 @@ class Backend:
                       return_buckets: bool = False) -> Any:
         raise Unsupported(f"{self.name} does not implement lsh_attention")
 
-    @with_options(outputs=False)
     def mha_vjp(self, query: Any, key: Any, value: Any, params: Any, d_out: Any, *, num_heads: int,
-                num_kv_heads: int | None = None, **options: Any) -> Any:
+                num_kv_heads: int | None = None, mask: Any = None, bias: Any = None, causal: str | None = None,
+                window: tuple[int, int] | None = None, scale: float | None = None, q_lengths: Any = None,
+                kv_lengths: Any = None, softcap: float | None = None, alibi_slopes: Any = None,
+                sinks: Any = None, q_segment_ids: Any = None, kv_segment_ids: Any = None,
+                dropout_mask: Any = None, dropout_p: float | None = None) -> Any:
         raise Unsupported(f"{self.name} does not implement mha_vjp")
 
     def lsh_attention_vjp(self, x: Any, v: Any, d_out: Any, *, rotations: Any, chunk_length: int,

@@ -80,7 +80,7 @@ from attnspec.backends._jax_arrays import (  # noqa: F401  (re-exported: jax_nat
 )
 from attnspec.backends.base import VARIANT_FEATURES, variant_features
 from attnspec.errors import SpecError
-from attnspec.spec.options import VARIANT_ARRAYS
+from attnspec.spec.options import VARIANT_ARRAYS, take, with_options
 from attnspec.spec.validate import SDPAPlan
 
 __all__ = ["JaxBackend"]
@@ -564,16 +564,12 @@ class JaxBackend(JaxArrays):
 
         return whole
 
-    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
-            bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
-            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
+    @with_options()
+    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, **options):
         # `attnspec.backends._mha`: jnp projections, then self.sdpa per head
         result = _mha.run(self, "jax.mha", JaxHeadOps(self.length_buckets), self._info, _lengths_to_numpy,
                           lambda: device_name(query), query, key, value, params, num_heads=num_heads,
-                          num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal, window=window,
-                          scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                          return_weights=return_weights, **variant_keywords(locals()))
+                          num_kv_heads=num_kv_heads, **take("jax.mha", options))
         self._last = result
         return result
 

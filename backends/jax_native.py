@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from attnspec.backends._common import static_plan, variant_keywords
 from attnspec.backends.base import Unsupported
 from attnspec.backends.jax import JaxArrays, from_btnh, lengths_arrays, native_call
+from attnspec.spec.options import take, with_options
 from attnspec.spec.validate import SDPAPlan
 
 __all__ = ["JaxNativeBackend"]
@@ -64,13 +65,13 @@ class JaxNativeBackend(JaxArrays):
                            "(deviation jax.dv-ne-dk-refused)")
         return reasons
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
-             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
-             return_weights=False, return_lse=False):
-        variants = variant_keywords(locals())
-        p = self._plan("jax-native.sdpa", q, k, v, mask, bias, causal, window, scale,
-                       q_lengths, kv_lengths, **variants)
+    @with_options()
+    def sdpa(self, q, k, v, **options):
+        o = take("jax-native.sdpa", options)
+        mask, bias, causal, return_weights = o["mask"], o["bias"], o["causal"], o["return_weights"]
+        variants = variant_keywords(o)
+        p = self._plan("jax-native.sdpa", q, k, v, mask, bias, causal, o["window"], o["scale"], o["q_lengths"],
+                       o["kv_lengths"], **variants)
         # jax.nn.dot_product_attention has no softcap, ALiBi, sinks, segment ids, lengths-aligned
         # causal or dropout argument: a native backend measures, so it refuses rather than emulates them
         self.refuse_variants("sdpa", {**variants, "causal": causal})

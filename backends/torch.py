@@ -51,6 +51,7 @@ from attnspec.backends._common import (
 )
 from attnspec.backends.base import DRAWN_VARIANTS, VARIANT_FEATURES, Backend, variant_features
 from attnspec.spec.fp8 import FP8_DTYPES, FP8_NUMPY, validate_fp8
+from attnspec.spec.options import ARRAY_NAMES, VALUE_NAMES, take, with_options
 from attnspec.spec.validate import ArrayInfo, SDPAPlan, check_dropout
 
 __all__ = ["TorchBackend"]
@@ -273,15 +274,13 @@ class TorchBackend(TorchArrays):
             out = torch.where(vis.any(dim=-1, keepdim=True), out, 0.0)
         return out.reshape(p.out_shape)
 
-    def sdpa_fp8(self, q, k, v, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None,
-                 mask=None, bias=None, causal=None, window=None, scale=None, q_lengths=None,
-                 kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None,
-                 kv_segment_ids=None, dropout_mask=None, dropout_p=None, return_weights=False,
-                 return_lse=False):
+    @with_options()
+    def sdpa_fp8(self, q, k, v, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None, **options):
         # torch has FP8 storage but no FP8 matmul on CPU: upcast to float32, scale by the descale
         # there (one float32 rounding, within the FP8 tolerance's logit term), run this backend's
         # float32 sdpa, and round its results to out_dtype.
         fn = "torch.sdpa_fp8"
+        o = take(fn, options)
 
         def info(name, x):
             return None if x is None else self._info(fn, name, x)
@@ -289,46 +288,35 @@ class TorchBackend(TorchArrays):
         fp = validate_fp8(
             fn, self._info(fn, "q", q), self._info(fn, "k", k), self._info(fn, "v", v),
             q_descale=_descale_to_numpy(q_descale), k_descale=_descale_to_numpy(k_descale),
-            v_descale=_descale_to_numpy(v_descale), out_dtype=out_dtype, mask=info("mask", mask),
-            bias=info("bias", bias), causal=causal, window=window, scale=scale,
-            q_lengths=_lengths_to_numpy(q_lengths), kv_lengths=_lengths_to_numpy(kv_lengths),
-            softcap=softcap, alibi_slopes=info("alibi_slopes", alibi_slopes), sinks=info("sinks", sinks),
-            q_segment_ids=info("q_segment_ids", q_segment_ids),
-            kv_segment_ids=info("kv_segment_ids", kv_segment_ids),
-            dropout_mask=info("dropout_mask", dropout_mask), dropout_p=dropout_p, return_lse=return_lse)
+            v_descale=_descale_to_numpy(v_descale), out_dtype=out_dtype,
+            **{name: info(name, o[name]) for name in ARRAY_NAMES},
+            **{name: _lengths_to_numpy(o[name]) if name.endswith("_lengths") else o[name] for name in VALUE_NAMES},
+            return_lse=o["return_lse"])
 
         def dequantize(x, descale):  # (..., H, L, d) float32; descale (*batch, H)
             d = torch.from_numpy(descale.astype(np.float32)).to(x.device)
             return with_head(x).to(torch.float32) * d[..., :, None, None]
 
-        results = self.sdpa(
-            dequantize(q, fp.q_descale), dequantize(k, fp.k_descale), dequantize(v, fp.v_descale),
-            mask=mask, bias=bias, causal=causal, window=window, scale=scale, q_lengths=q_lengths,
-            kv_lengths=kv_lengths, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-            q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, dropout_mask=dropout_mask,
-            dropout_p=dropout_p, return_weights=return_weights, return_lse=return_lse)
+        results = self.sdpa(dequantize(q, fp.q_descale), dequantize(k, fp.k_descale), dequantize(v, fp.v_descale),
+                            **o)
         results = list(results) if isinstance(results, tuple) else [results]
         p, out_dt = fp.sdpa, getattr(torch, fp.out_dtype)
         shaped = [results[0].reshape(p.out_shape).to(out_dt)]  # a rank-2 q gained a head axis above
-        if return_weights:
+        if o["return_weights"]:
             shaped.append(results[1].reshape(p.weights_shape).to(out_dt))
-        if return_lse:
+        if o["return_lse"]:
             shaped.append(results[-1].reshape(p.lse_shape).to(getattr(torch, fp.lse_dtype)))
         return shaped[0] if len(shaped) == 1 else tuple(shaped)
 
-    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
-            bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
-            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
+    @with_options()
+    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, **options):
         # `attnspec.backends._mha`: F.linear projections, then self.sdpa per head. That avoids the
         # deviations of torch.nn.MultiheadAttention: the mask keeps the spec's polarity, True =
         # may attend (torch.mha-mask-polarity); a row with no visible key gets sdpa's 0, so b_o
         # (torch.mha-empty-row-nan); weights come back per head (torch.mha-weights-head-averaged).
         return _mha.run(self, "torch.mha", TorchHeadOps(), self._info, _lengths_to_numpy,
                         lambda: str(query.device), query, key, value, params, num_heads=num_heads,
-                        num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal, window=window,
-                        scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                        return_weights=return_weights, **variant_keywords(locals()))
+                        num_kv_heads=num_kv_heads, **take("torch.mha", options))
 
     def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
                       dedup=False, scale=None, return_buckets=False):

@@ -34,6 +34,7 @@ from attnspec.backends import _mha
 from attnspec.backends._common import variant_keywords, with_mask_and_bias
 from attnspec.backends.base import Unsupported
 from attnspec.backends.torch import TorchArrays, _lengths_to_numpy, drawn_dropout_p, structural_visibility
+from attnspec.spec.options import take, with_options
 
 __all__ = ["TorchNativeBackend"]
 
@@ -52,14 +53,14 @@ class TorchNativeBackend(TorchArrays):
             reasons.append("torch SDPA returns no attention weights")
         return reasons
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
-             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
-             return_weights=False, return_lse=False):
-        variants = variant_keywords(locals())
+    @with_options()
+    def sdpa(self, q, k, v, **options):
+        o = take("torch-native.sdpa", options)
+        mask, bias, causal, return_weights = o["mask"], o["bias"], o["causal"], o["return_weights"]
+        variants = variant_keywords(o)
         drawn_p = drawn_dropout_p("torch-native.sdpa", variants)  # validated; torch draws the mask
-        p = self._plan("torch-native.sdpa", q, k, v, mask, bias, causal, window, scale,
-                       q_lengths, kv_lengths, **variants)
+        p = self._plan("torch-native.sdpa", q, k, v, mask, bias, causal, o["window"], o["scale"], o["q_lengths"],
+                       o["kv_lengths"], **variants)
         # torch's F.scaled_dot_product_attention has no softcap, ALiBi, sinks, logsumexp, segment
         # ids or lengths-aligned causal argument, and takes no given dropout mask: a native
         # backend measures, so it refuses rather than emulates them

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -401,7 +401,7 @@ def validate_sdpa(
 
 
 def plan_options(
-    fn: str, q: np.ndarray, k: np.ndarray, v: np.ndarray, o: dict[str, object]
+    fn: str, q: np.ndarray, k: np.ndarray, v: np.ndarray, o: dict[str, Any]
 ) -> tuple[SDPAPlan, SDPAExtras]:
     """Validate an sdpa call on NumPy arrays, its keywords a dict as `attnspec.spec.options.take`
     gives them, and return its plan and the variants' arrays (return_weights is not read)."""
@@ -419,5 +419,5 @@ def plan_options(
         **arrays,
         **values,
         return_lse=o.get("return_lse", False),
-    )  # type: ignore[arg-type]
-    return plan, SDPAExtras(*(o[name] for name in VARIANT_ARRAYS))  # type: ignore[arg-type]
+    )
+    return plan, SDPAExtras(*(o[name] for name in VARIANT_ARRAYS))

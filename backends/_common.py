@@ -96,10 +96,9 @@ def fold_per_sequence(p: SDPAPlan, q_ids: np.ndarray | None, kv_ids: np.ndarray 
 def alibi_distance(p: SDPAPlan, q_ids: np.ndarray | None, kv_ids: np.ndarray | None) -> np.ndarray:
     """|i' - j| as float64 (1, n, m) or (*batch, 1, n, m), i' the spec's anchor (`query_anchor`):
     times -alibi_slopes[..., :, None, None] it is the ALiBi term of the logits."""
-    from attnspec.spec.masks import query_anchor
+    from attnspec.spec.masks import plan_anchor
 
-    anchor = query_anchor(p.n, p.m, p.causal, q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
-                          q_segment_ids=q_ids, kv_segment_ids=kv_ids)  # (n,) or (..., n)
+    anchor = plan_anchor(p, q_ids, kv_ids)  # (n,) or (..., n)
     dist = np.abs(anchor[..., :, None] - np.arange(p.m)).astype(np.float64)  # (..., n, m)
     return dist[..., None, :, :]  # (..., 1, n, m)
 

@@ -9,8 +9,7 @@ from collections import Counter
 import numpy as np
 
 from attnspec.spec.dtypes import round_to
-from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, validate_lsh
-from attnspec.spec.validate import numpy_info
+from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, plan_lsh_numpy
 
 
 def _lsh_attention_loops(
@@ -27,17 +26,7 @@ def _lsh_attention_loops(
 ):
     """`lsh_attention` as Python loops over the numbered steps: an independent check, tiny inputs."""
     fn = "_lsh_attention_loops"
-    p = validate_lsh(
-        fn,
-        numpy_info(fn, "x", x),
-        numpy_info(fn, "v", v),
-        numpy_info(fn, "rotations", rotations),
-        chunk_length=chunk_length,
-        causal=causal,
-        kv_lengths=kv_lengths,
-        dedup=dedup,
-        scale=scale,
-    )
+    p = plan_lsh_numpy(fn, x, v, rotations, chunk_length, causal, kv_lengths, dedup, scale)
     L, nh, nb, C, Lp = p.L, p.n_hashes, p.n_buckets, p.chunk_length, p.padded_length
     xs = np.broadcast_to(x.astype(np.float64), (*p.batch, L, p.d))
     vs = np.broadcast_to(v.astype(np.float64), (*p.batch, L, p.dv))

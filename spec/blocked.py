@@ -61,7 +61,7 @@ import numpy as np
 
 from attnspec.errors import SpecError
 from attnspec.spec._blocked_tiles import _KV, _attend, _Head, _Rows
-from attnspec.spec.masks import query_anchor
+from attnspec.spec.masks import plan_anchor
 from attnspec.spec.options import take, with_options
 from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan, finish, is_int, plan_options
 
@@ -137,15 +137,7 @@ def _attend_all(
     bias4 = None if bias is None else np.broadcast_to(bias, fw)
     keep4 = None if ex.dropout_mask is None else np.broadcast_to(ex.dropout_mask, fw)
     anchors = np.broadcast_to(  # i' per row, (..., n)
-        query_anchor(
-            p.n,
-            p.m,
-            p.causal,
-            q_lengths=p.q_lengths,
-            kv_lengths=p.kv_lengths,
-            q_segment_ids=ex.q_segment_ids,
-            kv_segment_ids=ex.kv_segment_ids,
-        ),
+        plan_anchor(p, ex.q_segment_ids, ex.kv_segment_ids),
         (*p.batch, p.n),
     )
     slopes = (

@@ -38,7 +38,7 @@ from attnspec.errors import SpecError
 from attnspec.spec._lsh_core import NORM_EPS, SELF_LOGIT, _rotated, _weighted_values, _window_counts
 from attnspec.spec.dtypes import round_to
 from attnspec.spec.grads import _sum_to, _visible_matmul
-from attnspec.spec.lsh import LSHPlan, validate_lsh
+from attnspec.spec.lsh import LSHPlan, plan_lsh_numpy
 from attnspec.spec.validate import numpy_info
 
 __all__ = ["lsh_attention_vjp"]
@@ -74,17 +74,7 @@ def lsh_attention_vjp(
             shape or dtype.
     """
     fn = "lsh_attention_vjp"
-    p = validate_lsh(
-        fn,
-        numpy_info(fn, "x", x),
-        numpy_info(fn, "v", v),
-        numpy_info(fn, "rotations", rotations),
-        chunk_length=chunk_length,
-        causal=causal,
-        kv_lengths=kv_lengths,
-        dedup=dedup,
-        scale=scale,
-    )
+    p = plan_lsh_numpy(fn, x, v, rotations, chunk_length, causal, kv_lengths, dedup, scale)
     out_shape = (*p.batch, p.L, p.dv)
     info = numpy_info(fn, "d_out", d_out)
     if info.shape != out_shape:

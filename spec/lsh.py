@@ -185,6 +185,14 @@ class LSHPlan:
         return self.n_hashes * self.padded_length // self.chunk_length
 
 
+def plan_lsh_numpy(fn: str, x, v, rotations, chunk_length, causal, kv_lengths, dedup, scale) -> LSHPlan:
+    """`validate_lsh` of a call on NumPy arrays (the golden, its loops and its vjp plan through it)."""
+    infos = (numpy_info(fn, name, a) for name, a in (("x", x), ("v", v), ("rotations", rotations)))
+    return validate_lsh(
+        fn, *infos, chunk_length=chunk_length, causal=causal, kv_lengths=kv_lengths, dedup=dedup, scale=scale
+    )
+
+
 def validate_lsh(
     fn: str,
     x: ArrayInfo,
@@ -307,17 +315,7 @@ def lsh_attention(
     array is built.
     """
     fn = "lsh_attention"
-    p = validate_lsh(
-        fn,
-        numpy_info(fn, "x", x),
-        numpy_info(fn, "v", v),
-        numpy_info(fn, "rotations", rotations),
-        chunk_length=chunk_length,
-        causal=causal,
-        kv_lengths=kv_lengths,
-        dedup=dedup,
-        scale=scale,
-    )
+    p = plan_lsh_numpy(fn, x, v, rotations, chunk_length, causal, kv_lengths, dedup, scale)
     B, L = math.prod(p.batch), p.L
     x64 = np.broadcast_to(x.astype(np.float64), (*p.batch, L, p.d)).reshape(B, L, p.d)  # (B, L, d)
     v64 = np.broadcast_to(v.astype(np.float64), (*p.batch, L, p.dv)).reshape(B, L, p.dv)  # (B, L, dv)

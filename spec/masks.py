@@ -312,6 +312,23 @@ def visibility(
     return vis
 
 
+def plan_anchor(
+    plan: SDPAPlan, q_segment_ids: np.ndarray | None = None, kv_segment_ids: np.ndarray | None = None
+) -> np.ndarray:
+    """`query_anchor` of a validated call: i' per query row, (n,) or (..., n), from the plan's
+    alignment and lengths and the call's segment ids."""
+    p = plan
+    return query_anchor(
+        p.n,
+        p.m,
+        p.causal,
+        q_lengths=p.q_lengths,
+        kv_lengths=p.kv_lengths,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+    )
+
+
 def visible(
     plan: SDPAPlan,
     mask: np.ndarray | None = None,

@@ -39,7 +39,7 @@ from collections.abc import Callable
 import numpy as np
 
 from attnspec.spec.blocked import blocked_core
-from attnspec.spec.masks import query_anchor, visible
+from attnspec.spec.masks import plan_anchor, visible
 from attnspec.spec.options import NAMES
 from attnspec.spec.validate import NO_EXTRAS, SDPAExtras, SDPAPlan, finish, plan_options
 
@@ -189,15 +189,7 @@ def _identity(x: np.ndarray) -> np.ndarray:
 def alibi_term(plan: SDPAPlan, extras: SDPAExtras, compute: type = np.float64) -> np.ndarray:
     """-slope[h] * |i' - j|, broadcastable to (..., Hq, n, m); i' as for the window."""
     p = plan
-    anchor = query_anchor(
-        p.n,
-        p.m,
-        p.causal,
-        q_lengths=p.q_lengths,
-        kv_lengths=p.kv_lengths,
-        q_segment_ids=extras.q_segment_ids,
-        kv_segment_ids=extras.kv_segment_ids,
-    )
+    anchor = plan_anchor(p, extras.q_segment_ids, extras.kv_segment_ids)
     dist = np.abs(anchor[..., None, :, None] - np.arange(p.m))  # (..., 1, n, m)
     assert extras.alibi_slopes is not None  # the ALiBi term exists only for a call with alibi_slopes
     slopes: np.ndarray = extras.alibi_slopes.astype(compute)[..., :, None, None]  # (..., Hq, 1, 1)

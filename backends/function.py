@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.backends._common import variant_keywords
 from attnspec.backends.arrays import ArrayLibrary, array_library
 from attnspec.backends.authoring import plan_sdpa
 from attnspec.backends.base import FLOAT_DTYPES, Backend, Unsupported
@@ -34,6 +33,7 @@ from attnspec.backends.conventions import Convention, call_needs, describe, fp8_
 from attnspec.backends.probe import Capabilities, probe
 from attnspec.errors import SpecError
 from attnspec.spec.fp8 import FP8_DTYPES, validate_fp8
+from attnspec.spec.options import ARRAY_NAMES, VALUE_NAMES, take, with_options
 from attnspec.spec.validate import ArrayInfo
 
 __all__ = ["FunctionBackend", "from_function"]
@@ -142,18 +142,13 @@ class FunctionBackend(Backend):
             return []  # the convention decides (`supports` asks it), with reasons naming it
         return super().variant_refusals(feature, options)
 
-    def sdpa(self, q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None, causal: str | None = None,
-             window: tuple[int, int] | None = None, scale: float | None = None, q_lengths: Any = None,
-             kv_lengths: Any = None, softcap: float | None = None, alibi_slopes: Any = None, sinks: Any = None,
-             q_segment_ids: Any = None, kv_segment_ids: Any = None, dropout_mask: Any = None,
-             dropout_p: float | None = None, return_weights: bool = False, return_lse: bool = False) -> Any:
+    @with_options()
+    def sdpa(self, q: Any, k: Any, v: Any, **options: Any) -> Any:
         fn = f"{self.name}.sdpa"
-        variants = variant_keywords(locals())
-        p = plan_sdpa(fn, q, k, v, mask=mask, bias=bias, causal=causal, window=window, scale=scale,
-                      q_lengths=q_lengths, kv_lengths=kv_lengths, library=self.arrays, **variants)
-        options = {"mask": mask, "bias": bias, "causal": causal, "window": window, "scale": scale,
-                   "q_lengths": q_lengths, "kv_lengths": kv_lengths, "return_weights": return_weights,
-                   **variants}
+        options = take(fn, options)
+        p = plan_sdpa(fn, q, k, v, library=self.arrays,
+                      **{name: value for name, value in options.items() if name != "return_weights"})
+        return_weights = options["return_weights"]
         refused = self.convention.refusals(call_needs(q.shape, k.shape, v.shape, options))
         if refused:
             raise Unsupported(f"{fn}: " + "; ".join(refused))
@@ -182,16 +177,12 @@ class FunctionBackend(Backend):
         found = [out] + ([weights] if return_weights else []) + ([lse] if p.return_lse else [])
         return found[0] if len(found) == 1 else tuple(found)
 
+    @with_options()
     def sdpa_fp8(self, q: Any, k: Any, v: Any, *, q_descale: Any = None, k_descale: Any = None,
-                 v_descale: Any = None, out_dtype: str | None = None, mask: Any = None, bias: Any = None,
-                 causal: str | None = None, window: tuple[int, int] | None = None, scale: float | None = None,
-                 q_lengths: Any = None, kv_lengths: Any = None, softcap: float | None = None,
-                 alibi_slopes: Any = None, sinks: Any = None, q_segment_ids: Any = None,
-                 kv_segment_ids: Any = None, dropout_mask: Any = None, dropout_p: float | None = None,
-                 return_weights: bool = False, return_lse: bool = False) -> Any:
+                 v_descale: Any = None, out_dtype: str | None = None, **options: Any) -> Any:
         fn = f"{self.name}.sdpa_fp8"
         lib = self.arrays
-        variants = variant_keywords(locals())
+        o = take(fn, options)
 
         def info(name: str, x: Any) -> ArrayInfo | None:
             return None if x is None else ArrayInfo(tuple(x.shape), lib.dtype_name(x))
@@ -199,17 +190,13 @@ class FunctionBackend(Backend):
         def host(x: Any) -> Any:  # descales and lengths are read by value
             return lib.to_numpy(x) if lib.is_array(x) else x
 
-        arrays = {"mask": mask, "bias": bias, "alibi_slopes": alibi_slopes, "sinks": sinks,
-                  "q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "dropout_mask": dropout_mask}
         fp = validate_fp8(fn, info("q", q), info("k", k), info("v", v),  # type: ignore[arg-type]
                           q_descale=host(q_descale), k_descale=host(k_descale), v_descale=host(v_descale),
-                          out_dtype=out_dtype, causal=causal, window=window, scale=scale,
-                          q_lengths=host(q_lengths), kv_lengths=host(kv_lengths), softcap=softcap,
-                          dropout_p=dropout_p, return_lse=return_lse,
-                          **{name: info(name, x) for name, x in arrays.items()})
-        options = {"mask": mask, "bias": bias, "causal": causal, "window": window, "scale": scale,
-                   "q_lengths": q_lengths, "kv_lengths": kv_lengths, "return_weights": return_weights,
-                   "out_dtype": fp.out_dtype, **variants}
+                          out_dtype=out_dtype, return_lse=o["return_lse"],
+                          **{name: info(name, o[name]) for name in ARRAY_NAMES},
+                          **{name: host(o[name]) if name.endswith("_lengths") else o[name] for name in VALUE_NAMES})
+        options = {**o, "out_dtype": fp.out_dtype}
+        return_weights = o["return_weights"]
         refused = self.convention.refusals(fp8_call_needs(q.shape, k.shape, v.shape, options, fp.q_dtype))
         if refused:
             raise Unsupported(f"{fn}: " + "; ".join(refused))

@@ -12,15 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from attnspec.backends.deviation_probe import Deviation, status
-from attnspec.backends.deviations.loader import load
+from attnspec.backends.deviations import ATLAS_SOURCE, load
 
 __all__ = ["ATLAS_DEVIATIONS", "AtlasDeviation", "check"]
 
 #: the atlas' entries are the one record type; the old name stays for code that imports it
 AtlasDeviation = Deviation
 
-ATLAS_DEVIATIONS = list(load(Path(__file__).with_name("deviations.toml"),
-                             source="attnspec.backends.atlas (deviations.toml)"))
+#: an atlas answer a built-in native's catalogue entry covers (by its tags)
+BUILTIN_STATUS = "declared in backends/deviations/*.toml (checked both ways by tests/test_deviations.py)"
+
+ATLAS_DEVIATIONS = list(load(Path(__file__).with_name("deviations.toml"), source=ATLAS_SOURCE))
 
 
 def check(backend: str, answers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -53,7 +55,6 @@ def check(backend: str, answers: list[dict[str, Any]]) -> tuple[list[dict[str, A
             builtin = [d for d in builtin if d.deviation_id.endswith(suffix)]
         for dev in builtin:
             entries.append({"id": dev.deviation_id, "question": a["id"], "declared": dev.native_does[:120],
-                            "measured": a["answer"], "status": "declared in backends/deviations/ (checked both ways "
-                            "by tests/test_deviations.py)", "summary": dev.native_does.rstrip("."),
+                            "measured": a["answer"], "status": BUILTIN_STATUS, "summary": dev.native_does.rstrip("."),
                             "upstream": ""})
     return entries, undeclared

@@ -33,8 +33,9 @@ SCHEMA = Path(__file__).with_name("schema.json")
 #: where a bare ``case`` or ``shows`` name is looked up
 CASES_MODULE = "attnspec.backends.deviation_cases"
 
-# the file's name for a field -> the record's, where they differ
-_RENAMED = {"id": "deviation_id", "reproducer": "reproducer_file"}
+# the file's name for a field -> the record's, where they differ (the record keeps the Python
+# name plugins have written since before the file format)
+_RENAMED = {"id": "deviation_id"}
 
 
 def _schema() -> dict[str, Any]:
@@ -141,6 +142,8 @@ def load(path: str | os.PathLike[str], *, source: str | None = None) -> tuple[De
     spec = schema["$defs"]["deviation"]
     found: list[Deviation] = []
     for i, raw in enumerate(data["deviation"]):
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: deviation #{i + 1} is not a table: {raw!r}")
         where = f"{path}: deviation {raw.get('id', f'#{i + 1}')!r}"
         unknown = sorted(set(raw) - set(spec["properties"]))
         if unknown:
@@ -159,7 +162,7 @@ def load(path: str | os.PathLike[str], *, source: str | None = None) -> tuple[De
         for key in ("case", "shows"):
             if key in raw:
                 fields[key] = resolve(raw[key], where, key)
-        if "reproducer" in raw:
+        if "reproducer" in raw:  # the script's text, as reports show it, and where it is
             file = path.parent / raw["reproducer"]
             try:
                 fields["reproducer"] = file.read_text(encoding="utf-8")

@@ -157,7 +157,7 @@ def load(path: str | os.PathLike[str], *, source: str | None = None) -> tuple[De
         for key, value in raw.items():
             _check_value(where, key, value, spec["properties"][key], schema)
         _check_kind(where, raw, spec["oneOf"])
-        fields = {_RENAMED.get(k, k): v for k, v in raw.items()}
+        fields: dict[str, Any] = {_RENAMED.get(str(k), str(k)): v for k, v in raw.items()}
         fields["tags"] = frozenset(raw.get("tags", ()))
         for key in ("case", "shows"):
             if key in raw:

@@ -2,13 +2,16 @@
 loaded with its backend, checked both ways by the conformance suite (a declared deviation that
 no case shows is stale, a failure no declaration covers fails), and shown in ``deviations.md``
 with where it is declared. The example plugin's ``example-nan-rows`` backend deviates on purpose
-(rows with no visible key give NaN) and declares it in ``attnspec_example_plugin/deviations.py``."""
+(rows with no visible key give NaN) and declares it in ``attnspec_example_plugin/deviations.toml``,
+the format of attnspec's own catalogue, read by `attnspec.backends.deviations.load`. A deviation
+written in Python (a `Deviation` object) still declares one too."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import runpy
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 
 HERE = Path(__file__).parent
 ID = "example-nan-rows.empty-row-nan"
-SOURCE = "attnspec_example_plugin.deviations"
+SOURCE = "attnspec_example_plugin (deviations.toml)"  # the package and the file it is declared in
 
 
 def test_the_plugins_declaration_is_loaded_with_its_backend_and_probes_both_ways():
@@ -37,8 +40,37 @@ def test_the_plugins_declaration_is_loaded_with_its_backend_and_probes_both_ways
     assert all([dev.feature, dev.spec_says, dev.native_does, dev.reproducer])
     assert dev.probe(be)  # it deviates as declared
     assert not dev.probe(registry.get("example"))  # the conformant example backend does not
-    exec(compile(dev.reproducer, f"<reproducer {ID}>", "exec"), {})  # its assert holds
+    runpy.run_path(dev.reproducer_file, run_name="__main__")  # the script file; its assert holds
+    assert Path(dev.reproducer_file).read_text() == dev.reproducer
+    assert dev.case.__module__ == dev.shows.__module__ == "attnspec_example_plugin.cases"  # "module:name"
     assert declared_for("example", registry.get("example")) == []
+
+
+def test_a_deviation_written_in_python_still_declares():
+    """A third-party plugin's `Deviation` objects (the format before TOML) keep working: declared
+    in the module that writes the case, probed the same way."""
+    from attnspec_example_plugin.cases import empty_row_case, row1_is_nan
+
+    dev = Deviation(
+        "in-python.empty-row-nan",
+        "in-python",
+        "sdpa: a row with no visible key",
+        "output 0",
+        "output NaN",
+        "assert True\n",
+        empty_row_case,
+        row1_is_nan,
+        tags=frozenset({"no_visible_row"}),
+    )
+
+    class InPython:
+        deviations = (dev,)
+
+    ((got, source),) = declared_for("in-python", InPython())
+    assert got is dev and source == "attnspec_example_plugin.cases" and dev.check == "probe"
+    assert dev.probe(registry.get("example-nan-rows")) and not dev.probe(registry.get("example"))
+    with pytest.raises(TypeError, match="needs case and shows"):
+        Deviation("in-python.unchecked", "in-python", "f", "s", "n", "r")
 
 
 def test_a_backend_shares_a_builtin_frameworks_deviations_or_declares_them_wrong():

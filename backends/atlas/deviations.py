@@ -1,60 +1,42 @@
 """The atlas' declared deviations (``deviations.toml``), and checking them both ways.
 
-    ATLAS_DEVIATIONS              every entry, as `AtlasDeviation`
+    ATLAS_DEVIATIONS              every entry, as `Deviation` (attnspec.backends.deviations):
+                                  the same record and TOML format as the built-in catalogue's,
+                                  each checked by an atlas question (question + answer)
     check(backend, answers)       each entry: observed | stale | not_exercised; plus the undeclared
 """
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from attnspec.backends.deviation_probe import Deviation, status
+from attnspec.backends.deviations import ATLAS_SOURCE, load
 
 __all__ = ["ATLAS_DEVIATIONS", "AtlasDeviation", "check"]
 
+#: the atlas' entries are the one record type; the old name stays for code that imports it
+AtlasDeviation = Deviation
 
-@dataclass(frozen=True)
-class AtlasDeviation:
-    id: str
-    backend: str
-    question: str  # the atlas question that measures it
-    answer: str  # what the implementation answers while it deviates
-    tags: frozenset[str]  # the suite's case tags under which its failures are this deviation
-    summary: str
-    upstream: str = ""
+#: an atlas answer a built-in native's catalogue entry covers (by its tags)
+BUILTIN_STATUS = "declared in backends/deviations/*.toml (checked both ways by tests/test_deviations.py)"
 
-    @property
-    def deviation_id(self) -> str:
-        return self.id
-
-
-def _load() -> list[AtlasDeviation]:
-    data = tomllib.loads((Path(__file__).parent / "deviations.toml").read_text(encoding="utf-8"))
-    return [AtlasDeviation(**{**d, "tags": frozenset(d.get("tags", ()))}) for d in data["deviation"]]
-
-
-ATLAS_DEVIATIONS = _load()
+ATLAS_DEVIATIONS = list(load(Path(__file__).with_name("deviations.toml"), source=ATLAS_SOURCE))
 
 
 def check(backend: str, answers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(each declared entry of ``backend`` with its status, the answers that differ from the spec
     with no entry). An entry is observed when its question gives its answer, stale when the
-    question gives another, not_exercised when the question could not be asked (n/a)."""
+    question gives another, not_exercised when the question could not be asked (n/a): `status`."""
     by_question = {a["id"]: a for a in answers}
     entries = []
     declared_questions = set()
     for d in (d for d in ATLAS_DEVIATIONS if d.backend == backend):
         declared_questions.add(d.question)
         got = by_question.get(d.question, {}).get("answer", "n/a")
-        status = "not_exercised" if got.startswith("n/a") else "observed" if got == d.answer else "stale"
         entries.append({"id": d.id, "question": d.question, "declared": d.answer, "measured": got,
-                        "status": status, "summary": d.summary, "upstream": d.upstream})
+                        "status": status(d, answers), "summary": d.native_does, "upstream": d.upstream})
     differing = [a for a in answers if a["spec"] and a["answer"] != a["spec"] and not a["answer"].startswith("n/a")
                  and a["id"] not in declared_questions]
     undeclared = []
@@ -73,7 +55,6 @@ def check(backend: str, answers: list[dict[str, Any]]) -> tuple[list[dict[str, A
             builtin = [d for d in builtin if d.deviation_id.endswith(suffix)]
         for dev in builtin:
             entries.append({"id": dev.deviation_id, "question": a["id"], "declared": dev.native_does[:120],
-                            "measured": a["answer"], "status": "declared in backends/deviations.py (checked both ways "
-                            "by tests/test_deviations.py)", "summary": dev.native_does.rstrip("."),
+                            "measured": a["answer"], "status": BUILTIN_STATUS, "summary": dev.native_does.rstrip("."),
                             "upstream": ""})
     return entries, undeclared

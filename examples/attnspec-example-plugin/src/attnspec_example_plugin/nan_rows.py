@@ -1,7 +1,7 @@
 """A deliberately deviating backend: the example's attention, except that a query row with no
 visible key gives NaN, as the textbook softmax exp(s) / sum(exp(s)) does over a row of -inf.
-Its deviation is declared in `attnspec_example_plugin.deviations`, so the conformance suite
-reports those cases as that deviation, and the rest as usual."""
+Its deviation is declared in ``deviations.toml`` (loaded by `attnspec_example_plugin.deviations`),
+so the conformance suite reports those cases as that deviation, and the rest as usual."""
 
 from __future__ import annotations
 

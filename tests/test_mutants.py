@@ -1,7 +1,9 @@
 """The conformance suite catches every mutant, names the feature, and passes the control.
 
 Each mutant runs through the real suite (``pytest --pyargs attnspec.conformance``) in a
-subprocess with the quick ``dev`` profile, exactly as a backend author would run it.
+subprocess with the quick ``dev`` profile, exactly as a backend author would run it, on the
+properties that catch it (`mutants.MUTANT_RUN`, `variant_run`, `FILL_RUN`); the control passes
+every chapter those draw from (`CONTROL_RUN`).
 """
 
 from __future__ import annotations
@@ -9,7 +11,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from mutants import FILL_MUTANTS, FILL_RUN, MUTANTS, VARIANT_MUTANTS, VARIANT_RUN, fill_caught_in
+from mutants import (
+    CONTROL_RUN,
+    FILL_MUTANTS,
+    FILL_RUN,
+    KILLED_BY,
+    MUTANT_RUN,
+    MUTANTS,
+    VARIANT_MUTANTS,
+    fill_caught_in,
+    variant_run,
+)
 from suite_runs import run_all
 
 #: a drawn feature -> the corner case that exercises the same rule
@@ -20,11 +32,12 @@ CORNER_OF = {"no_visible_rows": "corner_empty_rows", "masked_nonfinite": "corner
 @pytest.fixture(scope="module")
 def suite_runs(tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("mutants")
-    targets = {"control": ("mutants:control", None),
-               **{m: (f"mutants:mutant_{m}", None) for m in MUTANTS},
-               # a variant's bug only shows in the variant properties: run just those (fast)
-               **{m: (f"mutants:mutant_{m}", VARIANT_RUN) for m in VARIANT_MUTANTS},
-               # a finite fill shows in the forward sdpa properties' corner cases: run just those
+    targets = {"control": ("mutants:control", CONTROL_RUN),
+               # the forward sdpa property that names each one's feature (the whole suite: 476 s)
+               **{m: (f"mutants:mutant_{m}", MUTANT_RUN) for m in MUTANTS},
+               # a variant's bug only shows in the variant properties: run the ones that catch it
+               **{m: (f"mutants:mutant_{m}", variant_run(m)) for m in VARIANT_MUTANTS},
+               # a finite fill shows in matches_golden's corner cases: run just that
                **{m: (f"mutants:mutant_{m}", FILL_RUN) for m in FILL_MUTANTS}}
     # only the runs the selected tests read (pytest -k no_scale runs one suite, not thirteen)
     wanted = {(getattr(item, "callspec", None) and item.callspec.params.get("mutant")) or "control"
@@ -38,6 +51,9 @@ def test_control_passes(suite_runs):
     rows = json.loads(path.read_text())["rows"]
     assert sum(r["passed"] for r in rows) > 200  # the suite really ran cases
     assert not any(r["failed"] for r in rows)
+    # every property a mutant must fail ran on the control, and passed
+    ran = {r["property"] for r in rows if r["function"] == "sdpa" and r["passed"]}
+    assert {p for props in KILLED_BY.values() for p in props} <= ran, sorted(ran)
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS) + sorted(VARIANT_MUTANTS))
@@ -50,6 +66,9 @@ def test_mutant_is_caught_and_feature_named(suite_runs, mutant):
     # the corner built for that feature (conformance/corners.py) runs first and may be the one named
     named = {expected, CORNER_OF.get(expected)} & failed_features
     assert named, f"{mutant}: failures {sorted(failed_features)} miss {expected}"
+    # by each of the properties that caught it when it ran through the whole suite (or chapter)
+    killers = {r["property"] for r in results["rows"] if r["failed"] and r["function"] == "sdpa"}
+    assert set(KILLED_BY[mutant]) <= killers, f"{mutant}: {sorted(killers)} miss {KILLED_BY[mutant]}"
     # the message a user sees names the feature and carries a reproducer
     assert any(f"feature={f}" in r["message"] for r in results["failures"] for f in named) or \
         any(f"feature={f}" in proc.stdout for f in named)

@@ -67,10 +67,11 @@ def tests(session: nox.Session) -> None:
     """Run the kit's own tests (spec, backends, mutants, runner, plugin, check, atlas, reformer), all frameworks."""
     install(session, ".[all,atlas,reformer]")
     install(session, str(PLUGIN))
-    # --durations: where the time goes, printed by every run (CI's included). Two workers (CI's two
-    # cores), each file on one worker (--dist loadfile): a file's module-scoped suite runs are made
-    # once, on the worker that runs its tests. `nox -s tests -- -n 0` runs serially.
-    session.run("pytest", "-n", "2", "--dist", "loadfile", "--durations=25", *session.posargs)
+    # --durations: where the time goes, printed by every run (CI's included). Serial: the heavy
+    # tests already run suites in subprocesses, and two xdist workers on CI's two cores made the
+    # whole run slower (50 min against 39 serially; test_check's setup 791 s against 319 s).
+    # pytest-xdist is in the `test` extra for a larger machine: `nox -s tests -- -n 4 --dist loadfile`.
+    session.run("pytest", "--durations=25", *session.posargs)
 
 
 def _conformance_args(posargs: list[str]) -> argparse.Namespace:

@@ -128,7 +128,7 @@ def deviations_page(results: Results) -> str:
         "# Declared deviations",
         "",
         "Where a framework's native primitive does not do what the spec says, the adapter fixes it",
-        "up, and the native behaviour is declared in `attnspec/backends/deviations.py` with a",
+        "up, and the native behaviour is declared in `backends/deviations/torch.toml` or `jax.toml` with a",
         "reproducer. A plugin declares its own backend's deviations in its own package, and the",
         "atlas its natives' in `backends/atlas/deviations.toml`: *declared in* names where each",
         "entry comes from. The conformance suite checks each declaration in both directions: *observed*",

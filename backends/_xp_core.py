@@ -79,6 +79,17 @@ def attention(xp, p: SDPAPlan, q, k, v, vis, bias, *, nonfinite_v: bool, want_we
     return out, _finish(xp, xp.astype(w, dtype), full_w, p.weights_shape), lse
 
 
+def logit_floor(xp, q, k, bias, scale: float):
+    """A lower bound of every logit a call forms: the lowest finite bias entry (0 without
+    one) less scale * max ||q_i|| * max ||k_j|| (Cauchy-Schwarz bounds |scale * q . k|)."""
+    q2 = xp.max(xp.sum(q * q, axis=-1)) if math.prod(q.shape) else 0.0
+    k2 = xp.max(xp.sum(k * k, axis=-1)) if math.prod(k.shape) else 0.0
+    floor = -scale * xp.sqrt(q2) * xp.sqrt(k2)
+    if bias is not None and math.prod(bias.shape):
+        floor = floor + xp.minimum(xp.min(xp.where(xp.isfinite(bias), bias, xp.inf)), 0.0)
+    return floor
+
+
 def _finish(xp, x, full: tuple[int, ...], final: tuple[int, ...]):
     # broadcast only when needed: NumPy's broadcast views are read-only
     x = x if tuple(x.shape) == full else xp.broadcast_to(x, full)

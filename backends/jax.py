@@ -170,24 +170,18 @@ def _fused_ok(p: SDPAPlan, q) -> bool:
         p.dtype == "float64"  # fixes jax.float64-softmax-in-float32
         # fixes jax.float16-jit-cpu-refused and jax.bfloat16-tiny-dot-cpu-refused
         or (p.dtype in ("float16", "bfloat16") and _platform(q) == "cpu")
+        # XLA:GPU refuses to compile a jitted float16 jax.nn.dot_product_attention when one of
+        # the sizes is 1 (n, m or the head dim: "Unsupported dot precision algorithm: 4"; H200,
+        # JAX 0.11.2; eager calls and bfloat16 compile, and the precision setting does not matter)
+        or (p.dtype == "float16" and _platform(q) == "gpu" and 1 in (p.n, p.m, p.dk, p.dv))
     )
-
-
-def _logit_floor(xp, q, k, bias, scale: float):
-    """A lower bound of every logit the fused kernel forms: the lowest finite bias entry (0 without
-    one) less scale * max ||q_i|| * max ||k_j|| (Cauchy-Schwarz bounds |scale * q . k|)."""
-    q2 = xp.max(xp.sum(q * q, axis=-1)) if q.size else 0.0
-    k2 = xp.max(xp.sum(k * k, axis=-1)) if k.size else 0.0
-    floor = -scale * xp.sqrt(q2) * xp.sqrt(k2)
-    if bias is not None and bias.size:
-        floor = floor + xp.minimum(xp.min(xp.where(xp.isfinite(bias), bias, xp.inf)), 0.0)
-    return floor
 
 
 @jax.jit
 def _logit_floor_on_device(q, k, bias, scale):
     f32 = jnp.float32  # overflow to inf only makes the answer "not clear": the exact path
-    return _logit_floor(jnp, q.astype(f32), k.astype(f32), None if bias is None else bias.astype(f32), scale)
+    bias = None if bias is None else bias.astype(f32)
+    return _xp_core.logit_floor(jnp, q.astype(f32), k.astype(f32), bias, scale)
 
 
 def _fill_limit(dtype) -> float:
@@ -202,7 +196,7 @@ def _clear_of_fill(p: SDPAPlan, q, k, bias) -> bool:
     q . k, would otherwise give its weight to the masked keys). Raises under a trace."""
     if all(_on_host(x) for x in (q, k)) and (bias is None or _on_host(bias)):
         q64, k64, bias64 = (None if x is None else np.asarray(x).astype(np.float64) for x in (q, k, bias))
-        floor = float(_logit_floor(np, q64, k64, bias64, p.scale))
+        floor = float(_xp_core.logit_floor(np, q64, k64, bias64, p.scale))
     else:
         # no gradient flows through the choice: under an eager jax.vjp the floor is then a value
         q, k, bias = (None if x is None else jax.lax.stop_gradient(x) for x in (q, k, bias))

@@ -245,7 +245,8 @@ class TorchBackend(TorchArrays):
             finite_q, finite_k, finite_v = _finite(q, k, v)
         # the exact path covers torch.masked-nonfinite-k/-v where zeroing cannot, and fixes
         # torch.nonfinite-query-row-zeroed
-        if return_weights or softmax_variant or not (finite_q and finite_k and finite_v):
+        if (return_weights or softmax_variant or not (finite_q and finite_k and finite_v)
+                or _below_kernel_floor(p, q, k, bias)):
             ct = torch.float64 if q.dtype == torch.float64 else torch.float32
             alibi = None if alibi_slopes is None else alibi_term(p, alibi_slopes, q_segment_ids,
                                                                  kv_segment_ids, ct)
@@ -262,10 +263,12 @@ class TorchBackend(TorchArrays):
             additive if vis is None else torch.where(vis, additive, -math.inf))  # one additive term
         if attn_mask is not None and attn_mask.ndim < 2:  # torch wants (..., n, m)
             attn_mask = attn_mask.expand(p.n, p.m)
-        if attn_mask is not None and q.device.type != "cpu" and attn_mask.stride(-1) != 1:
-            # CUDA's memory-efficient backward refuses a broadcast mask ("(*bias): last dimension
-            # must be contiguous", seen on an H200 with torch 2.11 for q_lengths)
-            attn_mask = attn_mask.contiguous()
+        if attn_mask is not None and q.device.type != "cpu" and (
+                attn_mask.shape[-1] != p.m or attn_mask.stride(-1) != 1):
+            # CUDA's memory-efficient backward refuses a mask broadcast along the keys ("(*bias):
+            # last dimension must be contiguous"; H200, torch 2.11: q_lengths' (..., n, 1) mask,
+            # in sdpa_vjp and in mha_vjp)
+            attn_mask = attn_mask.expand(*attn_mask.shape[:-1], p.m).contiguous()
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=p.scale,
                                              enable_gqa=p.group > 1)
         if vis is not None and q.device.type != "cpu":
@@ -335,6 +338,24 @@ class TorchBackend(TorchArrays):
                 xp, p, x, v, rotations.to(x.device), None if kv is None else torch.tensor(kv, device=x.device),
                 nonfinite_v=not bool(torch.isfinite(v).all()), device=x.device)
         return (out, buckets) if return_buckets else out
+
+
+#: logits below this sit where torch's CUDA kernels keep their masking constants (`_below_kernel_floor`)
+KERNEL_FLOOR = -1e30
+
+
+def _below_kernel_floor(p, q, k, bias) -> bool:
+    """On a GPU, whether a logit of the call may fall below `KERNEL_FLOOR`. On an H200 (torch
+    2.11) the CUDA kernels returned 0 for rows whose visible logits sat at -2.38e38 (a row with
+    visible keys, treated as one with none) and their backward got dq wrong by 2.0 there; such a
+    call takes the exact path. The bound is `_xp_core.logit_floor`'s (a sync). CPU kernels do
+    not need it (measured: the corner passes on CPU)."""
+    if q.device.type == "cpu" or not (p.n and p.m):
+        return False
+    f32 = torch.float32
+    q, k = q.detach().to(f32), k.detach().to(f32)
+    bias = None if bias is None else bias.detach().to(f32)
+    return bool(_xp_core.logit_floor(_xp(), q, k, bias, p.scale) < KERNEL_FLOOR)
 
 
 def _xp():

@@ -32,7 +32,7 @@ def runs(tmp_path_factory):
         **{name: (target, SELECT) for name, target in PASSING.items()},
         **{m: (f"mutants_fp8:mutant_{m}", SELECT) for m in MUTANTS},
     }
-    return run_all(tmp_path_factory.mktemp("fp8"), targets, timeout=300)
+    return run_all(tmp_path_factory.mktemp("fp8"), targets, timeout=300, fail_fast=True)
 
 
 def rows(runs, name: str) -> list[dict]:

@@ -24,7 +24,7 @@ def grad_runs(tmp_path_factory):
                **{m: (f"mutants_grads:mutant_{m}", SDPA_VJP) for m in GRAD_MUTANTS},
                "control_all": ("mutants_grads:control_all", MHA_LSH_VJP),
                **{m: (f"mutants_grads:mutant_{m}", fn) for m, (fn, _) in MHA_LSH_MUTANTS.items()}}
-    return run_all(tmp, targets)
+    return run_all(tmp, targets, fail_fast=True)
 
 
 def _vjp_rows(path, function: str = "sdpa_vjp"):
@@ -86,7 +86,7 @@ def variant_grad_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("variant_grad_mutants")
     targets = {"control": ("mutants_grads:control", VARIANT_VJP),
                **{m: (f"mutants_grads:mutant_{m}", VARIANT_VJP) for m in VARIANT_GRAD_MUTANTS}}
-    return run_all(tmp, targets)
+    return run_all(tmp, targets, fail_fast=True)
 
 
 def test_variant_grad_control_passes(variant_grad_runs):

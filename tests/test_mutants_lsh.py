@@ -19,7 +19,7 @@ from suite_runs import run_all
 def suite_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mutants_lsh")
     targets = {"control": "mutants_lsh:control", **{m: f"mutants_lsh:mutant_{m}" for m in MUTANTS}}
-    return run_all(tmp, {name: (t, "test_lsh") for name, t in targets.items()}, timeout=900)
+    return run_all(tmp, {name: (t, "test_lsh") for name, t in targets.items()}, timeout=900, fail_fast=True)
 
 
 def _lsh_rows(path: Path) -> list[dict]:

@@ -10,14 +10,14 @@ import json
 
 import pytest
 from mutants_mha import MHA_MUTANTS
-from suite_runs import run_all
+from suite_runs import run_all, run_suite
 
 
 @pytest.fixture(scope="module")
 def suite_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mutants_mha")
     targets = {"control": "mutants_mha:control", **{m: f"mutants_mha:mutant_{m}" for m in MHA_MUTANTS}}
-    return run_all(tmp, {name: (t, "mha") for name, t in targets.items()})
+    return run_all(tmp, {name: (t, "mha") for name, t in targets.items()}, fail_fast=True)
 
 
 def test_control_passes(suite_runs):
@@ -45,3 +45,19 @@ def test_mutant_is_caught_and_property_named(suite_runs, mutant):
     assert any(f"mha {expected}:" in f["message"] for f in results["failures"]) or \
         f"mha {expected}:" in proc.stdout
     assert "reproduce with:" in proc.stdout
+
+
+def test_fail_fast_names_the_same_properties_as_the_whole_run(tmp_path):
+    """The mutant runs above are fail-fast (no shrinking, no sweep: tests/suite_runs.py). One
+    mutant run both ways fails the same properties, and both carry a reproducer."""
+    runs = {
+        fast: run_suite("mutants_mha:mutant_kv_heads_modulo", tmp_path / f"{fast}.json", "mha", fail_fast=fast)
+        for fast in (True, False)
+    }
+    failed = {}
+    for fast, proc in runs.items():
+        assert proc.returncode == 1, proc.stdout[-2000:]
+        assert "reproduce with:" in proc.stdout
+        rows = json.loads((tmp_path / f"{fast}.json").read_text())["rows"]
+        failed[fast] = {r["property"] for r in rows if r["function"] == "mha" and r["failed"]}
+    assert failed[True] == failed[False] and "kv_head_mapping" in failed[True]

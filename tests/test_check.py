@@ -21,7 +21,6 @@ from attnspec.backends.conventions import VARIANT_FEATURES
 from attnspec.conformance.serving_cases import SERVING_FEATURES
 
 HERE = Path(__file__).parent
-SEEDS = HERE.parent / "examples" / "tutorial" / "seed_attention.py"
 
 
 def check(*args: str, cwd: Path = HERE, timeout: int = 900, env: dict[str, str] | None = None

@@ -12,13 +12,14 @@ them at once; out_dtype float32 in about half of the cases (float32 is where P p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
 
+from attnspec.conformance.hypothesis_helpers import SDPACase, options_text
 from attnspec.spec.fp8 import FP8_NUMPY, WIDE_Q_DTYPES
 
 #: what each case exercises; "combined" mixes them
@@ -42,22 +43,9 @@ LOG2_SPAN = 4.0
 
 
 @dataclass
-class FP8Case:
+class FP8Case(SDPACase):
     """One sdpa_fp8 call: stored (FP8 or wide) q, k, v, its keywords (descales and out_dtype
     among them), the feature, tags and seed. ``dtype`` is the FP8 storage dtype of k and v."""
-
-    feature: str
-    dtype: str
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    options: dict[str, Any] = field(default_factory=dict)
-    tags: frozenset[str] = frozenset()
-    seed: int = 0
-
-    @property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {"q": self.q.shape, "k": self.k.shape, "v": self.v.shape}
 
     @property
     def wide_dtypes(self) -> tuple[str, ...]:
@@ -68,7 +56,7 @@ class FP8Case:
         return tuple(dict.fromkeys(names))
 
     def describe(self) -> str:
-        opts = ", ".join(f"{k}={_short(v)}" for k, v in sorted(self.options.items()))
+        opts = options_text(self.options)
         return (
             f"feature={self.feature} dtype={self.dtype} q{self.q.shape}:{self.q.dtype.name} "
             f"k{self.k.shape} v{self.v.shape} {opts}"
@@ -104,12 +92,6 @@ class FP8Case:
             "print(f'error {err:.3e}, allowed {g.allowed_out:.3e}')",
         ]
         return "\n".join(lines)
-
-
-def _short(v: Any) -> str:
-    if isinstance(v, np.ndarray):
-        return f"<{v.dtype.name}{list(v.shape)}>"
-    return repr(v)
 
 
 def _array(x: np.ndarray) -> str:

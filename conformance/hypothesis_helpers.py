@@ -49,7 +49,7 @@ class SDPACase:
         return {"q": self.q.shape, "k": self.k.shape, "v": self.v.shape}
 
     def describe(self) -> str:
-        opts = ", ".join(f"{k}={_short(v)}" for k, v in sorted(self.options.items()))
+        opts = options_text(self.options)
         return (f"feature={self.feature} dtype={self.dtype} q{self.q.shape} k{self.k.shape} "
                 f"v{self.v.shape} {opts}").rstrip()
 
@@ -57,10 +57,40 @@ class SDPACase:
         return replace(self, options={**self.options, **options})
 
 
-def _short(v: Any) -> str:
+def brief(v: Any) -> str:
+    """A keyword's value for a case's description: an array as its dtype and shape."""
     if isinstance(v, np.ndarray):
         return f"<{v.dtype.name}{list(v.shape)}>"
     return repr(v)
+
+
+def array_source(x: np.ndarray, dtype: str) -> str:
+    """Python that rebuilds ``x`` exactly, for a reproducer: booleans and integers as lists, floats
+    through their float64 values (exact for every dtype the suite draws), cast to ``dtype`` (the
+    expression naming the dtype, ``np.float32`` or ``ml_dtypes.bfloat16``)."""
+    if x.dtype == bool:
+        return f"np.array({x.astype(int).tolist()}, dtype=bool)"
+    if x.dtype.kind in "iu":
+        return f"np.array({x.tolist()}, dtype=np.int64)"
+    vals = np.array2string(x.astype(np.float64), separator=", ", threshold=10**9, floatmode="unique",
+                           max_line_width=10**9).replace("nan", "np.nan").replace("inf", "np.inf")
+    return f"np.array({vals}, dtype={dtype})"
+
+
+def options_text(options: dict[str, Any]) -> str:
+    """A case's keywords, sorted, for its description: ``causal='upper_left', mask=<bool[2, 3]>``."""
+    return ", ".join(f"{k}={brief(v)}" for k, v in sorted(options.items()))
+
+
+def draw_mask(draw, rng, feature: str, n: int, full: tuple[int, ...], shapes: list) -> np.ndarray:
+    """A boolean mask of one of ``shapes``, about 30%, 70% or 95% visible; for ``no_visible_rows``,
+    widened to ``full`` with one query row hidden throughout."""
+    mshape = draw(st.sampled_from(shapes))
+    mask = rng.random(mshape) < draw(st.sampled_from([0.3, 0.7, 0.95]))
+    if feature == "no_visible_rows" and n > 0:
+        mask = np.broadcast_to(mask, full).copy()
+        mask[..., rng.integers(0, n), :] = False
+    return mask
 
 
 def sdpa_cases(dtype: str, features: tuple[str, ...] = SDPA_FEATURES):
@@ -149,12 +179,8 @@ def _sdpa_case(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
     options: dict[str, Any] = {}
     full = (*batch, hq, n, m) if not rank2 else (n, m)
     if feature in ("mask", "combined", "no_visible_rows"):
-        mshape = draw(st.sampled_from([(n, m), full, (*batch, 1, n, m) if not rank2 else (1, m)]))
-        mask = rng.random(mshape) < draw(st.sampled_from([0.3, 0.7, 0.95]))
-        if feature == "no_visible_rows" and n > 0:
-            mask = np.broadcast_to(mask, full).copy()
-            mask[..., rng.integers(0, n), :] = False
-        options["mask"] = mask
+        shapes = [(n, m), full, (*batch, 1, n, m) if not rank2 else (1, m)]
+        options["mask"] = draw_mask(draw, rng, feature, n, full, shapes)
     if feature == "scale":
         options["scale"] = float(draw(st.sampled_from([0.05, 0.5, 2.0])))
     if feature in ("bias", "bias_neg_inf", "combined"):

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from attnspec.conformance.hypothesis_helpers import DIMS, NP_DTYPES, _short
+from attnspec.conformance.hypothesis_helpers import DIMS, NP_DTYPES, array_source, options_text
 from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, lsh_attention, lsh_bucket_margins, lsh_rotations
 from attnspec.spec.tolerance import K, compare, eps
 
@@ -67,7 +67,7 @@ class LSHCase:
         return {"x": self.x.shape, "v": self.v.shape, "rotations": self.rotations.shape}
 
     def describe(self) -> str:
-        opts = ", ".join(f"{k}={_short(v)}" for k, v in sorted(self.options.items()))
+        opts = options_text(self.options)
         return (f"feature={self.feature} dtype={self.dtype} x{self.x.shape} v{self.v.shape} "
                 f"rotations{self.rotations.shape} {opts}").rstrip()
 
@@ -78,14 +78,7 @@ class LSHCase:
         """A self-contained snippet that rebuilds the inputs and calls backend and golden."""
         dt = "ml_dtypes.bfloat16" if self.dtype == "bfloat16" else f"np.{self.dtype}"
 
-        def arr(x: np.ndarray, dtype: str) -> str:
-            if x.dtype.kind in "iu":
-                return f"np.array({x.tolist()}, dtype=np.int64)"
-            vals = np.array2string(x.astype(np.float64), separator=", ", threshold=10**9, floatmode="unique",
-                                   max_line_width=10**9).replace("nan", "np.nan").replace("inf", "np.inf")
-            return f"np.array({vals}, dtype={dtype})"
-
-        opts = [f"{k}={arr(v, dt) if isinstance(v, np.ndarray) else repr(v)}"
+        opts = [f"{k}={array_source(v, dt) if isinstance(v, np.ndarray) else repr(v)}"
                 for k, v in sorted({**self.options, **extra}.items())]
         dev = f", device={device!r}" if device else ""
         call = ", ".join(["x", "v", "rotations=rotations", *opts])
@@ -96,9 +89,9 @@ class LSHCase:
             "import attnspec.spec",
             "from attnspec.conformance.pytest_helpers import resolve_backend",
             f"b = resolve_backend({backend_name!r})",
-            f"x = {arr(self.x, dt)}",
-            f"v = {arr(self.v, dt)}",
-            f"rotations = {arr(self.rotations, 'np.float32')}",
+            f"x = {array_source(self.x, dt)}",
+            f"v = {array_source(self.v, dt)}",
+            f"rotations = {array_source(self.rotations, 'np.float32')}",
             f"golden = attnspec.spec.lsh_attention({call})",
             f"to = lambda a: b.asarray(a{dev}) if isinstance(a, np.ndarray) else a",
             f"out = b.lsh_attention({bcall})",

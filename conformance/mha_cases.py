@@ -22,9 +22,11 @@ from attnspec.conformance.hypothesis_helpers import (
     NP_DTYPES,
     SIDES,
     VARIANT_CASE_FEATURES,
-    _short,
+    array_source,
+    draw_mask,
     draw_packing_and_dropout,
     full_visibility,
+    options_text,
 )
 from attnspec.spec.mha import MHAParams, plan_mha_numpy
 from attnspec.spec.options import NAMES
@@ -79,7 +81,7 @@ class MHACase:
 
     def describe(self) -> str:
         p = self.params
-        opts = ", ".join(f"{k}={_short(v)}" for k, v in sorted(self.options.items()))
+        opts = options_text(self.options)
         biases = "on" if p.b_q is not None else "off"
         return (f"feature={self.feature} dtype={self.dtype} query{self.q.shape} key{self.k.shape} "
                 f"value{self.v.shape} E={p.embed_dim} kdim={p.kdim} vdim={p.vdim} kv_dim={p.kv_dim} "
@@ -98,11 +100,12 @@ class MHACase:
         lines = ["import numpy as np, ml_dtypes", "import attnspec.spec",
                  "from attnspec.conformance.pytest_helpers import resolve_backend",
                  f"b = resolve_backend({backend_name!r})"]
-        lines += [f"{name} = {_arr(x, dt)}" for name, x in (("query", self.q), ("key", self.k), ("value", self.v))]
-        prm = ", ".join(f"{f}={_arr(getattr(self.params, f), dt)}" for f in PARAM_FIELDS
+        inputs = (("query", self.q), ("key", self.k), ("value", self.v))
+        lines += [f"{name} = {array_source(x, dt)}" for name, x in inputs]
+        prm = ", ".join(f"{f}={array_source(getattr(self.params, f), dt)}" for f in PARAM_FIELDS
                         if getattr(self.params, f) is not None)
         lines.append(f"params = attnspec.spec.MHAParams({prm})")
-        opts = [f"{k}={_arr(v, dt) if isinstance(v, np.ndarray) else repr(v)}"
+        opts = [f"{k}={array_source(v, dt) if isinstance(v, np.ndarray) else repr(v)}"
                 for k, v in sorted({**self.options, **extra}.items())]
         dev = f", device={device!r}" if device else ""
         lines += [
@@ -114,16 +117,6 @@ class MHACase:
             "print(np.abs(b.to_numpy(first(out)).astype(float) - first(golden).astype(float)).max())",
         ]
         return "\n".join(lines)
-
-
-def _arr(x: np.ndarray, dt: str) -> str:
-    if x.dtype == bool:
-        return f"np.array({x.astype(int).tolist()}, dtype=bool)"
-    if x.dtype.kind in "iu":
-        return f"np.array({x.tolist()}, dtype=np.int64)"
-    vals = np.array2string(x.astype(np.float64), separator=", ", threshold=10**9, floatmode="unique",
-                           max_line_width=10**9).replace("nan", "np.nan").replace("inf", "np.inf")
-    return f"np.array({vals}, dtype={dt})"
 
 
 def mha_plan(case: MHACase):
@@ -186,12 +179,7 @@ def mha_cases(draw, dtype: str, features: tuple[str, ...] = MHA_FEATURES) -> MHA
         options["num_kv_heads"] = kv_heads
     full = (*batch, heads, n, m)
     if feature in ("mask", "combined", "no_visible_rows"):
-        mshape = draw(st.sampled_from([(n, m), full, (*batch, 1, n, m)]))
-        mask = rng.random(mshape) < draw(st.sampled_from([0.3, 0.7, 0.95]))
-        if feature == "no_visible_rows" and n > 0:
-            mask = np.broadcast_to(mask, full).copy()
-            mask[..., rng.integers(0, n), :] = False
-        options["mask"] = mask
+        options["mask"] = draw_mask(draw, rng, feature, n, full, [(n, m), full, (*batch, 1, n, m)])
     if feature == "scale":
         options["scale"] = float(draw(st.sampled_from([0.05, 0.5, 2.0])))
     if feature in ("bias", "bias_neg_inf", "combined"):

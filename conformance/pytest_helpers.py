@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from attnspec.backends.compare import Golden, sdpa_golden
-from attnspec.conformance.hypothesis_helpers import SDPACase
+from attnspec.conformance.hypothesis_helpers import SDPACase, array_source
 from attnspec.errors import SpecError
 from attnspec.spec.tolerance import Comparison
 
@@ -132,13 +132,7 @@ def repro(backend_name: str, case: SDPACase, device: str | None, fn: str = "sdpa
     dt = "ml_dtypes.bfloat16" if case.dtype == "bfloat16" else f"np.{case.dtype}"
 
     def arr(x: np.ndarray) -> str:
-        if x.dtype == bool:
-            return f"np.array({x.astype(int).tolist()}, dtype=bool)"
-        if x.dtype.kind in "iu":
-            return f"np.array({x.tolist()}, dtype=np.int64)"
-        vals = np.array2string(x.astype(np.float64), separator=", ", threshold=10**9, floatmode="unique",
-                               max_line_width=10**9).replace("nan", "np.nan").replace("inf", "np.inf")
-        return f"np.array({vals}, dtype={dt})"
+        return array_source(x, dt)
 
     for name in ("q", "k", "v"):
         lines.append(f"{name} = {arr(getattr(case, name))}")

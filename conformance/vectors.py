@@ -185,7 +185,36 @@ class Family:
         return found
 
 
-def _json_options(options: dict[str, Any]) -> dict[str, Any]:
+def drawn_vector(
+    function: str,
+    case: Any,
+    inputs: dict[str, np.ndarray],
+    expected: dict[str, Expected],
+    prop: str = "matches_golden",
+    *,
+    dtype: str | None = None,
+    options: dict[str, Any] | None = None,
+    tags: Any = None,
+    family: str = "",
+) -> VectorCase:
+    """A case drawn from the suite's strategies as a bundle's `VectorCase` (its id comes when the
+    bundle is written): the case's feature and dtype, its keywords as JSON and its tags, sorted;
+    ``dtype``, ``options`` and ``tags`` replace them where a family writes others."""
+    return VectorCase(
+        "",
+        function,
+        case.feature,
+        dtype or case.dtype,
+        inputs,
+        json_options(case.options) if options is None else options,
+        tuple(sorted(case.tags if tags is None else tags)),
+        expected,
+        prop,
+        family,
+    )
+
+
+def json_options(options: dict[str, Any]) -> dict[str, Any]:
     """The non-array options as plain JSON (a window as [left, right])."""
     out: dict[str, Any] = {}
     for k, v in sorted(options.items()):
@@ -258,7 +287,7 @@ class SDPAVectors(Family):
 
         inputs = {"q": case.q, "k": case.k, "v": case.v}
         inputs.update({k: v for k, v in case.options.items() if isinstance(v, np.ndarray)})
-        options = _json_options(case.options)
+        options = json_options(case.options)
         with np.errstate(all="ignore"):
             g = sdpa_golden(case.q, case.k, case.v, **case.options)
             plan, _ = case_plan(case.q, case.k, case.v, case.options)
@@ -271,17 +300,8 @@ class SDPAVectors(Family):
         if case.options.get("return_lse"):
             assert g.lse is not None and g.allowed_lse is not None
             expected["lse"] = Expected(g.lse, plan.lse_dtype, g.allowed_lse)
-        return VectorCase(
-            "",
-            "sdpa",
-            case.feature,
-            case.dtype,
-            inputs,
-            options,
-            tuple(sorted(case.tags)),
-            expected,
-            "variants_match_golden" if "variants" in case.tags else "matches_golden",
-        )
+        prop = "variants_match_golden" if "variants" in case.tags else "matches_golden"
+        return drawn_vector("sdpa", case, inputs, expected, prop, options=options)
 
     def outputs(self, options: dict[str, Any]) -> tuple[str, ...]:
         return (

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.conformance.vectors import Expected, Family, VectorCase, _json_options, register
+from attnspec.conformance.vectors import Expected, Family, VectorCase, drawn_vector, json_options, register
 
 __all__ = ["LSHVectors", "MHAVectors", "VJPVectors"]
 
@@ -188,16 +188,8 @@ class VJPVectors(Family):
         if hidden_keys is not None:
             expected["dk"].zero_rows = hidden_keys.copy()
             expected["dv"].zero_rows = np.broadcast_to(hidden_keys, src.v.shape[:-1]).copy()
-        return VectorCase(
-            "",
-            self.name,
-            case.feature,
-            case.dtype,
-            inputs,
-            _json_options(src.options),
-            tuple(sorted(src.tags)),
-            expected,
-            prop,
+        return drawn_vector(
+            self.name, case, inputs, expected, prop, options=json_options(src.options), tags=src.tags
         )
 
     def outputs(self, options: dict[str, Any]) -> tuple[str, ...]:
@@ -278,17 +270,7 @@ class MHAVectors(Family):
             assert g.lse is not None and g.allowed_lse is not None
             expected["lse"] = Expected(g.lse, "float64" if dtype == "float64" else "float32", g.allowed_lse)
         prop = "variants_match_golden" if feature in MHA_VARIANT_FEATURES else "matches_golden"
-        return VectorCase(
-            "",
-            self.name,
-            case.feature,
-            dtype,
-            inputs,
-            _json_options(case.options),
-            tuple(sorted(case.tags)),
-            expected,
-            prop,
-        )
+        return drawn_vector(self.name, case, inputs, expected, prop, dtype=dtype)
 
     def outputs(self, options: dict[str, Any]) -> tuple[str, ...]:
         return (
@@ -348,17 +330,7 @@ class LSHVectors(Family):
         inputs = {"x": case.x, "v": case.v, "rotations": case.rotations}
         inputs.update({k: v for k, v in case.options.items() if isinstance(v, np.ndarray)})
         expected = {"out": Expected(g_out, dtype, float(lc.allowed(case, g_out, g_buckets)))}
-        return VectorCase(
-            "",
-            self.name,
-            case.feature,
-            dtype,
-            inputs,
-            _json_options(case.options),
-            tuple(sorted(case.tags)),
-            expected,
-            "matches_golden",
-        )
+        return drawn_vector(self.name, case, inputs, expected, dtype=dtype)
 
     def call(self, backend: Any, arrays: dict[str, Any], options: dict[str, Any]) -> tuple:
         result = backend.lsh_attention(

@@ -31,7 +31,8 @@ from attnspec.conformance.vectors import (
     Family,
     SDPAVectors,
     VectorCase,
-    _json_options,
+    drawn_vector,
+    json_options,
     register,
 )
 
@@ -151,18 +152,8 @@ class PagedVectors(SDPAVectors):
         e = contiguous.expected["out"]  # (B, Hq, n, dv), zero rows (B, Hq, n)
         zero = None if e.zero_rows is None else np.ascontiguousarray(e.zero_rows.transpose(0, 2, 1))
         out = Expected(np.ascontiguousarray(e.golden.transpose(0, 2, 1, 3)), e.dtype, e.allowed, zero)
-        return VectorCase(
-            "",
-            "sdpa",
-            case.feature,
-            case.dtype,
-            inputs,
-            _json_options(case.options),
-            tuple(sorted({*case.tags, "paged", f"block_size_{paging.block_size}"})),
-            {"out": out},
-            "matches_golden",
-            self.name,
-        )
+        tags = {*case.tags, "paged", f"block_size_{paging.block_size}"}
+        return drawn_vector("sdpa", case, inputs, {"out": out}, tags=tags, family=self.name)
 
     def _spec_case(self, case: VectorCase) -> Any:
         """The contiguous sdpa call of a paged case: each sequence's keys read through its table,
@@ -289,16 +280,9 @@ class FP8Vectors(Family):
             expected["lse"] = Expected(g.lse, fp.lse_dtype, g.allowed_lse)
         inputs = {"q": case.q, "k": case.k, "v": case.v}
         inputs.update({k: np.asarray(v) for k, v in case.options.items() if isinstance(v, np.ndarray)})
-        return VectorCase(
-            "",
-            self.name,
-            case.feature,
-            case.dtype,
-            inputs,
-            {**_json_options(case.options), "p_precision": claim},
-            tuple(sorted({*case.tags, f"p_{claim}"})),
-            expected,
-            "matches_golden",
+        options = {**json_options(case.options), "p_precision": claim}
+        return drawn_vector(
+            self.name, case, inputs, expected, options=options, tags={*case.tags, f"p_{claim}"}
         )
 
     def spec_call(self, case: VectorCase) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -11,22 +11,23 @@ import numpy as np
 from attnspec.spec.dtypes import round_to
 from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, plan_lsh_numpy
 
+#: the keywords of `lsh_attention` the loops take besides rotations and chunk_length, with its defaults
+_KEYWORDS = {"causal": False, "kv_lengths": None, "dedup": False, "scale": None}
+
 
 def _lsh_attention_loops(
-    x: np.ndarray,
-    v: np.ndarray,
-    *,
-    rotations: np.ndarray,
-    chunk_length: int,
-    causal: bool = False,
-    kv_lengths: np.ndarray | int | None = None,
-    dedup: bool = False,
-    scale: float | None = None,
-    return_buckets: bool = False,
+    x: np.ndarray, v: np.ndarray, *, rotations, chunk_length, return_buckets=False, **options
 ):
-    """`lsh_attention` as Python loops over the numbered steps: an independent check, tiny inputs."""
+    """`lsh_attention` as Python loops over the numbered steps: an independent check, tiny inputs.
+    It takes `lsh_attention`'s keywords (``options``: causal, kv_lengths, dedup, scale)."""
     fn = "_lsh_attention_loops"
-    p = plan_lsh_numpy(fn, x, v, rotations, chunk_length, causal, kv_lengths, dedup, scale)
+    unknown = sorted(set(options) - set(_KEYWORDS))
+    if unknown:
+        raise TypeError(f"{fn}() got an unexpected keyword argument {unknown[0]!r}")
+    kw = {**_KEYWORDS, **options}
+    p = plan_lsh_numpy(
+        fn, x, v, rotations, chunk_length, kw["causal"], kw["kv_lengths"], kw["dedup"], kw["scale"]
+    )
     L, nh, nb, C, Lp = p.L, p.n_hashes, p.n_buckets, p.chunk_length, p.padded_length
     xs = np.broadcast_to(x.astype(np.float64), (*p.batch, L, p.d))
     vs = np.broadcast_to(v.astype(np.float64), (*p.batch, L, p.dv))

@@ -46,7 +46,14 @@ from attnspec.spec.dtypes import round_to
 from attnspec.spec.mha_params import MHAParams, ParamDims, _check_heads, check_param_infos
 from attnspec.spec.options import VARIANT_ARRAYS, take, with_options
 from attnspec.spec.sdpa import sdpa
-from attnspec.spec.validate import FLOAT_DTYPES, ArrayInfo, SDPAPlan, is_int, numpy_info, validate_sdpa
+from attnspec.spec.validate import (
+    ArrayInfo,
+    SDPAPlan,
+    check_inputs,
+    is_int,
+    numpy_info,
+    validate_sdpa,
+)
 
 __all__ = ["MHAParams", "ParamDims", "check_param_infos", "merge_heads", "mha", "split_heads", "validate_mha"]
 
@@ -118,15 +125,9 @@ def validate_mha(
     (..., Hkv, m, hd).
     """
     infos = {}
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        i = infos[name] = info(fn, name, x)
-        if len(i.shape) < 2:
-            raise SpecError(
-                f"{fn}: {name}.ndim={len(i.shape)} must be >= 2 (expected (..., L, features)), "
-                f"got shape {i.shape}"
-            )
-        if i.dtype not in FLOAT_DTYPES:
-            raise SpecError(f"{fn}: {name}.dtype={i.dtype} must be one of {', '.join(FLOAT_DTYPES)}")
+    for name, x in (("query", query), ("key", key), ("value", value)):  # in order: the first problem is named
+        infos[name] = info(fn, name, x)
+        check_inputs(fn, {name: infos[name]}, "(..., L, features)")
     qi, ki, vi = infos["query"], infos["key"], infos["value"]
     if not qi.dtype == ki.dtype == vi.dtype:
         raise SpecError(

@@ -295,6 +295,18 @@ def _batch(info: ArrayInfo) -> tuple[int, ...]:
     return info.shape[:-3]
 
 
+def check_inputs(fn: str, infos: dict[str, ArrayInfo], layout: str) -> None:
+    """Each input array has at least two axes (laid out as ``layout`` says) and a float dtype the
+    spec defines; raise `SpecError` naming the first that does not."""
+    for name, info in infos.items():
+        if len(info.shape) < 2:
+            raise SpecError(
+                f"{fn}: {name}.ndim={len(info.shape)} must be >= 2 (expected {layout}), got shape {info.shape}"
+            )
+        if info.dtype not in FLOAT_DTYPES:
+            raise SpecError(f"{fn}: {name}.dtype={info.dtype} must be one of {', '.join(FLOAT_DTYPES)}")
+
+
 def validate_sdpa(
     fn: str,
     q: ArrayInfo,
@@ -322,14 +334,7 @@ def validate_sdpa(
     Arrays are described by their `ArrayInfo` (shape and dtype name); only the lengths are read by
     value. Segment ids are never checked by value: any integer is an id, a negative one padding.
     """
-    for name, info in (("q", q), ("k", k), ("v", v)):
-        if len(info.shape) < 2:
-            raise SpecError(
-                f"{fn}: {name}.ndim={len(info.shape)} must be >= 2 "
-                f"(expected (..., H, L, d) or (L, d)), got shape {info.shape}"
-            )
-        if info.dtype not in FLOAT_DTYPES:
-            raise SpecError(f"{fn}: {name}.dtype={info.dtype} must be one of {', '.join(FLOAT_DTYPES)}")
+    check_inputs(fn, {"q": q, "k": k, "v": v}, "(..., H, L, d) or (L, d)")
     if not q.dtype == k.dtype == v.dtype:
         raise SpecError(
             f"{fn}: q, k and v must share one dtype, got q.dtype={q.dtype}, "

@@ -101,16 +101,9 @@ def four_d_only(
     return _sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa)
 
 
-def capped(
-    query,
-    key,
-    value,
-    attn_mask=None,
-    dropout_p=0.0,
-    is_causal=False,
-    scale=None,
-    enable_gqa=False,
-    softcap=None,
-):
+def capped(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **keywords):
     """torch's SDPA signature plus a logit softcap (cap * tanh(s / cap), before the mask)."""
+    enable_gqa, softcap = keywords.pop("enable_gqa", False), keywords.pop("softcap", None)
+    if keywords:
+        raise TypeError(f"capped() got unexpected keyword arguments {sorted(keywords)}")
     return _sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa, softcap=softcap)

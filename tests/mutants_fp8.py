@@ -20,9 +20,12 @@ from attnspec.backends.base import Backend, Unsupported
 from attnspec.spec.dtypes import round_to
 from attnspec.spec.fp8 import validate_fp8
 from attnspec.spec.masks import visibility
+from attnspec.spec.options import take, with_options
 from attnspec.spec.validate import numpy_info
 
 BUGS = ("forget_descale", "descale_twice", "p_e4m3")
+#: the keywords this kernel refuses, as FA3 does
+UNSUPPORTED = ("mask", "bias", "alibi_slopes", "sinks", "q_segment_ids", "dropout_mask")
 
 
 class FP8Kernel(Backend):
@@ -36,56 +39,17 @@ class FP8Kernel(Backend):
     def to_numpy(self, x):
         return np.asarray(x)
 
-    def sdpa_fp8(
-        self,
-        q,
-        k,
-        v,
-        *,
-        q_descale=None,
-        k_descale=None,
-        v_descale=None,
-        out_dtype=None,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-        return_weights=False,
-        return_lse=False,
-    ):
+    @with_options()
+    def sdpa_fp8(self, q, k, v, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None, **options):
         fn = f"{self.name}.sdpa_fp8"
-        if (
-            any(x is not None for x in (mask, bias, alibi_slopes, sinks, q_segment_ids, dropout_mask))
-            or return_weights
-        ):
+        o = take(fn, options)
+        if any(o[name] is not None for name in UNSUPPORTED) or o["return_weights"]:
             raise Unsupported(f"{fn} takes no mask, bias, ALiBi, sinks, segments, dropout or weights")
-        fp = validate_fp8(
-            fn,
-            numpy_info(fn, "q", q),
-            numpy_info(fn, "k", k),
-            numpy_info(fn, "v", v),
-            q_descale=q_descale,
-            k_descale=k_descale,
-            v_descale=v_descale,
-            out_dtype=out_dtype,
-            causal=causal,
-            window=window,
-            scale=scale,
-            q_lengths=q_lengths,
-            kv_lengths=kv_lengths,
-            softcap=softcap,
-            return_lse=return_lse,
-        )
+        infos = (numpy_info(fn, "q", q), numpy_info(fn, "k", k), numpy_info(fn, "v", v))
+        descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+        kept = {name: o[name] for name in ("causal", "window", "scale", "q_lengths", "kv_lengths", "softcap")}
+        fp = validate_fp8(fn, *infos, **descales, out_dtype=out_dtype, return_lse=o["return_lse"], **kept)
+        softcap, return_lse = o["softcap"], o["return_lse"]
         p, f32 = fp.sdpa, np.float32
         self.calls += 1
         G = p.group

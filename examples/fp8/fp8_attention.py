@@ -31,7 +31,7 @@ from attnspec.backends import get_convention
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def _attention(
+def fa3_style(
     q,
     k,
     v,
@@ -44,8 +44,11 @@ def _attention(
     softcap=0.0,
     return_attn_probs=False,
     out_dtype=None,
-    bug=None,
+    *,
+    _bug=None,
 ):
+    """FA3's flash_attn_func, correct: FP8 in with descales, bfloat16 out (``_bug`` makes the mutants below)."""
+    bug = _bug
     B, n, Hq, d = q.shape
     m, Hkv = k.shape[1], k.shape[2]
     G = Hq // Hkv
@@ -93,131 +96,19 @@ def _attention(
     return out, lse, None
 
 
-def fa3_style(
-    q,
-    k,
-    v,
-    softmax_scale=None,
-    causal=False,
-    q_descale=None,
-    k_descale=None,
-    v_descale=None,
-    window_size=(-1, -1),
-    softcap=0.0,
-    return_attn_probs=False,
-    out_dtype=None,
-):
-    """FA3's flash_attn_func, correct: FP8 in with descales, bfloat16 out."""
-    return _attention(
-        q,
-        k,
-        v,
-        softmax_scale,
-        causal,
-        q_descale,
-        k_descale,
-        v_descale,
-        window_size,
-        softcap,
-        return_attn_probs,
-        out_dtype,
-    )
-
-
-def forget_descale(
-    q,
-    k,
-    v,
-    softmax_scale=None,
-    causal=False,
-    q_descale=None,
-    k_descale=None,
-    v_descale=None,
-    window_size=(-1, -1),
-    softcap=0.0,
-    return_attn_probs=False,
-    out_dtype=None,
-):
+def forget_descale(q, k, v, **kwargs):
     """Wrong: q_descale and k_descale never reach the softmax scale."""
-    return _attention(
-        q,
-        k,
-        v,
-        softmax_scale,
-        causal,
-        q_descale,
-        k_descale,
-        v_descale,
-        window_size,
-        softcap,
-        return_attn_probs,
-        out_dtype,
-        bug="forget_descale",
-    )
+    return fa3_style(q, k, v, **kwargs, _bug="forget_descale")
 
 
-def descale_twice(
-    q,
-    k,
-    v,
-    softmax_scale=None,
-    causal=False,
-    q_descale=None,
-    k_descale=None,
-    v_descale=None,
-    window_size=(-1, -1),
-    softcap=0.0,
-    return_attn_probs=False,
-    out_dtype=None,
-):
+def descale_twice(q, k, v, **kwargs):
     """Wrong: v_descale dequantises v and scales the output too."""
-    return _attention(
-        q,
-        k,
-        v,
-        softmax_scale,
-        causal,
-        q_descale,
-        k_descale,
-        v_descale,
-        window_size,
-        softcap,
-        return_attn_probs,
-        out_dtype,
-        bug="descale_twice",
-    )
+    return fa3_style(q, k, v, **kwargs, _bug="descale_twice")
 
 
-def p_e4m3(
-    q,
-    k,
-    v,
-    softmax_scale=None,
-    causal=False,
-    q_descale=None,
-    k_descale=None,
-    v_descale=None,
-    window_size=(-1, -1),
-    softcap=0.0,
-    return_attn_probs=False,
-    out_dtype=None,
-):
+def p_e4m3(q, k, v, **kwargs):
     """FA3's P rounding to e4m3: wrong under a float32 claim, right under the e4m3 one."""
-    return _attention(
-        q,
-        k,
-        v,
-        softmax_scale,
-        causal,
-        q_descale,
-        k_descale,
-        v_descale,
-        window_size,
-        softcap,
-        return_attn_probs,
-        out_dtype,
-        bug="p_e4m3",
-    )
+    return fa3_style(q, k, v, **kwargs, _bug="p_e4m3")
 
 
 #: flash3_fp8 for a function that also returns float32 when asked (``out_dtype="float32"``): the

@@ -96,20 +96,25 @@ def _sequence(q, k_cache, v_cache, table_row, length, scale, causal, window, sof
     return out.transpose(0, 1), lse
 
 
-def _flash(
+def flash_style(
     q,
     k_cache,
     v_cache,
     cache_seqlens,
     block_table,
-    softmax_scale,
-    causal,
-    window_size,
-    softcap,
-    alibi_slopes,
-    return_softmax_lse,
-    bug=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    return_softmax_lse=False,
+    *,
+    _bug=None,
 ):
+    """``flash_attn_with_kvcache``'s semantics with a paged cache: q (B, n, Hq, dk), caches
+    (num_blocks, block_size, Hkv, d), cache_seqlens (B,) int32, block_table (B, W) int32
+    (``_bug`` makes the wrong ones below)."""
+    bug = _bug
     b, n, hq, dk = q.shape
     scale = softmax_scale if softmax_scale is not None else 1 / math.sqrt(dk)
     out = q.new_zeros((b, n, hq, v_cache.shape[-1]), dtype=_compute_dtype(q.dtype))
@@ -135,37 +140,7 @@ def _flash(
     return (out, lse) if return_softmax_lse else out
 
 
-def flash_style(
-    q,
-    k_cache,
-    v_cache,
-    cache_seqlens,
-    block_table,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    return_softmax_lse=False,
-):
-    """``flash_attn_with_kvcache``'s semantics with a paged cache: q (B, n, Hq, dk), caches
-    (num_blocks, block_size, Hkv, d), cache_seqlens (B,) int32, block_table (B, W) int32."""
-    return _flash(
-        q,
-        k_cache,
-        v_cache,
-        cache_seqlens,
-        block_table,
-        softmax_scale,
-        causal,
-        window_size,
-        softcap,
-        alibi_slopes,
-        return_softmax_lse,
-    )
-
-
-def _vllm(
+def vllm_style(
     query,
     key_cache,
     value_cache,
@@ -173,10 +148,15 @@ def _vllm(
     kv_lens,
     block_tables,
     scale,
-    sliding_window,
-    soft_cap,
-    bug=None,
+    sliding_window=None,
+    soft_cap=None,
+    *,
+    _bug=None,
 ):
+    """``ref_paged_attn``'s semantics: query packed (sum(query_lens), Hq, dk), always causal on
+    each sequence's lengths, ``sliding_window`` counting the query's own key (``_bug`` makes the
+    wrong ones below)."""
+    bug = _bug
     outputs, start = [], 0
     window = (-1, -1) if sliding_window is None else (sliding_window - 1, -1)
     for e, (sq, sk) in enumerate(zip(query_lens, kv_lens)):
@@ -200,76 +180,12 @@ def _vllm(
     return torch.cat(outputs).to(query.dtype)
 
 
-def vllm_style(
-    query,
-    key_cache,
-    value_cache,
-    query_lens,
-    kv_lens,
-    block_tables,
-    scale,
-    sliding_window=None,
-    soft_cap=None,
-):
-    """``ref_paged_attn``'s semantics: query packed (sum(query_lens), Hq, dk), always causal on
-    each sequence's lengths, ``sliding_window`` counting the query's own key."""
-    return _vllm(
-        query, key_cache, value_cache, query_lens, kv_lens, block_tables, scale, sliding_window, soft_cap
-    )
-
-
 def _wrong(bug: str):
-    def flash(
-        q,
-        k_cache,
-        v_cache,
-        cache_seqlens,
-        block_table,
-        softmax_scale=None,
-        causal=False,
-        window_size=(-1, -1),
-        softcap=0.0,
-        alibi_slopes=None,
-        return_softmax_lse=False,
-    ):
-        return _flash(
-            q,
-            k_cache,
-            v_cache,
-            cache_seqlens,
-            block_table,
-            softmax_scale,
-            causal,
-            window_size,
-            softcap,
-            alibi_slopes,
-            return_softmax_lse,
-            bug,
-        )
+    def flash(*args, **kwargs):
+        return flash_style(*args, **kwargs, _bug=bug)
 
-    def vllm(
-        query,
-        key_cache,
-        value_cache,
-        query_lens,
-        kv_lens,
-        block_tables,
-        scale,
-        sliding_window=None,
-        soft_cap=None,
-    ):
-        return _vllm(
-            query,
-            key_cache,
-            value_cache,
-            query_lens,
-            kv_lens,
-            block_tables,
-            scale,
-            sliding_window,
-            soft_cap,
-            bug,
-        )
+    def vllm(*args, **kwargs):
+        return vllm_style(*args, **kwargs, _bug=bug)
 
     flash.__name__ = flash.__qualname__ = f"flash_{bug}"
     vllm.__name__ = vllm.__qualname__ = f"vllm_{bug}"

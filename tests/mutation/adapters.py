@@ -86,88 +86,64 @@ def _slopes_row(alibi_slopes, row):
     return s[row] if s.ndim == 2 else s
 
 
-def flash_ok(
-    q,
-    k,
-    v,
-    causal=False,
-    softmax_scale=None,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    return_attn_probs=False,
-):
-    outs, lses = [], []
-    for b in range(q.shape[0]):
-        o, lse = _one_sequence(
-            q[b],
-            k[b],
-            v[b],
-            k.shape[1] - q.shape[1],
-            causal,
-            window_size,
-            softcap,
-            _slopes_row(alibi_slopes, b),
-            softmax_scale,
-        )
-        outs.append(o)
-        lses.append(lse)
-    out = np.stack(outs) if outs else np.zeros((0, *q.shape[1:3], v.shape[-1]), q.dtype)
-    if not return_attn_probs:
-        return out
-    return out, (np.stack(lses) if lses else np.zeros((0, q.shape[2], q.shape[1]), np.float32)), None
+#: FlashAttention's keywords these references take, with its defaults, in `_one_sequence`'s order
+FLASH_KEYWORDS = {
+    "causal": False,
+    "window_size": (-1, -1),
+    "softcap": 0.0,
+    "alibi_slopes": None,
+    "softmax_scale": None,
+}
 
 
-def flash_kvcache_ok(
-    q,
-    k_cache,
-    v_cache,
-    cache_seqlens=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    return_softmax_lse=False,
-):
-    n, m = q.shape[1], k_cache.shape[1]
+def _flash_keywords(fn, keywords):
+    """(causal, window_size, softcap, alibi_slopes, softmax_scale) of a call; another keyword is
+    refused as Python refuses it."""
+    for name in keywords:
+        if name not in FLASH_KEYWORDS:
+            raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}")
+    return tuple(keywords.get(name, default) for name, default in FLASH_KEYWORDS.items())
+
+
+def flash_ok(q, k, v, return_attn_probs=False, **keywords):
+    """flash_attn_func: q, k, v (B, L, H, d)."""
+    keys = _flash_keywords("flash_ok", keywords)
+    result = _each_sequence(q, lambda b: (k[b], v[b], k.shape[1]), v.shape[-1], *keys, return_attn_probs)
+    return (*result, None) if return_attn_probs else result
+
+
+def flash_kvcache_ok(q, k_cache, v_cache, cache_seqlens=None, return_softmax_lse=False, **keywords):
+    """flash_attn_with_kvcache, contiguous: caches (B, m, Hkv, d), ``cache_seqlens`` keys of each used."""
+
+    def sequence(b):
+        length = k_cache.shape[1] if cache_seqlens is None else int(cache_seqlens[b])
+        return k_cache[b, :length], v_cache[b, :length], length
+
+    keys = _flash_keywords("flash_kvcache_ok", keywords)
+    return _each_sequence(q, sequence, v_cache.shape[-1], *keys, return_softmax_lse)
+
+
+def _each_sequence(q, sequence, dv, causal, window_size, softcap, alibi_slopes, softmax_scale, return_lse):
+    """A (B, n, H, d) query against each batch entry's keys: ``sequence(b)`` -> (k, v, length)."""
+    n = q.shape[1]
     outs, lses = [], []
     for b in range(q.shape[0]):
-        length = m if cache_seqlens is None else int(cache_seqlens[b])
-        o, lse = _one_sequence(
-            q[b],
-            k_cache[b, :length],
-            v_cache[b, :length],
-            length - n,
-            causal,
-            window_size,
-            softcap,
-            _slopes_row(alibi_slopes, b),
-            softmax_scale,
-        )
+        k, v, length = sequence(b)
+        slopes = _slopes_row(alibi_slopes, b)
+        o, lse = _one_sequence(q[b], k, v, length - n, causal, window_size, softcap, slopes, softmax_scale)
         outs.append(o)
         lses.append(lse)
-    out = np.stack(outs) if outs else np.zeros((0, n, q.shape[2], v_cache.shape[-1]), q.dtype)
-    if not return_softmax_lse:
+    out = np.stack(outs) if outs else np.zeros((0, n, q.shape[2], dv), q.dtype)
+    if not return_lse:
         return out
     return out, (np.stack(lses) if lses else np.zeros((0, q.shape[2], n), np.float32))
 
 
 def flash_varlen_ok(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    return_attn_probs=False,
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_attn_probs=False, **keywords
 ):
+    """flash_attn_varlen_func: sequences packed along the first axis, bounded by cu_seqlens."""
+    causal, window_size, softcap, alibi_slopes, softmax_scale = _flash_keywords("flash_varlen_ok", keywords)
     cu_q, cu_k = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
     # FlashAttention sizes its grid by the maxima and picks its decode path when max_seqlen_q is 1:
     # they must be the batch's longest sequences
@@ -204,39 +180,16 @@ def _gather(cache, table_row, length):
 
 
 def flash_kvcache_paged_ok(
-    q,
-    k_cache,
-    v_cache,
-    cache_seqlens=None,
-    block_table=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    return_softmax_lse=False,
+    q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_softmax_lse=False, **keywords
 ):
-    n = q.shape[1]
-    outs, lses = [], []
-    for b in range(q.shape[0]):
+    """flash_attn_with_kvcache, paged: pools (num_blocks, block_size, Hkv, d) read through block_table."""
+
+    def sequence(b):
         length = int(cache_seqlens[b])
-        o, lse = _one_sequence(
-            q[b],
-            _gather(k_cache, block_table[b], length),
-            _gather(v_cache, block_table[b], length),
-            length - n,
-            causal,
-            window_size,
-            softcap,
-            _slopes_row(alibi_slopes, b),
-            softmax_scale,
-        )
-        outs.append(o)
-        lses.append(lse)
-    out = np.stack(outs) if outs else np.zeros((0, n, q.shape[2], v_cache.shape[-1]), q.dtype)
-    if not return_softmax_lse:
-        return out
-    return out, (np.stack(lses) if lses else np.zeros((0, q.shape[2], n), np.float32))
+        return _gather(k_cache, block_table[b], length), _gather(v_cache, block_table[b], length), length
+
+    keys = _flash_keywords("flash_kvcache_paged_ok", keywords)
+    return _each_sequence(q, sequence, v_cache.shape[-1], *keys, return_softmax_lse)
 
 
 def vllm_paged_ok(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnspec.backends.authoring import attend_mask, plan_sdpa
+from attnspec.spec.options import take, with_options
 from attnspec_example_plugin import ExampleBackend
 from attnspec_example_plugin.deviations import NAN_ROWS_DEVIATIONS
 
@@ -23,51 +24,15 @@ class NanRowsBackend(ExampleBackend):
     #: a sink keeps a row's denominator above 0, so its rows are not NaN: left out, to keep one rule
     variants = ExampleBackend.variants - {"sinks"}
 
-    def sdpa(
-        self,
-        q,
-        k,
-        v,
-        *,
-        mask=None,
-        bias=None,
-        causal=None,
-        window=None,
-        scale=None,
-        q_lengths=None,
-        kv_lengths=None,
-        softcap=None,
-        alibi_slopes=None,
-        sinks=None,
-        q_segment_ids=None,
-        kv_segment_ids=None,
-        dropout_mask=None,
-        dropout_p=None,
-        return_weights=False,
-        return_lse=False,
-    ):
-        options = dict(
-            mask=mask,
-            bias=bias,
-            causal=causal,
-            window=window,
-            scale=scale,
-            q_lengths=q_lengths,
-            kv_lengths=kv_lengths,
-            softcap=softcap,
-            alibi_slopes=alibi_slopes,
-            sinks=sinks,
-            q_segment_ids=q_segment_ids,
-            kv_segment_ids=kv_segment_ids,
-            dropout_mask=dropout_mask,
-            dropout_p=dropout_p,
-        )
+    @with_options()  # help() and inspect show the spec's keywords for **options
+    def sdpa(self, q, k, v, **options):
+        o = take("example-nan-rows.sdpa", options)  # the spec's defaults; an unknown keyword is a TypeError
+        return_weights, return_lse = o.pop("return_weights"), o.pop("return_lse")
         # checked under this backend's own name first, so bad input names example-nan-rows.sdpa
-        p = plan_sdpa("example-nan-rows.sdpa", q, k, v, return_lse=return_lse, library="numpy", **options)
-        result = super().sdpa(q, k, v, return_weights=return_weights, return_lse=return_lse, **options)
-        vis = attend_mask(
-            p, mask, bias, full=True, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids
-        )
+        p = plan_sdpa("example-nan-rows.sdpa", q, k, v, return_lse=return_lse, library="numpy", **o)
+        result = super().sdpa(q, k, v, return_weights=return_weights, return_lse=return_lse, **o)
+        segments = {name: o[name] for name in ("q_segment_ids", "kv_segment_ids")}
+        vis = attend_mask(p, o["mask"], o["bias"], full=True, **segments)
         empty = ~np.broadcast_to(vis, p.full_weights_shape).any(axis=-1)  # (..., Hq, n)
         parts = list(result) if isinstance(result, tuple) else [result]
         out = parts[0].reshape(*p.batch, p.hq, p.n, p.dv).copy()

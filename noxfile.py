@@ -52,6 +52,36 @@ PROFILES = tuple(_literal("conformance/profiles.py", "PROFILE_EXAMPLES"))
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
+# uv where it is installed (the README's commands install it): an environment with torch takes it
+# seconds where pip took minutes, and `nox -s conformance` makes one per backend. Without uv, nox
+# falls back to virtualenv and pip; both resolve the same versions (compared, pip freeze against
+# uv pip freeze, for the tests' environment).
+nox.options.default_venv_backend = "uv|virtualenv"
+
+
+def _pip_find_links() -> str | None:
+    """The find-links folder pip is configured with (``PIP_FIND_LINKS`` or a pip.conf), if any."""
+    if os.environ.get("PIP_FIND_LINKS"):
+        return os.environ["PIP_FIND_LINKS"]
+    import configparser
+
+    home = Path.home()
+    for conf in (os.environ.get("PIP_CONFIG_FILE"), "/etc/pip.conf", "/etc/xdg/pip/pip.conf",
+                 home / ".config" / "pip" / "pip.conf", home / ".pip" / "pip.conf"):
+        parser = configparser.ConfigParser()
+        try:
+            parser.read(conf or "")
+        except configparser.Error:
+            continue
+        if parser.has_option("global", "find-links"):
+            return parser.get("global", "find-links")
+    return None
+
+
+# uv reads no pip configuration: a machine whose pip finds wheels in a local folder (a CPU build of
+# torch, where the package index has the CUDA one) gives uv the same folder
+if "UV_FIND_LINKS" not in os.environ and (_links := _pip_find_links()):
+    os.environ["UV_FIND_LINKS"] = _links
 
 
 def install(session: nox.Session, *args: str) -> None:
@@ -239,7 +269,7 @@ def mutation(session: nox.Session) -> None:
     reports/mutation.md. ``-- --target reference`` or ``conventions`` runs one target;
     ``-- --sample ci`` runs the 20 mutants of tests/mutation/ci_sample.toml and fails unless all die.
     """
-    install(session, ".[mutation]")
+    install(session, "pip", ".[mutation]")  # the workers install attnspec with pip --target
     session.run("python", "tests/mutation/run_mutation.py", *session.posargs)  # renders reports/mutation.md
 
 

@@ -183,6 +183,7 @@ def test_suite_catches_leaky_padding(tmp_path):
             "mutant": ("test_jax_buckets:LeakyPadding", "test_sdpa and matches_golden"),
             "control": ("jax", "test_sdpa and matches_golden"),
         },
+        shrink=False,
     )
     mutant, path = runs["mutant"]
     assert mutant.returncode == 1, mutant.stdout[-2000:]

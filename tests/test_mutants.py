@@ -22,7 +22,7 @@ from mutants import (
     fill_caught_in,
     variant_run,
 )
-from suite_runs import run_all
+from suite_runs import run_all, run_suite
 
 #: a drawn feature -> the corner case that exercises the same rule
 CORNER_OF = {"no_visible_rows": "corner_empty_rows", "masked_nonfinite": "corner_hidden_nonfinite",
@@ -42,7 +42,21 @@ def suite_runs(tmp_path_factory, request):
     # only the runs the selected tests read (pytest -k no_scale runs one suite, not thirteen)
     wanted = {(getattr(item, "callspec", None) and item.callspec.params.get("mutant")) or "control"
               for item in request.session.items if item.module is request.module}
-    return run_all(tmp, {name: t for name, t in targets.items() if name in wanted})
+    return run_all(tmp, {name: t for name, t in targets.items() if name in wanted}, shrink=False)
+
+
+def test_unshrunk_runs_name_the_same_features_as_shrunk_ones(tmp_path):
+    """The mutant runs here are unshrunk (``shrink=False``, tests/suite_runs.py): every failure is
+    still judged and swept, only the example each reports is the one drawn. Shrinking picks that
+    example, not which features fail: one mutant run both ways fails the same features."""
+    failed = {}
+    for shrink in (True, False):
+        path = tmp_path / f"shrink-{shrink}.json"
+        proc = run_suite("mutants:mutant_causal_off_by_one", path, MUTANT_RUN, shrink=shrink)
+        assert proc.returncode == 1, proc.stdout[-2000:]
+        assert "reproduce with:" in proc.stdout
+        failed[shrink] = {r["feature"] for r in json.loads(path.read_text())["rows"] if r["failed"]}
+    assert failed[True] == failed[False] and "causal_upper_left" in failed[True], failed
 
 
 def test_control_passes(suite_runs):

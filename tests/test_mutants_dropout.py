@@ -21,7 +21,7 @@ from attnspec.spec.validate import FLOAT_DTYPES
 def runs(tmp_path_factory):
     targets = {"control": ("mutants_dropout:Drawing", DRAWN_RUN)}
     targets |= {name: (f"mutants_dropout:{cls}", DRAWN_RUN) for name, (cls, _) in DRAWN_MUTANTS.items()}
-    return run_all(tmp_path_factory.mktemp("dropout"), targets)
+    return run_all(tmp_path_factory.mktemp("dropout"), targets, shrink=False)
 
 
 def _rows(path):

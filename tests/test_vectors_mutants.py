@@ -62,7 +62,7 @@ def test_mutant_fails_through_the_bundle(bundles, tmp_path, mutant):
 def suite_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("suite")
     targets = {m: (f"mutants:mutant_{m}", "test_sdpa and not bad_input") for m in SAME_CLAUSE}
-    return run_all(tmp, targets)
+    return run_all(tmp, targets, shrink=False)
 
 
 @pytest.mark.parametrize("mutant", sorted(SAME_CLAUSE))

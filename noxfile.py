@@ -269,7 +269,7 @@ def mutation(session: nox.Session) -> None:
     reports/mutation.md. ``-- --target reference`` or ``conventions`` runs one target;
     ``-- --sample ci`` runs the 20 mutants of tests/mutation/ci_sample.toml and fails unless all die.
     """
-    install(session, "pip", ".[mutation]")  # the workers install attnspec with pip --target
+    install(session, "pip", "setuptools>=69", ".[mutation]")  # workers: pip install --target, no build isolation
     session.run("python", "tests/mutation/run_mutation.py", *session.posargs)  # renders reports/mutation.md
 
 

@@ -9,7 +9,7 @@ Three families, registered after sdpa's and the others' so their bundles and cas
   and the six fixed `KERNEL_CASES` as corners; judged as conformance/test_serving.py judges them.
 - `PagedVectors` (``sdpa_paged-DTYPE``, function sdpa): each of those cases that has kv lengths,
   its keys and values laid out as the adversarial paged cache of
-  `attnspec.backends.conventions_paged` (`paging_for`, `page`): a shuffled pool of blocks, NaN in
+  `attnspec.backends.conventions.paged` (`paging_for`, `page`): a shuffled pool of blocks, NaN in
   every slot that holds no key of a sequence, unused table entries pointing at NaN trap blocks.
   q and out are in FlashAttention's (B, n, Hq, d) layout; vLLM's packed query rides along.
 - `FP8Vectors` (``sdpa_fp8-float8_e4m3fn``, ``sdpa_fp8-float8_e5m2``): the cases of
@@ -95,33 +95,24 @@ class ServingVectors(SDPAVectors):
 # -- paged ---------------------------------------------------------------------------------------
 
 
-class PagedVectors(SDPAVectors):
+class PagedVectors(ServingVectors):
     """sdpa over a paged KV cache (VECTORS.md, "sdpa_paged"): ``q`` (B, n, Hq, dk), the pools
     ``k_cache`` (num_blocks, block_size, Hkv, dk) and ``v_cache`` (..., dv), ``block_table``
     (B, W) and ``cache_seqlens`` (B,) int32, ``q_lengths`` (B,) int32 when the case has them, and
     vLLM's ``query`` (sum(q_lengths), Hq, dk) with ``cu_seqlens_q`` (B + 1,) int32; ``out`` is
     (B, n, Hq, dv). `run` reads the pool back through the table into the spec's contiguous
-    layout and calls the backend's sdpa (a paged kernel's own runner passes the pool as is)."""
+    layout and calls the backend's sdpa (a paged kernel's own runner passes the pool as is). Its
+    function and features are the serving family's."""
 
     name = "sdpa_paged"
     positional = ("q", "k_cache", "v_cache")
-
-    @property
-    def function(self) -> str:
-        return "sdpa"
-
-    @property
-    def features(self) -> tuple[str, ...]:
-        from attnspec.conformance.serving_cases import SERVING_FEATURES
-
-        return SERVING_FEATURES
 
     def cases(self, dtype: str, count: int) -> list[VectorCase]:
         cases = [self._paged(c) for c in serving_spec_cases(dtype, count) if "kv_lengths" in c.options]
         return _numbered(self.name, dtype, cases)
 
     def _paged(self, case: Any) -> VectorCase:
-        from attnspec.backends.conventions_paged import page, paging_for, paging_seed
+        from attnspec.backends.conventions.paged import page, paging_for, paging_seed
 
         contiguous = self._vector(case)
         qf = case.q.transpose(0, 2, 1, 3)  # (B, Hq, n, dk) -> (B, n, Hq, dk)

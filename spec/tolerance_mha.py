@@ -85,23 +85,18 @@ def _extras(options: dict[str, Any]) -> SDPAExtras:
     return SDPAExtras(*(options.get(name) for name in VARIANT_ARRAYS))
 
 
-def reference_mha(
-    query,
-    key,
-    value,
-    params: MHAParams,
-    *,
-    num_heads: int,
-    num_kv_heads: int | None = None,
-    mask=None,
-    bias=None,
-    **options: Any,
-):
-    """The golden algorithm with every stored intermediate rounded to the inputs' dtype.
+def reference_mha(query, key, value, params: MHAParams, *, num_heads: int, **options: Any):
+    """The golden algorithm with every stored intermediate rounded to the inputs' dtype; ``options``
+    are `mha`'s other keywords (num_kv_heads, mask, bias and the sdpa options).
 
     Returns (out (..., n, E), weights (..., H, n, m)) in the inputs' dtype, and the lse
     (..., H, n) in its dtype when ``return_lse`` is among the options.
     """
+    num_kv_heads, mask, bias = (
+        options.pop("num_kv_heads", None),
+        options.pop("mask", None),
+        options.pop("bias", None),
+    )
     options = {k: options[k] for k in _OPTIONS if options.get(k) is not None}
     plan = plan_mha_numpy(
         "reference_mha", query, key, value, params, num_heads, num_kv_heads, mask, bias, options

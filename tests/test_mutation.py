@@ -60,21 +60,25 @@ def _line_of(path: Path, text: str) -> int:
 @pytest.mark.parametrize(
     ("module", "text", "expected"),
     [
-        ("conventions.py", "why.append(\"the flash convention's causal is lower-right", {"flash"}),
+        ("conventions/__init__.py", "why.append(\"the flash convention's causal is lower-right", {"flash"}),
         (
-            "conventions.py",
+            "conventions/__init__.py",
             'kw["enable_gqa"] = True',
             {"torch_sdpa", "torch_sdpa+canonical", "torch_sdpa_keywords"},
         ),
-        ("conventions.py", "kw[name] = full_mask(p, lib, kw[name], dev)", {"jax", "keras", "jax+canonical"}),
         (
-            "conventions_flash.py",
+            "conventions/__init__.py",
+            "kw[name] = full_mask(p, lib, kw[name], dev)",
+            {"jax", "keras", "jax+canonical"},
+        ),
+        (
+            "conventions/flash.py",
             'kw["softmax_scale"] = p.scale',
             {"flash_kvcache", "flash_varlen", "flash_kvcache_paged"},
         ),
-        ("conventions_paged.py", 'kw["sliding_window"] = p.window[0] + 1', {"vllm_paged"}),
+        ("conventions/paged.py", 'kw["sliding_window"] = p.window[0] + 1', {"vllm_paged"}),
         (
-            "conventions_paged.py",
+            "conventions/paged.py",
             "size = block_sizes[seed % len(block_sizes)]",
             {"flash_kvcache_paged", "vllm_paged"},
         ),
@@ -115,7 +119,7 @@ def test_the_correct_functions_keep_their_signatures_contracts():
 def test_filters_know_annotations_and_definitions():
     import ast
 
-    path = REPO / "backends" / "conventions.py"
+    path = REPO / "backends" / "conventions" / "__init__.py"
     tree = ast.parse(path.read_text())
     assert filters.definition_at(tree, _line_of(path, "def extend(")) == "Convention.extend"
     assert filters.definition_at(tree, _line_of(path, 'kw["enable_gqa"] = True')) == "TorchSDPA.call"

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnspec.backends.conventions_paged import BLOCK_SIZES, page, paging_for
+from attnspec.backends.conventions.paged import BLOCK_SIZES, page, paging_for
 
 torch = pytest.importorskip("torch")
 

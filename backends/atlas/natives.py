@@ -14,7 +14,7 @@ import stat
 import sys
 from pathlib import Path
 
-from attnspec.backends.atlas.conventions import ATLAS_CONVENTIONS as C
+from attnspec.backends.conventions.atlas import ATLAS_CONVENTIONS as C
 from attnspec.backends.function import FunctionBackend
 from attnspec.errors import SpecError
 

@@ -386,7 +386,7 @@ def _value(backend, x) -> str:
     if isinstance(x, types.SimpleNamespace):
         return "types.SimpleNamespace(" + ", ".join(f"{k}={v!r}" for k, v in vars(x).items()) + ")"
     if callable(x) or type(x).__module__.startswith("torch.nn.attention"):
-        return f"...  # {type(x).__name__}: built from the call's visibility, see attnspec.backends.atlas.conventions"
+        return f"...  # {type(x).__name__}: built from the call's visibility, see attnspec.backends.conventions.atlas"
     return repr(x)
 
 

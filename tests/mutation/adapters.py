@@ -192,17 +192,12 @@ def flash_kvcache_paged_ok(
     return _each_sequence(q, sequence, v_cache.shape[-1], *keys, return_softmax_lse)
 
 
-def vllm_paged_ok(
-    query,
-    key_cache,
-    value_cache,
-    query_lens,
-    kv_lens,
-    block_tables,
-    scale,
-    sliding_window=None,
-    soft_cap=None,
-):
+def vllm_paged_ok(query, key_cache, value_cache, query_lens, kv_lens, block_tables, scale, **keywords):
+    """ref_paged_attn: queries packed by query_lens, pools read through block_tables, always causal."""
+    unknown = sorted(set(keywords) - {"sliding_window", "soft_cap"})
+    if unknown:
+        raise TypeError(f"vllm_paged_ok() got an unexpected keyword argument {unknown[0]!r}")
+    sliding_window, soft_cap = keywords.get("sliding_window"), keywords.get("soft_cap")
     out = np.zeros((query.shape[0], query.shape[1], value_cache.shape[-1]), query.dtype)
     start = 0
     for b, (nq, nk) in enumerate(zip(query_lens, kv_lens)):
@@ -498,7 +493,7 @@ TORCH_SDPA_KEYWORDS = _keywords_convention()
 
 
 def _keras_convention():
-    from attnspec.backends.atlas.conventions import ATLAS_CONVENTIONS
+    from attnspec.backends.conventions.atlas import ATLAS_CONVENTIONS
 
     return ATLAS_CONVENTIONS["keras"]
 

@@ -46,8 +46,8 @@ if SITE.is_dir():  # this worker's own attnspec, before any installed one
     sys.path.insert(0, str(SITE))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])])
 
-#: the modules of the conventions' run, in site/attnspec/backends
-CONVENTION_MODULES = ("conventions.py", "conventions_flash.py", "conventions_paged.py")
+from filters import CONVENTION_MODULES  # type: ignore[import-not-found]  # noqa: E402  (this folder)
+
 #: subject (adapters.SUBJECTS) -> its convention's class; a mutated line of a class reaches every
 #: subject of that class and its subclasses (the order checked is the baseline's, cheapest first)
 CONVENTION_CLASSES = {

@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-from filters import TARGETS, apply_filters  # noqa: E402
+from filters import CONVENTION_MODULES, TARGETS, apply_filters  # noqa: E402
 
 WORK = REPO / "build" / "mutation"
 #: seconds cosmic-ray lets one mutant run before it kills the driver's process group
@@ -77,8 +77,9 @@ def prepare_worker(w: Path, files: list[str]) -> None:
     shutil.rmtree(w / "build", ignore_errors=True)
     (w / "pristine").mkdir()
     shutil.copy2(w / "tests" / "mutation" / "reference_sdpa.py", w / "pristine")
-    for m in ("conventions.py", "conventions_flash.py", "conventions_paged.py"):
-        shutil.copy2(w / "site" / "attnspec" / "backends" / m, w / "pristine")
+    for m in CONVENTION_MODULES:  # pristine/conventions/__init__.py ...: the worker's paths, unmutated
+        (w / "pristine" / m).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(w / "site" / "attnspec" / "backends" / m, w / "pristine" / m)
 
 
 def config_text(target: str, workdir: Path) -> str:

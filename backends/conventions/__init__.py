@@ -29,11 +29,11 @@ Built in (``CONVENTIONS``):
                 (total, H, D) arrays with ``cu_seqlens``, and ``flash_attn_with_kvcache`` with
                 ``cache_seqlens``: causal, window and ALiBi aligned on each sequence's actual
                 lengths, the spec's ``causal="lower_right_lengths"``
-                (`attnspec.backends.conventions_flash`).
+                (`attnspec.backends.conventions.flash`).
 ``flash_kvcache_paged``, ``vllm_paged``  paged KV caches: FlashAttention's
                 ``flash_attn_with_kvcache`` with ``block_table`` and vLLM's ``ref_paged_attn``, keys
                 scattered into a shuffled pool whose every slot outside a sequence is NaN
-                (`attnspec.backends.conventions_paged`).
+                (`attnspec.backends.conventions.paged`).
 ``jax``         ``fn(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False,
                 query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None)``
                 on (B, T, N, H) arrays (``jax.nn.dot_product_attention``). ``is_causal`` and
@@ -48,7 +48,13 @@ Built in (``CONVENTIONS``):
                 Every rule goes into ``mask``; GQA by repeating kv heads (h // G). No bias, no
                 scale.
 
-Add one with `register_convention` (a `Convention` subclass instance).
+The atlas' outside implementations have theirs in the same registry (`attnspec.backends.conventions.atlas`):
+``mlx``, ``tinygrad``, ``keras``, ``flax``, ``hf_eager``, ``hf_sdpa``, ``flex``, ``pallas``, ``onnx``,
+``paddle``, each named for the function it calls. ``attnspec conventions`` lists them all.
+
+The package: this module (the contract, `Call`, the built-in conventions, the registry), ``flash``
+(FlashAttention's varlen and KV-cache calls), ``paged`` (paged KV caches), ``atlas`` (the outside
+implementations'). Add one with `register_convention` (a `Convention` subclass instance).
 
 FP8 (``sdpa_fp8``): a convention with `Convention.descales` set passes each FP8 call's descales
 as keywords, broadcast to FA3's (B, Hkv) float32, with the function's arrays in their FP8 dtype;
@@ -629,8 +635,8 @@ def describe(fn: Callable[..., Any]) -> str:
 
 
 # FlashAttention's varlen and KV-cache functions (their module imports this one's names)
-from attnspec.backends.conventions_flash import FlashKVCache, FlashVarlen  # noqa: E402
-from attnspec.backends.conventions_paged import FlashKVCachePaged, VllmPaged  # noqa: E402
+from attnspec.backends.conventions.flash import FlashKVCache, FlashVarlen  # noqa: E402
+from attnspec.backends.conventions.paged import FlashKVCachePaged, VllmPaged  # noqa: E402
 
 CONVENTIONS.update({c.name: c for c in (FlashVarlen(), FlashKVCache(), FlashKVCachePaged(), VllmPaged())})
 
@@ -650,3 +656,10 @@ CONVENTIONS.update({c.name: c for c in (
         "flash_kvcache_paged_fp8", descales="qkv", fp8_dtypes=("float8_e4m3fn",),
         signature=CONVENTIONS["flash_kvcache_paged"].signature + _FA3_SIG),
 )})
+
+# The atlas' outside implementations (MLX, tinygrad, Keras, Flax, Hugging Face, FlexAttention,
+# Pallas, ONNX, Paddle): one registry with the rest, so ``attnspec check FN --convention keras``
+# works as a built-in name does (`attnspec.backends.atlas` runs the frameworks' own functions through them)
+from attnspec.backends.conventions.atlas import ATLAS_CONVENTIONS  # noqa: E402
+
+CONVENTIONS.update(ATLAS_CONVENTIONS)

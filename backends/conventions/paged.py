@@ -55,7 +55,7 @@ import numpy as np
 
 from attnspec.backends.authoring import unflatten_batch
 from attnspec.backends.conventions import Call, Convention, _device, _first, flat_qkv
-from attnspec.backends.conventions_flash import _COMMON_CANNOT, _alignment_refusals, _options
+from attnspec.backends.conventions.flash import _COMMON_CANNOT, _alignment_refusals, _options
 
 __all__ = ["BLOCK_SIZES", "FlashKVCachePaged", "Paging", "VllmPaged", "page", "paging_for"]
 

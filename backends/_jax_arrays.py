@@ -120,7 +120,8 @@ def _register_mha_arrays() -> None:
     ``jax.grad`` differentiates with respect to a whole parameter set."""
     try:
         jax.tree_util.register_dataclass(
-            MHAArrays, data_fields=[f.name for f in dataclasses.fields(MHAArrays)], meta_fields=[])
+            MHAArrays, data_fields=[f.name for f in dataclasses.fields(MHAArrays)], meta_fields=[]
+        )
     except ValueError:  # already registered (this module was imported twice)
         pass
 
@@ -144,6 +145,7 @@ def full_visibility(p: SDPAPlan, mask, bias, q_len, kv_len):
 
 
 # -- the boundary: spec layout (*batch, H, L, d) <-> JAX layout (B, L, H, d) -------------------
+
 
 def batch_size(p: SDPAPlan) -> int:
     return math.prod(p.batch)

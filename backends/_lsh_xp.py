@@ -47,12 +47,21 @@ ATTEND_BLOCK_ELEMENTS = 1 << 18
 MAX_ATTEND_BLOCKS = 8
 
 
-def plan(fn: str, info: InfoFn, lengths_to_numpy, x, v, rotations, chunk_length, causal,
-         kv_lengths, dedup, scale) -> LSHPlan:
+def plan(
+    fn: str, info: InfoFn, lengths_to_numpy, x, v, rotations, chunk_length, causal, kv_lengths, dedup, scale
+) -> LSHPlan:
     """`validate_lsh` on framework arrays: the spec's checks, so the spec's messages, under ``fn``."""
-    return validate_lsh(fn, info(fn, "x", x), info(fn, "v", v), info(fn, "rotations", rotations),
-                        chunk_length=chunk_length, causal=causal,
-                        kv_lengths=lengths_to_numpy(kv_lengths), dedup=dedup, scale=scale)
+    return validate_lsh(
+        fn,
+        info(fn, "x", x),
+        info(fn, "v", v),
+        info(fn, "rotations", rotations),
+        chunk_length=chunk_length,
+        causal=causal,
+        kv_lengths=lengths_to_numpy(kv_lengths),
+        dedup=dedup,
+        scale=scale,
+    )
 
 
 def kv_flat(p: LSHPlan):
@@ -63,8 +72,10 @@ def kv_flat(p: LSHPlan):
 def empty(xp, p: LSHPlan, dtype, device):
     """The result when there is no position or no batch element: nothing to attend to."""
     on = {} if device is None else {"device": device}
-    return (xp.zeros((*p.batch, p.L, p.dv), dtype=dtype, **on),
-            xp.zeros((*p.batch, p.n_hashes, p.L), dtype=xp.int64, **on))
+    return (
+        xp.zeros((*p.batch, p.L, p.dv), dtype=dtype, **on),
+        xp.zeros((*p.batch, p.n_hashes, p.L), dtype=xp.int64, **on),
+    )
 
 
 def lsh_attention(xp, p: LSHPlan, x, v, rotations, kv, *, nonfinite_v: bool, device=None):
@@ -103,8 +114,13 @@ def lsh_attention(xp, p: LSHPlan, x, v, rotations, kv, *, nonfinite_v: bool, dev
     # step 2: hash in the compute dtype with the given rotations
     r = xp.reshape(xp.astype(rotations, ct), (d, nh * (nb // 2)))  # (d, nh * K)
     rows_per_block = max(C, HASH_BLOCK_ELEMENTS // (B * nh * (nb // 2)))
-    buckets = xp.concat([_hash(xp, x[:, start:min(start + rows_per_block, Lp), :], r, nh, nb)
-                         for start in range(0, Lp, rows_per_block)], axis=-1)  # (B, nh, Lp)
+    buckets = xp.concat(
+        [
+            _hash(xp, x[:, start : min(start + rows_per_block, Lp), :], r, nh, nb)
+            for start in range(0, Lp, rows_per_block)
+        ],
+        axis=-1,
+    )  # (B, nh, Lp)
     # step 3: padded positions take bucket nb, after every real one
     eff = xp.where(valid[:, None, :], xp.astype(buckets, xp.int64), nb)  # (B, nh, Lp)
     order = xp.argsort(eff * Lp + pos, axis=-1, stable=True)  # (B, nh, Lp): position of each slot
@@ -168,8 +184,10 @@ def lsh_attention(xp, p: LSHPlan, x, v, rotations, kv, *, nonfinite_v: bool, dev
     # chunks at once were most of the peak memory (564 MB at L = 65536), and a block that stays
     # in cache is faster too
     per_block = max(1, ATTEND_BLOCK_ELEMENTS // (B * C * 2 * C), -(-nc // MAX_ATTEND_BLOCKS))
-    parts = [attend(slot_pos[:, c:min(c + per_block, nc), :], win_pos[:, c:min(c + per_block, nc), :])
-             for c in range(0, nc, per_block)]
+    parts = [
+        attend(slot_pos[:, c : min(c + per_block, nc), :], win_pos[:, c : min(c + per_block, nc), :])
+        for c in range(0, nc, per_block)
+    ]
     o = parts[0][0] if len(parts) == 1 else xp.concat([a for a, _ in parts], axis=1)  # (B, nc, C, dv)
     lse = parts[0][1] if len(parts) == 1 else xp.concat([b for _, b in parts], axis=1)  # (B, nc, C)
     del parts
@@ -201,8 +219,9 @@ def _hash(xp, x, r, nh: int, nb: int):
     proj = xp.reshape(xp.matmul(x, r), (B, n, nh, nb // 2))  # (B, n, nh, K)
     proj = xp.permute_dims(proj, (0, 2, 1, 3))  # (B, nh, n, K)
     top, bottom = xp.max(proj, axis=-1), xp.min(proj, axis=-1)  # (B, nh, n)
-    return xp.where((top >= -bottom) | xp.isnan(top), xp.argmax(proj, axis=-1),
-                    xp.argmin(proj, axis=-1) + nb // 2)  # (B, nh, n)
+    return xp.where(
+        (top >= -bottom) | xp.isnan(top), xp.argmax(proj, axis=-1), xp.argmin(proj, axis=-1) + nb // 2
+    )  # (B, nh, n)
 
 
 def _window_counts(xp, p: LSHPlan, slot_of, slot_pos, win_pos, rows, on):
@@ -235,14 +254,19 @@ def _nonfinite_values(xp, w, v_win, vis, out, ct):
     kind, exactly. Any NaN gives NaN; w > 0 times +-inf gives +-inf; both signs, or w = 0 times
     inf, give NaN.
     """
+
     def hits(sel, keys):  # (B, nc, C, dv)
         return xp.matmul(xp.astype(sel, ct), xp.astype(keys, ct)) > 0
 
     pos_inf, neg_inf = v_win == math.inf, v_win == -math.inf
     any_pos = hits(vis & (w > 0), pos_inf)
     any_neg = hits(vis & (w > 0), neg_inf)
-    nan = (hits(vis, xp.isnan(v_win)) | (any_pos & any_neg)
-           | hits(vis & (w == 0), pos_inf | neg_inf) | xp.isnan(out))
+    nan = (
+        hits(vis, xp.isnan(v_win))
+        | (any_pos & any_neg)
+        | hits(vis & (w == 0), pos_inf | neg_inf)
+        | xp.isnan(out)
+    )
     out = xp.where(any_pos, math.inf, out)
     out = xp.where(any_neg, -math.inf, out)
     return xp.where(nan, math.nan, out)

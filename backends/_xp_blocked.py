@@ -43,8 +43,21 @@ __all__ = ["attention_blocked"]
 _NEAR = {"float64": 32.0, "float32": 16.0}
 
 
-def attention_blocked(xp, p: SDPAPlan, q, k, v, mask, bias, *, nonfinite_v: bool, want_weights: bool,
-                      block_q: int, block_k: int, device):
+def attention_blocked(
+    xp,
+    p: SDPAPlan,
+    q,
+    k,
+    v,
+    mask,
+    bias,
+    *,
+    nonfinite_v: bool,
+    want_weights: bool,
+    block_q: int,
+    block_k: int,
+    device,
+):
     """out, and weights if asked (else None), shaped like sdpa's, in q's dtype.
 
     q, k, v carry a head axis (rank >= 3); mask (bool) and bias broadcast to (*batch, Hq, n, m),

@@ -19,8 +19,21 @@ from attnspec.backends._common import compute_dtype_name
 from attnspec.spec.validate import SDPAPlan
 
 
-def attention(xp, p: SDPAPlan, q, k, v, vis, bias, *, nonfinite_v: bool, want_weights: bool,
-              alibi=None, sinks=None, keep=None):
+def attention(
+    xp,
+    p: SDPAPlan,
+    q,
+    k,
+    v,
+    vis,
+    bias,
+    *,
+    nonfinite_v: bool,
+    want_weights: bool,
+    alibi=None,
+    sinks=None,
+    keep=None,
+):
     """out (*batch, Hq, n, dv), weights (*batch, Hq, n, m) if asked (else None), in q's dtype,
     and lse (*batch, Hq, n) in the plan's lse dtype if ``p.return_lse`` (else None).
 

@@ -176,7 +176,9 @@ class MlxLibrary(ArrayLibrary):
         if x.dtype == ml_dtypes.bfloat16:  # float32 holds every bfloat16 exactly
             return self._mx.array(x.astype(np.float32)).astype(self._mx.bfloat16)
         # explicitly typed: mx.array of float64 data would otherwise make float32
-        return self._mx.array(np.array(x), dtype=getattr(self._mx, "bool_" if x.dtype == bool else x.dtype.name))
+        return self._mx.array(
+            np.array(x), dtype=getattr(self._mx, "bool_" if x.dtype == bool else x.dtype.name)
+        )
 
     def to_numpy(self, x: Any) -> np.ndarray:
         if x.dtype == self._mx.bfloat16:
@@ -216,8 +218,16 @@ class TinygradLibrary(_TensorMethods, ArrayLibrary):
 
     def dtype_name(self, x: Any) -> str:
         name = str(x.dtype.name)
-        return {"half": "float16", "float": "float32", "double": "float64", "__bf16": "bfloat16",
-                "bfloat16": "bfloat16", "char": "int8", "int": "int32", "long": "int64"}.get(name, name)
+        return {
+            "half": "float16",
+            "float": "float32",
+            "double": "float64",
+            "__bf16": "bfloat16",
+            "bfloat16": "bfloat16",
+            "char": "int8",
+            "int": "int32",
+            "long": "int64",
+        }.get(name, name)
 
 
 _LIBRARIES: dict[str, Callable[[], ArrayLibrary]] = {
@@ -257,8 +267,10 @@ def array_library(name: str | ArrayLibrary) -> ArrayLibrary:
         try:
             _built[name] = _LIBRARIES[name]()
         except ImportError as e:
-            raise SpecError(f"array_library: arrays={name!r} needs a framework that does not import here: "
-                            f"{type(e).__name__}: {e}") from e
+            raise SpecError(
+                f"array_library: arrays={name!r} needs a framework that does not import here: "
+                f"{type(e).__name__}: {e}"
+            ) from e
     return _built[name]
 
 
@@ -280,5 +292,7 @@ def library_of(x: object) -> ArrayLibrary:
         lib = factory(x64=False) if factory is JaxLibrary else array_library(top)
         if lib.is_array(x):
             return lib
-    raise SpecError(f"library_of: {type(x).__module__}.{type(x).__name__} is not an array of a known "
-                    f"library ({', '.join(_LIBRARIES)})")
+    raise SpecError(
+        f"library_of: {type(x).__module__}.{type(x).__name__} is not an array of a known "
+        f"library ({', '.join(_LIBRARIES)})"
+    )

@@ -51,11 +51,30 @@ def sdpa_plan(q, k, v, options: dict[str, Any]) -> tuple[SDPAPlan, SDPAExtras]:
     """(plan, extras) of an sdpa call on NumPy arrays: the spec's validated plan and the
     variants' arrays."""
     o = options
-    extras = SDPAExtras(o.get("alibi_slopes"), o.get("sinks"), o.get("q_segment_ids"),
-                        o.get("kv_segment_ids"), o.get("dropout_mask"))
-    plan = plan_numpy("sdpa", q, k, v, o.get("mask"), o.get("bias"), o.get("causal"), o.get("window"),
-                     o.get("scale"), o.get("q_lengths"), o.get("kv_lengths"), extras, o.get("softcap"),
-                     o.get("dropout_p"), bool(o.get("return_lse")))
+    extras = SDPAExtras(
+        o.get("alibi_slopes"),
+        o.get("sinks"),
+        o.get("q_segment_ids"),
+        o.get("kv_segment_ids"),
+        o.get("dropout_mask"),
+    )
+    plan = plan_numpy(
+        "sdpa",
+        q,
+        k,
+        v,
+        o.get("mask"),
+        o.get("bias"),
+        o.get("causal"),
+        o.get("window"),
+        o.get("scale"),
+        o.get("q_lengths"),
+        o.get("kv_lengths"),
+        extras,
+        o.get("softcap"),
+        o.get("dropout_p"),
+        bool(o.get("return_lse")),
+    )
     return plan, extras
 
 
@@ -68,7 +87,9 @@ def sdpa_golden(q, k, v, **options) -> Golden:
     """
     f64: dict[str, Any] = {  # sdpa's keywords, as the caller gave them (float arrays in float64)
         name: x.astype(np.float64) if isinstance(x, np.ndarray) and x.dtype.name in FLOAT_DTYPES else x
-        for name, x in options.items() if name != "return_weights"}
+        for name, x in options.items()
+        if name != "return_weights"
+    }
     plan, extras = sdpa_plan(q, k, v, options)
     want_w = bool(options.get("return_weights")) or math.prod(plan.full_weights_shape) < BLOCKED_MIN_LOGITS
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
@@ -110,8 +131,10 @@ def compare(actual, q, k, v, **options) -> list[str]:
         assert g.lse is not None and g.allowed_lse is not None  # planned, so the golden has them
         expected.append(("lse", g.lse, g.allowed_lse, plan.lse_dtype))
     if len(parts) != len(expected):
-        return [f"returned {len(parts)} arrays, but should return {len(expected)} "
-                f"({', '.join(e[0] for e in expected)})"]
+        return [
+            f"returned {len(parts)} arrays, but should return {len(expected)} "
+            f"({', '.join(e[0] for e in expected)})"
+        ]
     problems = []
     for got, (what, gold, allowed, dtype) in zip(parts, expected):
         got = np.asarray(got)
@@ -130,9 +153,11 @@ def describe(what: str, got: np.ndarray, gold: np.ndarray, c: Comparison, dtype:
     """One line for a failed `Comparison`: the worst element, its error, the allowed error."""
     idx = c.worst_index
     at = "" if idx is None else f"{what}[{idx}]={got[idx].item()!r}, but should be {gold[idx].item()!r}: "
-    return (f"{at}error {c.max_abs_err:.3g} > allowed {c.allowed:.3g} ({dtype}); "
-            f"{100 * c.out_of_tolerance:.1f}% of elements out of tolerance, "
-            f"{c.nonfinite_mismatch} NaN/inf mismatches")
+    return (
+        f"{at}error {c.max_abs_err:.3g} > allowed {c.allowed:.3g} ({dtype}); "
+        f"{100 * c.out_of_tolerance:.1f}% of elements out of tolerance, "
+        f"{c.nonfinite_mismatch} NaN/inf mismatches"
+    )
 
 
 def golden_and_reference(q, k, v, **options):
@@ -140,7 +165,10 @@ def golden_and_reference(q, k, v, **options):
     reference are each (out, weights), rounded to the inputs' dtype (for the deviation probes)."""
     fn = "compare"
     plan = validate_sdpa(
-        fn, numpy_info(fn, "q", q), numpy_info(fn, "k", k), numpy_info(fn, "v", v),
+        fn,
+        numpy_info(fn, "q", q),
+        numpy_info(fn, "k", k),
+        numpy_info(fn, "v", v),
         mask=None if options.get("mask") is None else numpy_info(fn, "mask", options["mask"]),
         bias=None if options.get("bias") is None else numpy_info(fn, "bias", options["bias"]),
         **{key: options.get(key) for key in ("causal", "window", "scale", "q_lengths", "kv_lengths")},

@@ -57,12 +57,16 @@ class JaxNativeBackend(JaxArrays):
         device = case.get("device")
         on_cpu = device == "cpu" or (device is None and jax.default_backend() == "cpu")
         if case.get("dtype") == "float16" and on_cpu:
-            reasons.append("XLA:CPU cannot compile the float16 matmul precision JAX asks for under "
-                           "jit (deviation jax.float16-jit-cpu-refused)")
+            reasons.append(
+                "XLA:CPU cannot compile the float16 matmul precision JAX asks for under "
+                "jit (deviation jax.float16-jit-cpu-refused)"
+            )
         q_shape, v_shape = case.get("q_shape"), case.get("v_shape")
         if q_shape and v_shape and q_shape[-1] != v_shape[-1]:
-            reasons.append("jax.nn.dot_product_attention requires v.shape[-1] == q.shape[-1] "
-                           "(deviation jax.dv-ne-dk-refused)")
+            reasons.append(
+                "jax.nn.dot_product_attention requires v.shape[-1] == q.shape[-1] "
+                "(deviation jax.dv-ne-dk-refused)"
+            )
         return reasons
 
     @with_options()
@@ -70,8 +74,20 @@ class JaxNativeBackend(JaxArrays):
         o = take("jax-native.sdpa", options)
         mask, bias, causal, return_weights = o["mask"], o["bias"], o["causal"], o["return_weights"]
         variants = variant_keywords(o)
-        p = self._plan("jax-native.sdpa", q, k, v, mask, bias, causal, o["window"], o["scale"], o["q_lengths"],
-                       o["kv_lengths"], **variants)
+        p = self._plan(
+            "jax-native.sdpa",
+            q,
+            k,
+            v,
+            mask,
+            bias,
+            causal,
+            o["window"],
+            o["scale"],
+            o["q_lengths"],
+            o["kv_lengths"],
+            **variants,
+        )
         # jax.nn.dot_product_attention has no softcap, ALiBi, sinks, segment ids, lengths-aligned
         # causal or dropout argument: a native backend measures, so it refuses rather than emulates them
         self.refuse_variants("sdpa", {**variants, "causal": causal})

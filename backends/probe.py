@@ -92,8 +92,12 @@ def _arrays(rng, q_shape, k_shape, v_shape):
 
 
 #: q, k, v shapes of the plain probe in each rank (n = 3, m = 4): 4 first, the shape most take
-RANKS = {4: ((1, 2, 3, 4), (1, 2, 4, 4), (1, 2, 4, 4)), 3: ((2, 3, 4), (2, 4, 4), (2, 4, 4)),
-         5: ((2, 1, 2, 3, 4), (2, 1, 2, 4, 4), (2, 1, 2, 4, 4)), 2: ((3, 4), (4, 4), (4, 4))}
+RANKS = {
+    4: ((1, 2, 3, 4), (1, 2, 4, 4), (1, 2, 4, 4)),
+    3: ((2, 3, 4), (2, 4, 4), (2, 4, 4)),
+    5: ((2, 1, 2, 3, 4), (2, 1, 2, 4, 4), (2, 1, 2, 4, 4)),
+    2: ((3, 4), (4, 4), (4, 4)),
+}
 _SCATTERED = np.array([[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 0, 1]], bool)  # (n, m): no prefix
 _PREFIX = np.array([[1, 1, 1, 0]] * 3, bool)  # (n, m): key padding, the mask every library takes
 
@@ -149,7 +153,10 @@ def _cases(need: str) -> list[tuple[tuple, tuple, tuple, dict[str, Any]]]:
     elif need == "causal_lower_right_lengths":
         options = {"causal": "lower_right_lengths"}
     elif need == "dropout":
-        options = {"dropout_mask": np.array([[1, 0, 1, 1], [1, 1, 1, 0], [0, 1, 1, 1]], bool), "dropout_p": 0.25}
+        options = {
+            "dropout_mask": np.array([[1, 0, 1, 1], [1, 1, 1, 0], [0, 1, 1, 1]], bool),
+            "dropout_p": 0.25,
+        }
     else:
         raise ValueError(f"probe: no case for need {need!r}")  # every need gets a case that exercises it
     # the option on the plain call in rank 4, then rank 3 (a function without a batch axis)
@@ -177,12 +184,18 @@ def _with_causal(need: str, cases: list) -> list:
 #: need -> its tiny cases; "plain" is the dtype probe
 PROBE_CASES = {need: _with_causal(need, _cases(need)) for need in ("plain", *NEEDS)}
 _DESCALE = np.array([[0.5, 2.0]], np.float32)  # (B, Hkv) of the rank-4 shapes
-PROBE_CASES["fp8"] = [(*RANKS[4], {"q_descale": _DESCALE, "k_descale": _DESCALE, "v_descale": _DESCALE,
-                                   "out_dtype": out}) for out in ("bfloat16", "float32")]
-PROBE_CASES["fp8_kv_cache"] = [(*RANKS[4], {"q_dtype": wide, "k_descale": _DESCALE, "v_descale": _DESCALE,
-                                            "out_dtype": wide}) for wide in ("bfloat16", "float32")]
-PROBE_CASES["empty_q"] = [((1, 2, 0, 4), (1, 2, 4, 4), (1, 2, 4, 4), {"mask": np.ones((0, 4), bool)}),
-                          ((2, 0, 4), (2, 4, 4), (2, 4, 4), {"mask": np.ones((0, 4), bool)})]
+PROBE_CASES["fp8"] = [
+    (*RANKS[4], {"q_descale": _DESCALE, "k_descale": _DESCALE, "v_descale": _DESCALE, "out_dtype": out})
+    for out in ("bfloat16", "float32")
+]
+PROBE_CASES["fp8_kv_cache"] = [
+    (*RANKS[4], {"q_dtype": wide, "k_descale": _DESCALE, "v_descale": _DESCALE, "out_dtype": wide})
+    for wide in ("bfloat16", "float32")
+]
+PROBE_CASES["empty_q"] = [
+    ((1, 2, 0, 4), (1, 2, 4, 4), (1, 2, 4, 4), {"mask": np.ones((0, 4), bool)}),
+    ((2, 0, 4), (2, 4, 4), (2, 4, 4), {"mask": np.ones((0, 4), bool)}),
+]
 
 
 def probe_one(backend: Backend, need: str, dtype: str, device: str | None = None) -> ProbeResult:
@@ -190,12 +203,15 @@ def probe_one(backend: Backend, need: str, dtype: str, device: str | None = None
     else refused with every case's reason."""
     if need == "empty":  # both kinds of empty: no key, and no query (with a mask)
         first = _probe_need(backend, "empty", dtype, device)
-        return first if first.status != "ok" else _probe_need(backend, "empty_q", dtype, device, label="empty")
+        return (
+            first if first.status != "ok" else _probe_need(backend, "empty_q", dtype, device, label="empty")
+        )
     return _probe_need(backend, need, dtype, device)
 
 
-def _probe_need(backend: Backend, need: str, dtype: str, device: str | None,
-                label: str | None = None) -> ProbeResult:
+def _probe_need(
+    backend: Backend, need: str, dtype: str, device: str | None, label: str | None = None
+) -> ProbeResult:
     label = label or need
     label = label if label != "plain" else "dtype"
     reasons: list[str] = []
@@ -242,8 +258,13 @@ def _probe_fp8_call(backend: Backend, shapes, dtype: str, device: str | None) ->
     q_dtype = opts.pop("q_dtype", dtype)
     rng = np.random.default_rng(0)
     try:
-        q, k, v = (backend.asarray(x / 2, d, device) for x, d in zip(_arrays(rng, qs, ks, vs), (q_dtype, dtype, dtype)))
-        conv = {n: backend.asarray(x, None, device) if isinstance(x, np.ndarray) else x for n, x in opts.items()}
+        q, k, v = (
+            backend.asarray(x / 2, d, device)
+            for x, d in zip(_arrays(rng, qs, ks, vs), (q_dtype, dtype, dtype))
+        )
+        conv = {
+            n: backend.asarray(x, None, device) if isinstance(x, np.ndarray) else x for n, x in opts.items()
+        }
         backend.sdpa_fp8(q, k, v, **conv)
     except Exception as e:  # any refusal is a finding
         return e
@@ -261,9 +282,13 @@ def plan(dtypes: tuple[str, ...], fp8: tuple[str, ...] = ()) -> list[tuple[str, 
     return [("plain", d) for d in dtypes] + [(need, None) for need in (*NEEDS, *fp8)]
 
 
-def probe(backend: Backend, dtypes: tuple[str, ...] | None = None, device: str | None = None,
-          skip: dict[str, str] | None = None,
-          on_event: Callable[[dict], None] | None = None) -> Capabilities:
+def probe(
+    backend: Backend,
+    dtypes: tuple[str, ...] | None = None,
+    device: str | None = None,
+    skip: dict[str, str] | None = None,
+    on_event: Callable[[dict], None] | None = None,
+) -> Capabilities:
     """Probe ``backend`` in-process. ``skip`` ("need/dtype" -> status) marks probes as crashed/timeout
     without running them."""
     dtypes = tuple(dtypes) if dtypes else tuple(getattr(backend, "dtypes", FLOAT_DTYPES))
@@ -295,8 +320,14 @@ def probe(backend: Backend, dtypes: tuple[str, ...] | None = None, device: str |
     return Capabilities(results)
 
 
-def probe_isolated(target: str, out: Path, dtypes: tuple[str, ...] | None = None, device: str | None = None,
-                   timeout: float = 120.0, env: dict[str, str] | None = None) -> Capabilities:
+def probe_isolated(
+    target: str,
+    out: Path,
+    dtypes: tuple[str, ...] | None = None,
+    device: str | None = None,
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+) -> Capabilities:
     """Probe ``target`` (anything `attnspec.backends.load` takes) in a child process.
 
     A probe that kills the child or runs past ``timeout`` seconds is recorded as crashed /
@@ -308,15 +339,31 @@ def probe_isolated(target: str, out: Path, dtypes: tuple[str, ...] | None = None
     (out.parent / "probe-cwd").mkdir(parents=True, exist_ok=True)
     skip: dict[str, str] = {}
     for _ in range(len(plan(tuple(dtypes or FLOAT_DTYPES), FP8_NEEDS)) + 1):
-        cmd = [sys.executable, "-W", "ignore::RuntimeWarning", "-m", "attnspec.backends.probe", target,
-               "--journal", str(journal), "--skip", json.dumps(skip)]
+        cmd = [
+            sys.executable,
+            "-W",
+            "ignore::RuntimeWarning",
+            "-m",
+            "attnspec.backends.probe",
+            target,
+            "--journal",
+            str(journal),
+            "--skip",
+            json.dumps(skip),
+        ]
         if dtypes:
             cmd += ["--dtypes", ",".join(dtypes)]
         if device:
             cmd += ["--device", device]
         with open(log, "w") as err:  # run in an empty folder: nothing of the caller's shadows a package
-            proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
-                                    stderr=err, start_new_session=True, cwd=out.parent.resolve() / "probe-cwd")
+            proc = subprocess.Popen(
+                cmd,
+                env={**os.environ, **(env or {})},
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+                cwd=out.parent.resolve() / "probe-cwd",
+            )
             status = _wait(proc, journal, timeout)
         events = read_journal(journal)
         if status is None:
@@ -358,7 +405,9 @@ def _wait(proc: subprocess.Popen, journal: Path, timeout: float) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attnspec.backends.probe", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m attnspec.backends.probe", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("target", help="backend name, module:Class, or module:function@convention[/arrays]")
     ap.add_argument("--dtypes", default=None)
     ap.add_argument("--device", default=None)

@@ -55,8 +55,17 @@ from attnspec.spec.positions import sinusoidal_positions
 #: the results format, which `attnspec.reports.copy_task_report` reads
 SCHEMA = "attnspec.copy_task/1"
 
-__all__ = ["FRAMEWORKS", "SCHEMA", "Settings", "batches", "diagonal_mass", "initial_params", "main", "run",
-           "train"]
+__all__ = [
+    "FRAMEWORKS",
+    "SCHEMA",
+    "Settings",
+    "batches",
+    "diagonal_mass",
+    "initial_params",
+    "main",
+    "run",
+    "train",
+]
 
 FRAMEWORKS = ("torch", "jax")
 DTYPE = "float32"
@@ -134,11 +143,14 @@ def _rounded(x: Any, digits: int = 6) -> Any:
 # (from 1) on one batch and returns the loss before it; evaluate(tokens) returns the loss, the
 # accuracy and the weights (B, H, n, n) as NumPy; info holds extra fields for the record.
 
+
 def _on_backend(backend, params0: dict[str, Any]) -> dict[str, Any]:
-    return {"embed": backend.asarray(params0["embed"], DTYPE),
-            "mha": backend.asparams(params0["mha"], DTYPE),
-            "w_r": backend.asarray(params0["w_r"], DTYPE),
-            "b_r": backend.asarray(params0["b_r"], DTYPE)}
+    return {
+        "embed": backend.asarray(params0["embed"], DTYPE),
+        "mha": backend.asparams(params0["mha"], DTYPE),
+        "w_r": backend.asarray(params0["w_r"], DTYPE),
+        "b_r": backend.asarray(params0["b_r"], DTYPE),
+    }
 
 
 def _torch_parts(backend, s: Settings, params0: dict[str, Any]):
@@ -148,8 +160,12 @@ def _torch_parts(backend, s: Settings, params0: dict[str, Any]):
     pe = torch.from_numpy(sinusoidal_positions(s.n, s.embed_dim).astype(np.float32))  # (n, E)
     params = _on_backend(backend, params0)
     mha = params["mha"]
-    leaves = [params["embed"], params["w_r"], params["b_r"],
-              *(getattr(mha, f.name) for f in fields(mha) if getattr(mha, f.name) is not None)]
+    leaves = [
+        params["embed"],
+        params["w_r"],
+        params["b_r"],
+        *(getattr(mha, f.name) for f in fields(mha) if getattr(mha, f.name) is not None),
+    ]
     for p in leaves:
         p.requires_grad_(True)
     moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in leaves]
@@ -207,8 +223,7 @@ def _jax_parts(backend, s: Settings, params0: dict[str, Any]):
         m = tree_map(lambda m, g: s.beta1 * m + (1 - s.beta1) * g, m, g)
         v = tree_map(lambda v, g: s.beta2 * v + (1 - s.beta2) * g * g, v, g)
         c1, c2 = 1 - s.beta1**t, 1 - s.beta2**t
-        params = tree_map(lambda p, m, v: p - s.lr * (m / c1) / (jnp.sqrt(v / c2) + s.adam_eps),
-                          params, m, v)
+        params = tree_map(lambda p, m, v: p - s.lr * (m / c1) / (jnp.sqrt(v / c2) + s.adam_eps), params, m, v)
         return params, m, v
 
     def update(params, m, v, tokens, t):
@@ -282,7 +297,9 @@ def train(framework: str, s: Settings = Settings(), backend=None) -> dict[str, A
                 record["wall_s"] = time.perf_counter() - started
             loss, acc, w = evaluate(held_out)  # w: (eval_batch, H, n, n)
             record[when] = {
-                "loss": loss, "accuracy": acc, "diagonal_mass": diagonal_mass(w),
+                "loss": loss,
+                "accuracy": acc,
+                "diagonal_mass": diagonal_mass(w),
                 "diagonal_mass_per_head": [diagonal_mass(w[:, h]) for h in range(w.shape[1])],
                 "weights": w.mean(axis=(0, 1)),  # (n, n)
             }
@@ -298,10 +315,14 @@ def run(frameworks: tuple[str, ...] = FRAMEWORKS, s: Settings = Settings()) -> d
         "schema": SCHEMA,
         "settings": asdict(s),
         "dtype": DTYPE,
-        "environment": {**git_state(), "python": platform.python_version(),
-                        "platform": platform.platform(), "frameworks": framework_versions(),
-                        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-                        "elapsed_s": round(time.time() - started, 1)},
+        "environment": {
+            **git_state(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "frameworks": framework_versions(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "elapsed_s": round(time.time() - started, 1),
+        },
         "runs": _rounded(records),
     }
     if len(records) > 1:  # same start, same batches: how far apart the frameworks' curves drift
@@ -314,8 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     prog = "python -m attnspec.bench.copy_task"
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="reports/results/copy_task.json")
-    ap.add_argument("--framework", action="append", choices=FRAMEWORKS,
-                    help="train with these only (repeatable); default: each one installed")
+    ap.add_argument(
+        "--framework",
+        action="append",
+        choices=FRAMEWORKS,
+        help="train with these only (repeatable); default: each one installed",
+    )
     ap.add_argument("--steps", type=int, default=Settings.steps)
     args = ap.parse_args(argv)
     frameworks = tuple(args.framework or [f for f in FRAMEWORKS if importlib.util.find_spec(f)])
@@ -326,10 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     write_json_atomic(args.out, doc)
     for r in doc["runs"]:
         b, a = r["before"], r["after"]
-        print(f"{r['framework']:>5} {r['version']}: held-out loss {b['loss']:.3g} -> {a['loss']:.3g}, "
-              f"accuracy {b['accuracy']:.3f} -> {a['accuracy']:.3f}, diagonal mass "
-              f"{b['diagonal_mass']:.3f} -> {a['diagonal_mass']:.3f}, {r['wall_s']:.2f} s "
-              f"for {len(r['losses'])} steps")
+        print(
+            f"{r['framework']:>5} {r['version']}: held-out loss {b['loss']:.3g} -> {a['loss']:.3g}, "
+            f"accuracy {b['accuracy']:.3f} -> {a['accuracy']:.3f}, diagonal mass "
+            f"{b['diagonal_mass']:.3f} -> {a['diagonal_mass']:.3f}, {r['wall_s']:.2f} s "
+            f"for {len(r['losses'])} steps"
+        )
     print(f"wrote {args.out}; `nox -s report` (python -m attnspec.reports) draws its figure")
     return 0
 

@@ -86,8 +86,10 @@ class Case:
         return {"chunk_length": LSH_CHUNK, "n_hashes": LSH_HASHES, "n_buckets": n_buckets}
 
     def __str__(self) -> str:
-        return (f"{self.impl} {self.dtype} B={self.B} H={self.H} n={self.n} m={self.m} "
-                f"d={self.d}{' causal' if self.causal else ''}")
+        return (
+            f"{self.impl} {self.dtype} B={self.B} H={self.H} n={self.n} m={self.m} "
+            f"d={self.d}{' causal' if self.causal else ''}"
+        )
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,12 @@ GRIDS = {
         reference=(1, 4, 512, 64),
     ),
     "full": Grid(
-        dense=tuple((1, H, n, d, c) for H, d in ((8, 64), (16, 64), (8, 128))
-                    for n in (256, 1024, 4096, 16384) for c in (False, True)),
+        dense=tuple(
+            (1, H, n, d, c)
+            for H, d in ((8, 64), (16, 64), (8, 128))
+            for n in (256, 1024, 4096, 16384)
+            for c in (False, True)
+        ),
         lsh=tuple((1, 1, L, 64) for L in (1024, 4096, 16384, 65536)),
         reference=(1, 8, 4096, 64),
     ),
@@ -211,9 +217,12 @@ def static_skip(backend, framework: str, device: str, case: Case) -> str | None:
     impl, name = case.impl, backend.name
     if impl in ("adapter", "vjp"):
         reasons = backend.supports(
-            "sdpa" if impl == "adapter" else "sdpa_vjp", dtype=case.dtype, device=device,
+            "sdpa" if impl == "adapter" else "sdpa_vjp",
+            dtype=case.dtype,
+            device=device,
             causal="upper_left" if case.causal else None,
-            q_shape=(case.B, case.H, case.n, case.d), k_shape=(case.B, case.H, case.m, case.d),
+            q_shape=(case.B, case.H, case.n, case.d),
+            k_shape=(case.B, case.H, case.m, case.d),
             v_shape=(case.B, case.H, case.m, case.d),
         )
         return "; ".join(reasons) or None
@@ -359,4 +368,3 @@ def human_bytes(x: float | None) -> str:
 
 def human_seconds(x: float) -> str:
     return f"{x * 1e3:.3g} ms" if x < 1 else f"{x:.3g} s"
-

@@ -54,19 +54,27 @@ def study(seeds: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attnspec.bench.lsh_quality", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m attnspec.bench.lsh_quality", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--out", default="reports/results/lsh-quality.json")
     ap.add_argument("--seeds", type=int, default=4)
     args = ap.parse_args(argv)
     started = time.time()
     rows = study(args.seeds)
-    write_json_atomic(args.out, {
-        "schema": "attnspec.lsh_quality/1",
-        "settings": {"L": L, "d": D, "n_buckets": N_BUCKETS, "chunk_length": CHUNK, "seeds": args.seeds},
-        "environment": {**git_state(), "frameworks": framework_versions(),
-                        "elapsed_s": round(time.time() - started, 1)},
-        "rows": rows,
-    })
+    write_json_atomic(
+        args.out,
+        {
+            "schema": "attnspec.lsh_quality/1",
+            "settings": {"L": L, "d": D, "n_buckets": N_BUCKETS, "chunk_length": CHUNK, "seeds": args.seeds},
+            "environment": {
+                **git_state(),
+                "frameworks": framework_versions(),
+                "elapsed_s": round(time.time() - started, 1),
+            },
+            "rows": rows,
+        },
+    )
     print(f"wrote {args.out}: {len(rows)} rows")
     return 0
 

@@ -129,9 +129,7 @@ def time_calls(
         for name in names if rounds % 2 == 0 else reversed(names):
             times[name].append(_timed(fns[name], sync))
         rounds += 1
-    return {
-        name: Timing(statistics.median(ts), min(ts), max(ts), len(ts)) for name, ts in times.items()
-    }
+    return {name: Timing(statistics.median(ts), min(ts), max(ts), len(ts)) for name, ts in times.items()}
 
 
 def matmul_tflops(backend: Any, dtype: str, device: str, size: int, budget_s: float) -> float:
@@ -219,13 +217,16 @@ def probe_peak(target: str, kwargs: dict[str, Any], timeout_s: float = 900) -> t
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "attnspec.bench.measure", spec],
-            capture_output=True, text=True, timeout=timeout_s, env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         return None, f"failed: probe timed out after {timeout_s:.0f} s"
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(PROBE_PREFIX):
-            result = json.loads(line[len(PROBE_PREFIX):])
+            result = json.loads(line[len(PROBE_PREFIX) :])
             return result["peak_bytes"], result["method"]
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     return None, f"failed: probe exit code {proc.returncode}: {tail[:300]}"

@@ -55,9 +55,11 @@ def _share_target(case: Case) -> Callable:
         if share is None:
             return {"value": None, "met": None, "detail": f"no {case.dtype} matmul rate was measured"}
         met, verdict = _verdict(share, target, True)
-        detail = (f"{verdict}; B={case.B} H={case.H} n={case.n} d={case.d} {case.dtype}: "
-                  f"{human_seconds(row['median_s'])}, {row['tflops']:.3g} TFLOP/s of "
-                  f"{row['tflops'] / share:.3g} (matmul)")
+        detail = (
+            f"{verdict}; B={case.B} H={case.H} n={case.n} d={case.d} {case.dtype}: "
+            f"{human_seconds(row['median_s'])}, {row['tflops']:.3g} TFLOP/s of "
+            f"{row['tflops'] / share:.3g} (matmul)"
+        )
         if not met:
             detail += f"; needs {target / share:.2f}x its speed"
         return {"value": share, "met": met, "detail": detail}
@@ -73,8 +75,10 @@ def _overhead_target(adapter: Case, native: Case) -> Callable:
         a, b = rows[adapter.key]["median_s"], rows[native.key]["median_s"]
         value = a / b - 1
         met, verdict = _verdict(100 * value, 100 * limit, False, " %")
-        detail = (f"{verdict}; adapter {human_seconds(a)} vs native {human_seconds(b)} (medians, "
-                  f"interleaved), B={adapter.B} H={adapter.H} n={adapter.n} d={adapter.d} {adapter.dtype}")
+        detail = (
+            f"{verdict}; adapter {human_seconds(a)} vs native {human_seconds(b)} (medians, "
+            f"interleaved), B={adapter.B} H={adapter.H} n={adapter.n} d={adapter.d} {adapter.dtype}"
+        )
         return {"value": value, "met": met, "detail": detail}
 
     return check
@@ -91,8 +95,10 @@ def _blocked_memory_target(case: Case) -> Callable:
             return {"value": None, "met": None, "detail": f"peak memory not measured: {row['mem_method']}"}
         value = row["peak_mem_bytes"] / naive
         met, verdict = _verdict(value, fraction, False)
-        detail = (f"{verdict}; peak {human_bytes(row['peak_mem_bytes'])} ({row['mem_method']}) vs the "
-                  f"naive n*m*8 = {human_bytes(naive)} (computed, not run); n=m={case.n} d={case.d}")
+        detail = (
+            f"{verdict}; peak {human_bytes(row['peak_mem_bytes'])} ({row['mem_method']}) vs the "
+            f"naive n*m*8 = {human_bytes(naive)} (computed, not run); n=m={case.n} d={case.d}"
+        )
         return {"value": value, "met": met, "detail": detail}
 
     return check
@@ -108,9 +114,11 @@ def _speedup_target(fast: Case, slow: Case) -> Callable:
         f, s = rows[fast.key]["median_s"], rows[slow.key]["median_s"]
         value = s / f
         met, verdict = _verdict(value, factor, True, "x")
-        detail = (f"{verdict}; {fast.impl} {human_seconds(f)} vs {slow.impl} (fused full attention) "
-                  f"{human_seconds(s)}, L={fast.n} B={fast.B} H={fast.H} d={fast.d} {fast.dtype}, "
-                  f"lsh {fast.lsh_params()}")
+        detail = (
+            f"{verdict}; {fast.impl} {human_seconds(f)} vs {slow.impl} (fused full attention) "
+            f"{human_seconds(s)}, L={fast.n} B={fast.B} H={fast.H} d={fast.d} {fast.dtype}, "
+            f"lsh {fast.lsh_params()}"
+        )
         return {"value": value, "met": met, "detail": detail}
 
     return check
@@ -123,23 +131,55 @@ _LSH = Case("lsh", "float32", 1, 1, 65536, 65536, 64)
 _LSH_DENSE = Case("native", "float32", 1, 1, 65536, 65536, 64)
 
 
-_OVERHEAD = (Case("adapter", "float32", 1, 8, 1024, 1024, 64),
-             Case("native", "float32", 1, 8, 1024, 1024, 64))
+_OVERHEAD = (
+    Case("adapter", "float32", 1, 8, 1024, 1024, 64),
+    Case("native", "float32", 1, 8, 1024, 1024, 64),
+)
 
 TARGETS = (
-    Target("golden float64 forward >= 40% of float64 matmul", ("numpy",), ((_GOLDEN,),),
-           0.40, _share_target(_GOLDEN)),
-    Target("array_api on NumPy float32 forward >= 50% of float32 matmul", ("array_api-numpy",),
-           ((_ARRAY_API,),), 0.50, _share_target(_ARRAY_API)),
-    Target("torch adapter overhead over F.scaled_dot_product_attention <= 5%", ("torch",),
-           (_OVERHEAD,), 0.05, _overhead_target(*_OVERHEAD)),
-    Target("jax adapter overhead over jax.nn.dot_product_attention <= 5%", ("jax",),
-           (_OVERHEAD,), 0.05, _overhead_target(*_OVERHEAD)),
-    Target("blocked golden peak memory at n=32768 < 1/10 of the naive n*m*8 bytes", ("numpy",),
-           ((_BLOCKED,),), 0.10, _blocked_memory_target(_BLOCKED)),
+    Target(
+        "golden float64 forward >= 40% of float64 matmul",
+        ("numpy",),
+        ((_GOLDEN,),),
+        0.40,
+        _share_target(_GOLDEN),
+    ),
+    Target(
+        "array_api on NumPy float32 forward >= 50% of float32 matmul",
+        ("array_api-numpy",),
+        ((_ARRAY_API,),),
+        0.50,
+        _share_target(_ARRAY_API),
+    ),
+    Target(
+        "torch adapter overhead over F.scaled_dot_product_attention <= 5%",
+        ("torch",),
+        (_OVERHEAD,),
+        0.05,
+        _overhead_target(*_OVERHEAD),
+    ),
+    Target(
+        "jax adapter overhead over jax.nn.dot_product_attention <= 5%",
+        ("jax",),
+        (_OVERHEAD,),
+        0.05,
+        _overhead_target(*_OVERHEAD),
+    ),
+    Target(
+        "blocked golden peak memory at n=32768 < 1/10 of the naive n*m*8 bytes",
+        ("numpy",),
+        ((_BLOCKED,),),
+        0.10,
+        _blocked_memory_target(_BLOCKED),
+    ),
     # two jobs, not interleaved: one dense call at this L takes seconds to minutes on a CPU
-    Target("torch LSH at L=65536 >= 10x faster than fused full attention", ("torch",),
-           ((_LSH,), (_LSH_DENSE,)), 10.0, _speedup_target(_LSH, _LSH_DENSE)),
+    Target(
+        "torch LSH at L=65536 >= 10x faster than fused full attention",
+        ("torch",),
+        ((_LSH,), (_LSH_DENSE,)),
+        10.0,
+        _speedup_target(_LSH, _LSH_DENSE),
+    ),
 )
 
 
@@ -164,5 +204,13 @@ def evaluate(backend_name: str, rows: list[dict[str, Any]], skipped: dict[tuple,
 
 
 def row_key(row: dict[str, Any]) -> tuple:
-    return (row["implementation"], row["dtype"], row["B"], row["H"], row["n"], row["m"], row["d"],
-            row["causal"])
+    return (
+        row["implementation"],
+        row["dtype"],
+        row["B"],
+        row["H"],
+        row["n"],
+        row["m"],
+        row["d"],
+        row["causal"],
+    )

@@ -68,8 +68,18 @@ def _per_head(plan, x, lead: tuple[int, ...]) -> np.ndarray:
     return np.broadcast_to(x, (*lead, *x.shape[-2:]))
 
 
-def sdpa_causes(plan, vis: np.ndarray, q, k, v, got: np.ndarray, golden: np.ndarray, allowed: float,
-                got_w: np.ndarray | None = None, bias: np.ndarray | None = None) -> list[str]:
+def sdpa_causes(
+    plan,
+    vis: np.ndarray,
+    q,
+    k,
+    v,
+    got: np.ndarray,
+    golden: np.ndarray,
+    allowed: float,
+    got_w: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+) -> list[str]:
     """Causes for one sdpa case. ``vis`` is the case's visibility (*batch, Hq, n, m); ``got`` and
     ``golden`` are outputs in float64 (any shape holding (*batch, Hq, n, dv) elements)."""
     full = (*vis.shape[:-1], plan.dv)
@@ -79,12 +89,15 @@ def sdpa_causes(plan, vis: np.ndarray, q, k, v, got: np.ndarray, golden: np.ndar
     lead = vis.shape[:-2]  # (*batch, Hq)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(got - golden)
-        bad = (err > allowed) | (np.isfinite(golden) != np.isfinite(got)) | (np.isnan(got) & ~np.isnan(golden))
+        bad = (
+            (err > allowed) | (np.isfinite(golden) != np.isfinite(got)) | (np.isnan(got) & ~np.isnan(golden))
+        )
     bad_rows = bad.any(axis=-1)  # (*batch, Hq, n)
     empty = ~vis.any(axis=-1)  # (*batch, Hq, n)
     got_finite, golden_finite = np.isfinite(got).all(axis=-1), np.isfinite(golden).all(axis=-1)
-    key_bad = (~np.isfinite(_per_head(plan, k, lead)).all(axis=-1)
-               | ~np.isfinite(_per_head(plan, v, lead)).all(axis=-1))  # (*batch, Hq, m)
+    key_bad = ~np.isfinite(_per_head(plan, k, lead)).all(axis=-1) | ~np.isfinite(
+        _per_head(plan, v, lead)
+    ).all(axis=-1)  # (*batch, Hq, m)
     hidden_bad = (~vis & key_bad[..., None, :]).any(axis=-1)  # (*batch, Hq, n): a hidden key holds NaN/inf
     causes = []
 
@@ -92,12 +105,16 @@ def sdpa_causes(plan, vis: np.ndarray, q, k, v, got: np.ndarray, golden: np.ndar
     leak_empty = hit & hidden_bad & ~got_finite
     if leak_empty.any():
         what = "NaN" if np.isnan(got[leak_empty]).any() else "inf"
-        causes.append(f"a hidden key's NaN/inf reached row with no visible key: expected 0, got {what} "
-                      f"(rows {_rows(np.argwhere(leak_empty))} of (*batch, Hq, n))")
+        causes.append(
+            f"a hidden key's NaN/inf reached row with no visible key: expected 0, got {what} "
+            f"(rows {_rows(np.argwhere(leak_empty))} of (*batch, Hq, n))"
+        )
     hit &= ~hidden_bad
     if hit.any():
-        causes.append(f"row with no visible key: expected 0, got {_empty_got(plan, v, got, hit, allowed, full)} "
-                      f"(rows {_rows(np.argwhere(hit))} of (*batch, Hq, n))")
+        causes.append(
+            f"row with no visible key: expected 0, got {_empty_got(plan, v, got, hit, allowed, full)} "
+            f"(rows {_rows(np.argwhere(hit))} of (*batch, Hq, n))"
+        )
 
     leak = bad_rows & ~empty & ~got_finite & golden_finite & hidden_bad
     if leak.any():
@@ -107,21 +124,30 @@ def sdpa_causes(plan, vis: np.ndarray, q, k, v, got: np.ndarray, golden: np.ndar
     zero = bad_rows & rows & (got == 0).all(axis=-1)
     if (bad_rows & rows).any():
         s, bias_inf = _logits(plan, vis, q, k, bias)
-        fill, filled = _fill_match(plan, vis, s, bias_inf, _per_head(plan, v, lead), got, golden, allowed,
-                                   rows, bad_rows, zero)
+        fill, filled = _fill_match(
+            plan, vis, s, bias_inf, _per_head(plan, v, lead), got, golden, allowed, rows, bad_rows, zero
+        )
         if fill is not None:
-            causes.append(f"hidden keys took weight there, as under a finite mask fill of {fill} "
-                          f"(rows {_rows(np.argwhere(filled))} of (*batch, Hq, n))")
+            causes.append(
+                f"hidden keys took weight there, as under a finite mask fill of {fill} "
+                f"(rows {_rows(np.argwhere(filled))} of (*batch, Hq, n))"
+            )
             zero &= ~filled
         if zero.any():
             top = float(np.where(vis, s, -np.inf)[zero].max())
-            why = f": its visible keys (logits up to {top:.3g}) were treated as hidden" if top <= FLOOR else ""
-            causes.append(f"row with a visible key came out 0, as a row with no visible key would{why} "
-                          f"(rows {_rows(np.argwhere(zero))} of (*batch, Hq, n))")
+            why = (
+                f": its visible keys (logits up to {top:.3g}) were treated as hidden" if top <= FLOOR else ""
+            )
+            causes.append(
+                f"row with a visible key came out 0, as a row with no visible key would{why} "
+                f"(rows {_rows(np.argwhere(zero))} of (*batch, Hq, n))"
+            )
 
     if not causes and plan.group > 1 and plan.hkv > 1 and _matches_tiled(plan, q, k, v, vis, got, allowed):
-        causes.append("GQA heads tiled: query head h reads kv head h % Hkv; the spec's is h // G "
-                      f"(G = Hq / Hkv = {plan.group})")
+        causes.append(
+            "GQA heads tiled: query head h reads kv head h % Hkv; the spec's is h // G "
+            f"(G = Hq / Hkv = {plan.group})"
+        )
     if got_w is not None and got_w.size == vis.size:
         w = got_w.reshape(vis.shape)
         with np.errstate(invalid="ignore"):
@@ -211,7 +237,7 @@ def _fill_match(plan, vis, s, bias_inf, v, got, golden, allowed, rows, bad_rows,
     best, names = None, []
     for name, f in fill_candidates(plan.dtype):
         for reading in READINGS:
-            for bias_excluded in ((False, True) if hidden_by_bias.any() else (False,)):
+            for bias_excluded in (False, True) if hidden_by_bias.any() else (False,):
                 for zeroed in (False, True):
                     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
                         hid = np.full(S.shape, f) if reading == READINGS[0] else S + f
@@ -302,7 +328,11 @@ def fp8_causes(q, k, v, options: dict, got, allowed: float, claim: str) -> list[
             wrong = np.asarray(sdpa_fp8(q, k, v, **{**opts, "out_dtype": "float64"}))
         except Exception:  # a variant the spec refuses is no explanation
             continue
-        off = np.nanmax(np.abs(wrong - got.reshape(wrong.shape)), initial=0.0) if wrong.size == got.size else None
+        off = (
+            np.nanmax(np.abs(wrong - got.reshape(wrong.shape)), initial=0.0)
+            if wrong.size == got.size
+            else None
+        )
         if off is not None and off <= allowed:
             return [f"the output is the golden with {what} (within the allowed error): a descale bug"]
     if claim == "float32":

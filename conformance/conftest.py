@@ -18,9 +18,11 @@ from attnspec.spec.clauses import case_clauses, property_clauses
 DEVICE_LOST_EXIT = 75
 #: errors after which a CUDA context is unusable: a kernel's fault is sticky, so every later call in
 #: the process raises it again, and blaming those cases would hide what they would have done
-_STICKY = re.compile(r"CUDA error: (misaligned address|an illegal memory access|unspecified launch failure|"
-                     r"device-side assert|an illegal instruction)"
-                     r"|CUDA_ERROR_(ILLEGAL_ADDRESS|MISALIGNED_ADDRESS|LAUNCH_FAILED|ILLEGAL_INSTRUCTION)")
+_STICKY = re.compile(
+    r"CUDA error: (misaligned address|an illegal memory access|unspecified launch failure|"
+    r"device-side assert|an illegal instruction)"
+    r"|CUDA_ERROR_(ILLEGAL_ADDRESS|MISALIGNED_ADDRESS|LAUNCH_FAILED|ILLEGAL_INSTRUCTION)"
+)
 
 
 def device_lost(exc: BaseException) -> bool:
@@ -34,7 +36,9 @@ def attn_backend(attn_backend_name, pytestconfig):
     try:
         backend = resolve_backend(attn_backend_name)
     except Exception as exc:  # an unusable backend is the user's first question: say why
-        pytest.fail(f"backend {attn_backend_name!r} is not usable: {type(exc).__name__}: {exc}", pytrace=False)
+        pytest.fail(
+            f"backend {attn_backend_name!r} is not usable: {type(exc).__name__}: {exc}", pytrace=False
+        )
     if ":" in attn_backend_name and "@" not in attn_backend_name:
         # a path-loaded class: failures and reproducers name it as the user did
         backend.name = attn_backend_name
@@ -66,9 +70,15 @@ def judge(attn_backend, attn_device, pytestconfig, request):
     state = JudgeState()
 
     def run(function: str, prop: str, case, body, feature_case: dict | None = None) -> None:
-        base = {"function": function, "property": prop, "feature": case.feature, "dtype": case.dtype,
-                "tags": sorted(case.tags), "shapes": {k: list(v) for k, v in case.shapes.items()},
-                "phase": state.phase}
+        base = {
+            "function": function,
+            "property": prop,
+            "feature": case.feature,
+            "dtype": case.dtype,
+            "tags": sorted(case.tags),
+            "shapes": {k: list(v) for k, v in case.shapes.items()},
+            "phase": state.phase,
+        }
         # the clauses the case exercises: what the property checks on every case, and what its
         # options (a mask, an alignment, a variant) and tags (an empty row, a hidden NaN) add
         case_ids = case_clauses(getattr(case, "options", None) or {}, getattr(case, "tags", ()), function)
@@ -86,9 +96,16 @@ def judge(attn_backend, attn_device, pytestconfig, request):
         if skipped:
             rec.record(nodeid, {**base, **skipped})
             return
-        reasons = attn_backend.supports(function, dtype=case.dtype, device=attn_device,
-                                        q_shape=case.q.shape, k_shape=case.k.shape,
-                                        v_shape=case.v.shape, **case.options, **(feature_case or {}))
+        reasons = attn_backend.supports(
+            function,
+            dtype=case.dtype,
+            device=attn_device,
+            q_shape=case.q.shape,
+            k_shape=case.k.shape,
+            v_shape=case.v.shape,
+            **case.options,
+            **(feature_case or {}),
+        )
         if reasons:
             _refused(rec, nodeid, base, "; ".join(reasons))
             return
@@ -99,28 +116,42 @@ def judge(attn_backend, attn_device, pytestconfig, request):
             _refused(rec, nodeid, base, str(exc))
             return
         except SpecError as exc:
-            verdict = _raised(name, function, prop, case, attn_device, f"raised SpecError on a valid input: {exc}")
+            verdict = _raised(
+                name, function, prop, case, attn_device, f"raised SpecError on a valid input: {exc}"
+            )
         except Exception as exc:
             if device_lost(exc):  # every later call would fail alike: start again on a fresh device
                 rec.device_lost(nodeid, key, f"raised {type(exc).__name__}: {str(exc).strip()}")
                 os._exit(DEVICE_LOST_EXIT)
             # the innermost frames: where inside the implementation it failed
-            verdict = _raised(name, function, prop, case, attn_device,
-                              f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}")
+            verdict = _raised(
+                name,
+                function,
+                prop,
+                case,
+                attn_device,
+                f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}",
+            )
         if verdict.status == "failed" and applicable:
             # every declared deviation whose conditions the case meets is credited with it
             verdict.status, verdict.deviation_id = "deviation", ",".join(dev_id(d) for d in applicable)
         if verdict.status == "failed":
             verdict.message = label_clauses(verdict.message, function, prop, case_ids)[0]
         worst = verdict.worst
-        rec.record(nodeid, {
-            **base, "status": verdict.status, "reason": verdict.reason, "deviation_id": verdict.deviation_id,
-            "max_abs_err": worst.max_abs_err if worst else None,
-            "max_rel_err": worst.max_rel_err if worst else None,
-            "budget_used": worst.budget_used if worst else None,
-            "message": verdict.message if verdict.status == "failed" else "",
-            "exercised": [dev_id(d) for d in applicable],
-        })
+        rec.record(
+            nodeid,
+            {
+                **base,
+                "status": verdict.status,
+                "reason": verdict.reason,
+                "deviation_id": verdict.deviation_id,
+                "max_abs_err": worst.max_abs_err if worst else None,
+                "max_rel_err": worst.max_rel_err if worst else None,
+                "budget_used": worst.budget_used if worst else None,
+                "message": verdict.message if verdict.status == "failed" else "",
+                "exercised": [dev_id(d) for d in applicable],
+            },
+        )
         if verdict.status == "failed" and state.phase != "sweep":
             if state.phase == "drawn":
                 state.phase = "shrink"  # what Hypothesis runs from here on shrinks this failure
@@ -162,7 +193,12 @@ def pytest_runtest_call(item):
     judge = getattr(item, "funcargs", {}).get("judge")
     state = getattr(judge, "state", None)
     excinfo = outcome.excinfo
-    if state is None or excinfo is None or not issubclass(excinfo[0], AssertionError) or state.phase == "drawn":
+    if (
+        state is None
+        or excinfo is None
+        or not issubclass(excinfo[0], AssertionError)
+        or state.phase == "drawn"
+    ):
         return
     from attnspec.conformance.plugin import FAIL_FAST
 
@@ -216,5 +252,8 @@ def _raised(name, function, prop, case, device, text: str):
 
     snippet = "\n".join("    " + line for line in repro(name, case, device).splitlines())
     first, _, rest = text.partition("\n")
-    return Verdict("failed", message=f"[{name}] {function} {prop}: {first}\n  case: {case.describe()} "
-                                     f"device={device}\n  {rest}\n  reproduce with:\n{snippet}")
+    return Verdict(
+        "failed",
+        message=f"[{name}] {function} {prop}: {first}\n  case: {case.describe()} "
+        f"device={device}\n  {rest}\n  reproduce with:\n{snippet}",
+    )

@@ -20,43 +20,88 @@ from hypothesis import HealthCheck, Phase, settings
 from attnspec.conformance.profiles import DEFAULT_PROFILE, PROFILE_EXAMPLES, PROFILES
 
 # `judge` is a function-scoped fixture on purpose: it is a stateless closure over the test's node id.
-_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
-            HealthCheck.function_scoped_fixture]
+_SLOW_OK = [
+    HealthCheck.too_slow,
+    HealthCheck.data_too_large,
+    HealthCheck.filter_too_much,
+    HealthCheck.function_scoped_fixture,
+]
 #: ``ATTNSPEC_FAIL_FAST=1``: a property stops at its first failing example, unshrunk, and no sweep
 #: follows (conftest.py). For runs that ask only "does anything fail?", one per mutant
 #: (`nox -s mutation`); never for a verdict, which names every distinct failure.
 FAIL_FAST = os.environ.get("ATTNSPEC_FAIL_FAST") == "1"
-_FAIL_FAST_ORDER = {name: i for i, name in enumerate(("test_sdpa.py", "test_variants.py", "test_serving.py",
-                                                      "test_dropout.py", "test_signatures.py"))}
+_FAIL_FAST_ORDER = {
+    name: i
+    for i, name in enumerate(
+        ("test_sdpa.py", "test_variants.py", "test_serving.py", "test_dropout.py", "test_signatures.py")
+    )
+}
 #: ``ATTNSPEC_SHRINK=0``: every failure is still judged and swept, but reported as drawn, not shrunk
 #: (the kit's own tests of which features a mutant fails: shrinking picks the example shown, not
 #: which properties and features fail, and cost most of a failing run)
 SHRINK = os.environ.get("ATTNSPEC_SHRINK", "1") != "0"
 _PHASES = (Phase.explicit, Phase.reuse, Phase.generate) if FAIL_FAST or not SHRINK else tuple(Phase)
 for _name, (_examples, _derandomize) in PROFILE_EXAMPLES.items():
-    settings.register_profile(_name, max_examples=_examples, deadline=None, derandomize=_derandomize,
-                              suppress_health_check=_SLOW_OK, print_blob=True, phases=_PHASES)
+    settings.register_profile(
+        _name,
+        max_examples=_examples,
+        deadline=None,
+        derandomize=_derandomize,
+        suppress_health_check=_SLOW_OK,
+        print_blob=True,
+        phases=_PHASES,
+    )
 
 
 def pytest_addoption(parser) -> None:
     group = parser.getgroup("attnspec", "attnspec conformance")
-    group.addoption("--attn-backend", action="append", default=None, metavar="NAME",
-                    help="backend to run the conformance suite against (repeatable); a registered "
-                         "name or module:attribute")
-    group.addoption("--attn-device", default=None, metavar="DEVICE",
-                    help="device to run on (default: the backend's first device)")
-    group.addoption("--attn-profile", default=None, choices=PROFILES,
-                    help="Hypothesis profile: dev (12 examples a property), default (25), ci (100), "
-                         "thorough (1000, random); see attnspec.conformance.profiles")
-    group.addoption("--attn-dtype", action="append", default=None, metavar="DTYPE",
-                    help="run only the cases of these dtypes (repeatable; default every dtype)")
-    group.addoption("--attn-shard", default=None, metavar="I/N",
-                    help="run only share I of N (0 <= I < N) of the tests, dealt round-robin in collection "
-                         "order (the runner's --jobs)")
-    group.addoption("--attn-results", default=None, metavar="PATH",
-                    help="write the aggregated results JSON here (one backend per run)")
-    group.addoption("--attn-journal", default=None, metavar="PATH",
-                    help="append one JSON line per case event here (used by the crash-isolating runner)")
+    group.addoption(
+        "--attn-backend",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="backend to run the conformance suite against (repeatable); a registered "
+        "name or module:attribute",
+    )
+    group.addoption(
+        "--attn-device",
+        default=None,
+        metavar="DEVICE",
+        help="device to run on (default: the backend's first device)",
+    )
+    group.addoption(
+        "--attn-profile",
+        default=None,
+        choices=PROFILES,
+        help="Hypothesis profile: dev (12 examples a property), default (25), ci (100), "
+        "thorough (1000, random); see attnspec.conformance.profiles",
+    )
+    group.addoption(
+        "--attn-dtype",
+        action="append",
+        default=None,
+        metavar="DTYPE",
+        help="run only the cases of these dtypes (repeatable; default every dtype)",
+    )
+    group.addoption(
+        "--attn-shard",
+        default=None,
+        metavar="I/N",
+        help="run only share I of N (0 <= I < N) of the tests, dealt round-robin in collection "
+        "order (the runner's --jobs)",
+    )
+    group.addoption(
+        "--attn-results",
+        default=None,
+        metavar="PATH",
+        help="write the aggregated results JSON here (one backend per run)",
+    )
+    group.addoption(
+        "--attn-journal",
+        default=None,
+        metavar="PATH",
+        help="append one JSON line per case event here (used by the crash-isolating runner)",
+    )
 
 
 def pytest_configure(config) -> None:

@@ -19,8 +19,19 @@ from attnspec.conformance.hypothesis_helpers import SDPACase, array_source
 from attnspec.errors import SpecError
 from attnspec.spec.tolerance import Comparison
 
-__all__ = ["Golden", "Verdict", "bad_input_verdict", "call_sdpa", "check_metadata", "failure_message", "golden_for",
-           "label_clauses", "repro", "resolve_backend", "to_backend"]
+__all__ = [
+    "Golden",
+    "Verdict",
+    "bad_input_verdict",
+    "call_sdpa",
+    "check_metadata",
+    "failure_message",
+    "golden_for",
+    "label_clauses",
+    "repro",
+    "resolve_backend",
+    "to_backend",
+]
 
 
 @dataclass
@@ -56,8 +67,11 @@ def to_backend(backend, case: Any, device: str | None, options: dict[str, Any] |
     conv = {}
     for name, value in opts.items():
         conv[name] = backend.asarray(value, device=device) if isinstance(value, np.ndarray) else value
-    return (backend.asarray(case.q, device=device), backend.asarray(case.k, device=device),
-            backend.asarray(case.v, device=device)), conv
+    return (
+        backend.asarray(case.q, device=device),
+        backend.asarray(case.k, device=device),
+        backend.asarray(case.v, device=device),
+    ), conv
 
 
 def call_sdpa(backend, case: SDPACase, device: str | None, **extra: Any):
@@ -76,8 +90,15 @@ def golden_for(case: SDPACase) -> Golden:
     return sdpa_golden(case.q, case.k, case.v, **case.options)
 
 
-def bad_input_verdict(backend_name: str, fn: str, bad_id: str, match: str, call: Callable[[], Any],
-                      named: str | None = None, named_first: bool = False) -> Verdict:
+def bad_input_verdict(
+    backend_name: str,
+    fn: str,
+    bad_id: str,
+    match: str,
+    call: Callable[[], Any],
+    named: str | None = None,
+    named_first: bool = False,
+) -> Verdict:
     """Judge one entry of a bad-input catalogue: ``call()`` must raise `SpecError` whose message
     matches ``match`` (a regex) and, when ``named`` is given, contains it (at the start with
     ``named_first``): the function's name. Any other outcome fails, saying what happened."""
@@ -90,15 +111,24 @@ def bad_input_verdict(backend_name: str, fn: str, bad_id: str, match: str, call:
         named_ok = named is None or (text.startswith(named) if named_first else named in text)
         if re.search(match, text) and named_ok:
             return Verdict("passed")
-        return Verdict("failed", message=f"{head}: SpecError message {text!r} should match {match!r}{name_rule}")
+        return Verdict(
+            "failed", message=f"{head}: SpecError message {text!r} should match {match!r}{name_rule}"
+        )
     except Exception as exc:
-        return Verdict("failed", message=(f"{head}: raised {type(exc).__name__}: {exc}, but should raise "
-                                          f"SpecError matching {match!r}"))
-    return Verdict("failed", message=f"{head}: returned a result, but should raise SpecError matching {match!r}")
+        return Verdict(
+            "failed",
+            message=(
+                f"{head}: raised {type(exc).__name__}: {exc}, but should raise SpecError matching {match!r}"
+            ),
+        )
+    return Verdict(
+        "failed", message=f"{head}: returned a result, but should raise SpecError matching {match!r}"
+    )
 
 
-def check_metadata(backend, result, expected_shape, dtype: str, device: str | None,
-                   what: str = "out") -> list[str]:
+def check_metadata(
+    backend, result, expected_shape, dtype: str, device: str | None, what: str = "out"
+) -> list[str]:
     """Shape, dtype and device of one result array (``what`` names it in the problems).
 
     The device is the backend's own name for it (`Backend.device_of`), compared with the device
@@ -152,9 +182,17 @@ def repro(backend_name: str, case: SDPACase, device: str | None, fn: str = "sdpa
     return "\n".join(lines)
 
 
-def failure_message(backend_name: str, prop: str, case: Any, device: str | None,
-                    comparisons: dict[str, Comparison], problems: list[str], fn: str = "sdpa",
-                    causes: list[str] | None = None, **extra: Any) -> str:
+def failure_message(
+    backend_name: str,
+    prop: str,
+    case: Any,
+    device: str | None,
+    comparisons: dict[str, Comparison],
+    problems: list[str],
+    fn: str = "sdpa",
+    causes: list[str] | None = None,
+    **extra: Any,
+) -> str:
     """The failure, its cause first: ``[backend] fn prop: CAUSE`` (when one is known), then the
     case, the problems and comparisons, and the reproducer."""
     cause = "; ".join(causes or [])
@@ -192,7 +230,11 @@ def with_spec_line(message: str, ids) -> str:
     reproducer: ``spec 1.0.0: sdpa.empty_row: a query row with no visible key outputs 0 ...``."""
     from attnspec.spec.clauses import CLAUSES, SPEC_VERSION
 
-    said = "; ".join(f"{c}: {CLAUSES[c].title}" for c in ids if c in CLAUSES) if len(ids) <= 2 else ", ".join(ids)
+    said = (
+        "; ".join(f"{c}: {CLAUSES[c].title}" for c in ids if c in CLAUSES)
+        if len(ids) <= 2
+        else ", ".join(ids)
+    )
     line = f"  spec {SPEC_VERSION}: {said}"
     head, marker, tail = message.partition("  reproduce with:\n")
     return f"{head.rstrip(chr(10))}\n{line}\n{marker}{tail}" if marker else f"{message}\n{line}"

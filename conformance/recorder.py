@@ -116,15 +116,29 @@ class Recorder:
         failed_keys: set[tuple[str, ...]] = set()
         for r in self.records:
             key = (r["function"], r["property"], r["feature"], r["dtype"])
-            row = rows.setdefault(key, {
-                "function": key[0], "property": key[1], "feature": key[2], "dtype": key[3],
-                "run": 0, **{s: 0 for s in STATUSES}, "max_abs_err": None, "max_rel_err": None,
-                "max_budget_used": None, "unsupported_reasons": [], "deviation_ids": [],
-            })
+            row = rows.setdefault(
+                key,
+                {
+                    "function": key[0],
+                    "property": key[1],
+                    "feature": key[2],
+                    "dtype": key[3],
+                    "run": 0,
+                    **{s: 0 for s in STATUSES},
+                    "max_abs_err": None,
+                    "max_rel_err": None,
+                    "max_budget_used": None,
+                    "unsupported_reasons": [],
+                    "deviation_ids": [],
+                },
+            )
             row["run"] += 1
             row[r["status"]] += 1
-            for field, src in (("max_abs_err", "max_abs_err"), ("max_rel_err", "max_rel_err"),
-                               ("max_budget_used", "budget_used")):
+            for field, src in (
+                ("max_abs_err", "max_abs_err"),
+                ("max_rel_err", "max_rel_err"),
+                ("max_budget_used", "budget_used"),
+            ):
                 val = r.get(src)
                 if val is not None and r["status"] in ("passed", "failed"):
                     row[field] = val if row[field] is None else max(row[field], val)
@@ -140,9 +154,15 @@ class Recorder:
                 clauses = record_failure_clauses(r, cause)
                 if not split_label(cause)[1]:  # a crash or a hang: no message, the case's clauses
                     cause = f"{cause} {clause_label(clauses)}".strip()
-                failures.append({k: r.get(k) for k in ("function", "property", "feature", "dtype", "status")}
-                                | {"cause": cause, "clauses": list(clauses),
-                                   "message": r.get("message", ""), "repro": r.get("repro", "")})
+                failures.append(
+                    {k: r.get(k) for k in ("function", "property", "feature", "dtype", "status")}
+                    | {
+                        "cause": cause,
+                        "clauses": list(clauses),
+                        "message": r.get("message", ""),
+                        "repro": r.get("repro", ""),
+                    }
+                )
         observed: dict[str, int] = defaultdict(int)
         for r in self.records:
             for did in (r.get("deviation_id") or "").split(","):
@@ -157,8 +177,13 @@ class Recorder:
             # (nox -s atlas), not because the suite's cases with its tags all passed
             stale = self.deviation_exercised[did] and not getattr(dev, "question", None)
             status = "observed" if observed[did] else "stale" if stale else "not_exercised"
-            entry = {"id": did, "status": status, "observed": observed[did],
-                     "exercised": self.deviation_exercised[did], "source": source}
+            entry = {
+                "id": did,
+                "status": status,
+                "observed": observed[did],
+                "exercised": self.deviation_exercised[did],
+                "source": source,
+            }
             if source != BUILTIN_SOURCE:  # declared outside the catalogue: the report shows it from here
                 entry["declaration"] = declaration(dev)
             deviations.append(entry)
@@ -177,8 +202,11 @@ class Recorder:
             results["suite_errors"] = sorted(set(self.suite_errors))
         # a function checked through a convention: what was called, and what the probe found
         convention = None
-        if (self.backend is not None and hasattr(self.backend, "describe")
-                and hasattr(self.backend, "capabilities")):
+        if (
+            self.backend is not None
+            and hasattr(self.backend, "describe")
+            and hasattr(self.backend, "capabilities")
+        ):
             results["implementation"] = self.backend.describe()
             results["capabilities"] = self.backend.capabilities.as_json()
             convention = getattr(self.backend, "convention", None)
@@ -199,11 +227,15 @@ class Recorder:
             "frameworks": framework_versions(),
             "numerics_policy": policy,
             "hypothesis_profile": self.profile,
-            "hypothesis_seed": "derandomized" if PROFILE_EXAMPLES.get(self.profile, (0, False))[1] else "random",
+            "hypothesis_seed": "derandomized"
+            if PROFILE_EXAMPLES.get(self.profile, (0, False))[1]
+            else "random",
             "max_side": int(os.environ.get("ATTNSPEC_MAX_SIDE", "24")),
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "elapsed_s": round(time.time() - self.started, 1),
-            "first_result_s": None if self.first_result_at is None else round(self.first_result_at - self.started, 1),
+            "first_result_s": None
+            if self.first_result_at is None
+            else round(self.first_result_at - self.started, 1),
         }
 
     def write_results(self, path: str) -> None:
@@ -234,8 +266,9 @@ def record_failure_clauses(rec: dict[str, Any], cause: str) -> tuple[str, ...]:
     ids = split_label(first)[1]
     if ids:
         return ids
-    return failure_clauses(split_label(cause)[0], rec.get("function") or "", rec.get("property") or "",
-                           rec.get("clauses") or ())
+    return failure_clauses(
+        split_label(cause)[0], rec.get("function") or "", rec.get("property") or "", rec.get("clauses") or ()
+    )
 
 
 def cause_kind(cause: str) -> str:

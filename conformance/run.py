@@ -51,20 +51,39 @@ class Interrupted(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attnspec.conformance.run", description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", required=True,
-                    help="registered backend name, module:Class or module:function@convention")
+    ap = argparse.ArgumentParser(
+        prog="python -m attnspec.conformance.run", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument(
+        "--backend", required=True, help="registered backend name, module:Class or module:function@convention"
+    )
     ap.add_argument("--device", default=None, help="device (default: the backend's first)")
-    ap.add_argument("--profile", default=os.environ.get("ATTNSPEC_PROFILE", DEFAULT_PROFILE), choices=PROFILES)
-    ap.add_argument("--out", default=None,
-                    help="results JSON (default reports/results/conformance-<backend>-<device>.json)")
-    ap.add_argument("--case-timeout", type=float, default=300.0,
-                    help="seconds without progress before a case counts as hung")
-    ap.add_argument("--timings", default=None,
-                    help="directory for the run's suite_timing file (default: <results dir>/suite-timings)")
-    ap.add_argument("--jobs", type=int, default=None,
-                    help="child processes run at once, each on a round-robin share of the tests "
-                         "(default: ATTNSPEC_JOBS, else min(2, cores))")
+    ap.add_argument(
+        "--profile", default=os.environ.get("ATTNSPEC_PROFILE", DEFAULT_PROFILE), choices=PROFILES
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="results JSON (default reports/results/conformance-<backend>-<device>.json)",
+    )
+    ap.add_argument(
+        "--case-timeout",
+        type=float,
+        default=300.0,
+        help="seconds without progress before a case counts as hung",
+    )
+    ap.add_argument(
+        "--timings",
+        default=None,
+        help="directory for the run's suite_timing file (default: <results dir>/suite-timings)",
+    )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="child processes run at once, each on a round-robin share of the tests "
+        "(default: ATTNSPEC_JOBS, else min(2, cores))",
+    )
     ap.epilog = "Any other option (-k EXPR, -x, --maxfail N, ...) goes to pytest as it is."
     args, pytest_args = ap.parse_known_args(argv)
     pytest_args = [a for a in pytest_args if a != "--"]
@@ -72,9 +91,18 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or backend.devices()[0]
     out = Path(args.out or f"reports/results/conformance-{slug(args.backend, 100)}-{slug(device)}.json")
     try:
-        results = run_suite(args.backend, backend, device, args.profile, out, args.case_timeout,
-                            pytest_args, device_given=args.device is not None, jobs=args.jobs,
-                            timings=Path(args.timings) if args.timings else None)
+        results = run_suite(
+            args.backend,
+            backend,
+            device,
+            args.profile,
+            out,
+            args.case_timeout,
+            pytest_args,
+            device_given=args.device is not None,
+            jobs=args.jobs,
+            timings=Path(args.timings) if args.timings else None,
+        )
     except Interrupted as e:
         return 128 + e.signum
     except ChildSetupError as e:
@@ -94,10 +122,22 @@ def default_jobs() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
-def run_suite(target: str, backend, device: str, profile: str, out: Path, case_timeout: float = 300.0,
-              pytest_args: list[str] | None = None, *, device_given: bool = True,
-              env: dict[str, str] | None = None, quiet: bool = False, log_tail: bool = True,
-              jobs: int | None = None, timings: Path | None = None) -> dict:
+def run_suite(
+    target: str,
+    backend,
+    device: str,
+    profile: str,
+    out: Path,
+    case_timeout: float = 300.0,
+    pytest_args: list[str] | None = None,
+    *,
+    device_given: bool = True,
+    env: dict[str, str] | None = None,
+    quiet: bool = False,
+    log_tail: bool = True,
+    jobs: int | None = None,
+    timings: Path | None = None,
+) -> dict:
     """Run the suite on ``target`` with crash isolation; write and return the results.
 
     The tests are split round-robin into ``jobs`` shards (``--attn-shard I/N``), each run by its own
@@ -134,16 +174,37 @@ def run_suite(target: str, backend, device: str, profile: str, out: Path, case_t
         # user's (a clone named attnspec, a module named like a library) can shadow an installed
         # package, and no pytest configuration of theirs (addopts, plugins) reaches the suite
         (work / "pytest.ini").write_text("[pytest]\n")
-        base = [sys.executable, "-m", "pytest", "-c", str(work / "pytest.ini"), "--import-mode=importlib",
-                "--pyargs", "attnspec.conformance", "--attn-backend", target,
-                "--attn-profile", profile, "-q", "-p", "no:cacheprovider",
-                "-W", "ignore::RuntimeWarning", "-W", "ignore::DeprecationWarning", *(pytest_args or [])]
+        base = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            str(work / "pytest.ini"),
+            "--import-mode=importlib",
+            "--pyargs",
+            "attnspec.conformance",
+            "--attn-backend",
+            target,
+            "--attn-profile",
+            profile,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore::RuntimeWarning",
+            "-W",
+            "ignore::DeprecationWarning",
+            *(pytest_args or []),
+        ]
         if device_given:
             base += ["--attn-device", device]
         label = f"{target} {device}"
-        threads = [threading.Thread(target=shard.run, args=(base, env, procs, case_timeout, label, interrupted),
-                                    daemon=True)
-                   for shard in shards]
+        threads = [
+            threading.Thread(
+                target=shard.run, args=(base, env, procs, case_timeout, label, interrupted), daemon=True
+            )
+            for shard in shards
+        ]
         for t in threads:
             t.start()
         last_print = 0.0
@@ -166,8 +227,16 @@ def run_suite(target: str, backend, device: str, profile: str, out: Path, case_t
         results["incomplete"] = True
         results["environment"]["interrupted_by"] = signal.Signals(interrupted[0]).name
     write_json_atomic(out, results)
-    _write_timing(timings or out.parent / "suite-timings", target, device, profile, pytest_args or [], jobs,
-                  results, sum(e["event"] == "test_done" for e in events))
+    _write_timing(
+        timings or out.parent / "suite-timings",
+        target,
+        device,
+        profile,
+        pytest_args or [],
+        jobs,
+        results,
+        sum(e["event"] == "test_done" for e in events),
+    )
     s = summary(results)
     logs = out.parent / f"{out.stem}.logs"
     shutil.rmtree(logs, ignore_errors=True)  # an earlier run's logs describe that run, not this one
@@ -184,15 +253,19 @@ def run_suite(target: str, backend, device: str, profile: str, out: Path, case_t
             for shard in shards:
                 log = logs / shard.log_name(shard.attempt)
                 if log.exists():
-                    print(log.read_text()[-4000 // jobs:], file=sys.stderr)
+                    print(log.read_text()[-4000 // jobs :], file=sys.stderr)
     if interrupted:
-        print(f"[{target}] stopped by {signal.Signals(interrupted[0]).name}; the finished cases are in {out}",
-              file=sys.stderr)
+        print(
+            f"[{target}] stopped by {signal.Signals(interrupted[0]).name}; the finished cases are in {out}",
+            file=sys.stderr,
+        )
         raise Interrupted(interrupted[0])
     if ran_nothing and abnormal:
         shard, code = abnormal[0]
-        raise ChildSetupError(f"the suite's pytest child exited with {code} before any case ran: "
-                              f"{_last_error(logs / shard.log_name(shard.attempt))} (logs: {logs})")
+        raise ChildSetupError(
+            f"the suite's pytest child exited with {code} before any case ran: "
+            f"{_last_error(logs / shard.log_name(shard.attempt))} (logs: {logs})"
+        )
     return results
 
 
@@ -206,17 +279,23 @@ def preflight(work: Path, env: dict[str, str]) -> None:
     import attnspec
 
     here = str(Path(attnspec.__file__).resolve())
-    code = ("import attnspec, pathlib; from attnspec.conformance import conftest; "
-            "print(pathlib.Path(attnspec.__file__).resolve())")
+    code = (
+        "import attnspec, pathlib; from attnspec.conformance import conftest; "
+        "print(pathlib.Path(attnspec.__file__).resolve())"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True)
     lines = proc.stderr.strip().splitlines()
     if proc.returncode != 0:
-        raise ChildSetupError("attnspec does not import in the suite's child process: "
-                              + (lines[-1] if lines else f"exit status {proc.returncode}"))
+        raise ChildSetupError(
+            "attnspec does not import in the suite's child process: "
+            + (lines[-1] if lines else f"exit status {proc.returncode}")
+        )
     found = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "?"
     if found != here:
-        raise ChildSetupError(f"the suite's child process imports attnspec from {found}, not {here} "
-                              "(PYTHONPATH puts another copy first)")
+        raise ChildSetupError(
+            f"the suite's child process imports attnspec from {found}, not {here} "
+            "(PYTHONPATH puts another copy first)"
+        )
 
 
 def _last_error(log: Path) -> str:
@@ -231,19 +310,38 @@ def _last_error(log: Path) -> str:
     return lines[-1] if lines else "empty log"
 
 
-def _write_timing(directory: Path, target: str, device: str, profile: str, pytest_args: list[str], jobs: int,
-                  results: dict, tests: int) -> None:
+def _write_timing(
+    directory: Path,
+    target: str,
+    device: str,
+    profile: str,
+    pytest_args: list[str],
+    jobs: int,
+    results: dict,
+    tests: int,
+) -> None:
     """One `attnspec.suite_timing/1` file per backend, device, profile and selection (reports/SCHEMA.md)."""
     env = results["environment"]
     selection = " ".join(pytest_args)
     name = "-".join(filter(None, [slug(target, 100), slug(device), profile, slug(selection, 60)]))
-    write_json_atomic(directory / f"{name}.json", {
-        "schema": "attnspec.suite_timing/1", "backend": target, "device": device, "profile": profile,
-        "selection": selection, "jobs": jobs, "tests": tests,
-        "cases": sum(r["run"] for r in results["rows"]), "seconds": env["elapsed_s"],
-        "first_result_s": env.get("first_result_s"), "incomplete": bool(results.get("incomplete")),
-        "date": env.get("date", ""), "git_commit": env.get("git_commit"),
-    })
+    write_json_atomic(
+        directory / f"{name}.json",
+        {
+            "schema": "attnspec.suite_timing/1",
+            "backend": target,
+            "device": device,
+            "profile": profile,
+            "selection": selection,
+            "jobs": jobs,
+            "tests": tests,
+            "cases": sum(r["run"] for r in results["rows"]),
+            "seconds": env["elapsed_s"],
+            "first_result_s": env.get("first_result_s"),
+            "incomplete": bool(results.get("incomplete")),
+            "date": env.get("date", ""),
+            "git_commit": env.get("git_commit"),
+        },
+    )
 
 
 class _Shard:
@@ -261,8 +359,9 @@ class _Shard:
     def log_name(self, attempt: int) -> str:
         return f"pytest-{attempt}.log" if self.count == 1 else f"pytest-shard{self.index}-{attempt}.log"
 
-    def run(self, base: list[str], env, procs: dict, case_timeout: float, label: str,
-            interrupted: list[int]) -> None:
+    def run(
+        self, base: list[str], env, procs: dict, case_timeout: float, label: str, interrupted: list[int]
+    ) -> None:
         skips: dict[str, dict[str, str]] = {}
         finished: set[str] = set()
         if self.count > 1:
@@ -278,8 +377,14 @@ class _Shard:
             if interrupted:
                 return
             with open(self.work / self.log_name(self.attempt), "w") as log:
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env,
-                                        start_new_session=True, cwd=self.work)
+                proc = subprocess.Popen(
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=child_env,
+                    start_new_session=True,
+                    cwd=self.work,
+                )
                 procs[self.index] = proc
                 if interrupted:  # the signal came between the check above and Popen
                     _kill_group(proc)
@@ -290,14 +395,19 @@ class _Shard:
             if status is None or interrupted:
                 return
             key = _last_started(events)
-            print(f"\n[{label}] child {status} (attempt {self.attempt}); case {key} recorded as {status}",
-                  file=sys.stderr)
+            print(
+                f"\n[{label}] child {status} (attempt {self.attempt}); case {key} recorded as {status}",
+                file=sys.stderr,
+            )
             if key is None or key in skips:
                 print(f"[{label}] cannot isolate the failing case", file=sys.stderr)
                 return
             lost = [e for e in events if e["event"] == "device_lost" and e["key"] == key]
-            message = (f"{lost[-1]['message']} (the device was lost; the process restarted)" if lost
-                       else f"{status} in an earlier attempt")
+            message = (
+                f"{lost[-1]['message']} (the device was lost; the process restarted)"
+                if lost
+                else f"{status} in an earlier attempt"
+            )
             skips[key] = {"status": "crashed" if lost else status, "message": message}
             # drop the unfinished test's partial cases: it reruns from its start
             events = [e for e in events if e["event"] == "start" or e["node"] in finished]
@@ -345,7 +455,9 @@ def _progress(journals: list[Path], label: str, elapsed: float) -> None:
         events = _read(journal)
         cases += sum(e["event"] == "case" for e in events)
         done += sum(e["event"] == "test_done" for e in events)
-        running.append(next((e["node"] for e in reversed(events) if e["event"] in ("start", "case")), "starting"))
+        running.append(
+            next((e["node"] for e in reversed(events) if e["event"] in ("start", "case")), "starting")
+        )
     now = ", ".join(node.split("::")[-1] for node in running)
     line = f"[{label}] {elapsed:5.0f} s: {done} tests done, {cases} cases; running {now}"
     end = "\r" if sys.stderr.isatty() else "\n"
@@ -365,20 +477,28 @@ def _last_started(events: list[dict]) -> str | None:
 def summary(results: dict) -> dict:
     """{"text": one line of totals, "bad": whether anything failed, crashed, hung or went stale}."""
     rows = results["rows"]
-    tot = {s: sum(r.get(s, 0) for r in rows) for s in ("run", "passed", "failed", "unsupported", "deviation",
-                                                        "crashed", "timeout")}
+    tot = {
+        s: sum(r.get(s, 0) for r in rows)
+        for s in ("run", "passed", "failed", "unsupported", "deviation", "crashed", "timeout")
+    }
     stale = [d["id"] for d in results["deviations"] if d["status"] == "stale"]
-    text = (f"{tot['run']} cases: {tot['passed']} passed, {tot['failed']} failed, {tot['unsupported']} unsupported, "
-            f"{tot['deviation']} declared deviations, {tot['crashed']} crashed, {tot['timeout']} timed out")
+    text = (
+        f"{tot['run']} cases: {tot['passed']} passed, {tot['failed']} failed, {tot['unsupported']} unsupported, "
+        f"{tot['deviation']} declared deviations, {tot['crashed']} crashed, {tot['timeout']} timed out"
+    )
     if stale:
         text += f"; STALE deviations (declared, no longer reproduced): {', '.join(stale)}"
     errors = results.get("suite_errors", [])
     if errors:
-        text += (f"; {len(errors)} properties stopped on an error of the suite itself, no case of theirs "
-                 f"failing (a bug of attnspec: the logs have the traceback): {', '.join(errors[:3])}")
+        text += (
+            f"; {len(errors)} properties stopped on an error of the suite itself, no case of theirs "
+            f"failing (a bug of attnspec: the logs have the traceback): {', '.join(errors[:3])}"
+        )
     if results.get("incomplete"):
         text += " (incomplete: interrupted)"
-    bad = bool(tot["failed"] or tot["crashed"] or tot["timeout"] or stale or errors or results.get("incomplete"))
+    bad = bool(
+        tot["failed"] or tot["crashed"] or tot["timeout"] or stale or errors or results.get("incomplete")
+    )
     return {"text": text, "bad": bad, "totals": tot}
 
 

@@ -26,8 +26,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str | No
     names = {"l": "left", "r": "right", "c": "center"}
     colalign = [names[a] for a in align] if align else None
     body = [[cell(x) for x in row] for row in rows]
-    text = tabulate(body, headers=list(headers), tablefmt="pipe", colalign=colalign,
-                    disable_numparse=True)
+    text = tabulate(body, headers=list(headers), tablefmt="pipe", colalign=colalign, disable_numparse=True)
     # tabulate pads every cell to its column's widest: one long note made a 1000-character row of
     # every row of a report. Markdown needs no padding, so cells keep one space on each side.
     return "\n".join(_unpad(line) for line in text.splitlines())

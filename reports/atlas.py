@@ -59,10 +59,14 @@ def _budgets(conf: dict[str, Any] | None) -> list[str]:
 def _verdict(conf: dict[str, Any] | None) -> str:
     if conf is None:
         return "not run"
-    tot = {s: sum(r.get(s, 0) for r in conf["rows"]) for s in ("passed", "failed", "deviation", "crashed", "timeout")}
+    tot = {
+        s: sum(r.get(s, 0) for r in conf["rows"])
+        for s in ("passed", "failed", "deviation", "crashed", "timeout")
+    }
     bad = tot["failed"] + tot["crashed"] + tot["timeout"]
     return f"{tot['passed']} passed, {tot['deviation']} deviations, {bad} failed" + (
-        " (incomplete)" if conf.get("incomplete") else "")
+        " (incomplete)" if conf.get("incomplete") else ""
+    )
 
 
 def atlas_page(atlas: list[dict[str, Any]], conformance: list[dict[str, Any]], source: str) -> str:
@@ -71,9 +75,11 @@ def atlas_page(atlas: list[dict[str, Any]], conformance: list[dict[str, Any]], s
 
     conf_by = {d["backend"]: d for d in conformance}
     lines = [
-        "# The attention atlas", "",
+        "# The attention atlas",
+        "",
         f"Rendered by `python -m attnspec.reports.render` from `{source}/atlas-*.json` and the same backends'",
-        "conformance results (`nox -s atlas`); do not edit by hand.", "",
+        "conformance results (`nox -s atlas`); do not edit by hand.",
+        "",
         "Each row is an implementation nobody here wrote, called as its users call it (its native",
         "primitive through a calling convention, no fix-up); each column a question where",
         "implementations disagree and the spec decides. **Bold** answers differ from the spec and link",
@@ -83,7 +89,12 @@ def atlas_page(atlas: list[dict[str, Any]], conformance: list[dict[str, Any]], s
         "cases per dtype (1 = the edge of the tolerance).",
     ]
     questions = [q for q in QUESTIONS]
-    headers = ["implementation", *(q.title for q in questions), *(f"budget {d}" for d in DTYPES), "suite (dev)"]
+    headers = [
+        "implementation",
+        *(q.title for q in questions),
+        *(f"budget {d}" for d in DTYPES),
+        "suite (dev)",
+    ]
     rows = [["**the spec**", *(q.spec or "(both exist)" for q in questions), *([DASH] * len(DTYPES)), DASH]]
     all_entries: list[tuple[str, dict[str, Any]]] = []
     undeclared_all: list[tuple[str, dict[str, Any]]] = []
@@ -102,13 +113,22 @@ def atlas_page(atlas: list[dict[str, Any]], conformance: list[dict[str, Any]], s
     for doc in atlas:
         impl = doc.get("implementation") or {}
         env = (doc.get("environment") or {}).get("frameworks", {})
-        versions = ", ".join(f"{k} {v}" for k, v in sorted(env.items()) if k not in ("hypothesis", "ml_dtypes"))
-        vrows.append([f"`{doc['backend']}`", impl.get("function", DASH), impl.get("convention", DASH), versions])
+        versions = ", ".join(
+            f"{k} {v}" for k, v in sorted(env.items()) if k not in ("hypothesis", "ml_dtypes")
+        )
+        vrows.append(
+            [f"`{doc['backend']}`", impl.get("function", DASH), impl.get("convention", DASH), versions]
+        )
     lines += [table(["backend", "function", "convention", "versions"], vrows)]
-    lines += ["", "## Declared deviations", "",
-              "From `backends/atlas/deviations.toml`, checked both ways on this run: *observed* (the question",
-              "still gives the declared answer), *stale* (it no longer does: the entry must go), *not exercised*.",
-              "Each reproducer is the exact framework call the atlas made, standalone (no attnspec in it).", ""]
+    lines += [
+        "",
+        "## Declared deviations",
+        "",
+        "From `backends/atlas/deviations.toml`, checked both ways on this run: *observed* (the question",
+        "still gives the declared answer), *stale* (it no longer does: the entry must go), *not exercised*.",
+        "Each reproducer is the exact framework call the atlas made, standalone (no attnspec in it).",
+        "",
+    ]
     shown: set[str] = set()
     for backend, e in all_entries:
         if e["id"] in shown:  # a built-in deviation can answer for two questions
@@ -117,19 +137,41 @@ def atlas_page(atlas: list[dict[str, Any]], conformance: list[dict[str, Any]], s
         doc = next(d for d in atlas if d["backend"] == backend)
         snippet = next((a["reproducer"] for a in doc["answers"] if a["id"] == e["question"]), "")
         link = f" Upstream: <{e['upstream']}>." if e["upstream"] else ""
-        lines += [f"### {e['id']}", "",
-                  f"`{backend}`, question *{e['question']}*: declared **{e['declared']}**, measured "
-                  f"**{e['measured']}**, status **{e['status']}**. {e['summary']}.{link}", ""]
+        lines += [
+            f"### {e['id']}",
+            "",
+            f"`{backend}`, question *{e['question']}*: declared **{e['declared']}**, measured "
+            f"**{e['measured']}**, status **{e['status']}**. {e['summary']}.{link}",
+            "",
+        ]
         if snippet:
-            lines += ["<details><summary>reproducer</summary>", "", "```python", snippet, "```", "", "</details>", ""]
+            lines += [
+                "<details><summary>reproducer</summary>",
+                "",
+                "```python",
+                snippet,
+                "```",
+                "",
+                "</details>",
+                "",
+            ]
     if undeclared_all:
-        lines += ["## Undeclared differences", "",
-                  table(["backend", "question", "answer", "spec"],
-                        [[b, u["title"], u["answer"], u["spec"]] for b, u in undeclared_all])]
-    lines += ["", "## How to read and extend it", "",
-              "`nox -s atlas` installs each implementation in its own environment (`pip install .[atlas]` installs",
-              "them all), asks it the questions (`python -m attnspec.backends.atlas.questions NAME --out FILE`)",
-              "and runs the conformance suite on it. An implementation is a few lines: a function on a calling",
-              "convention (`attnspec.backends.atlas.natives`), then its deviations as data in",
-              "`backends/atlas/deviations.toml`."]
+        lines += [
+            "## Undeclared differences",
+            "",
+            table(
+                ["backend", "question", "answer", "spec"],
+                [[b, u["title"], u["answer"], u["spec"]] for b, u in undeclared_all],
+            ),
+        ]
+    lines += [
+        "",
+        "## How to read and extend it",
+        "",
+        "`nox -s atlas` installs each implementation in its own environment (`pip install .[atlas]` installs",
+        "them all), asks it the questions (`python -m attnspec.backends.atlas.questions NAME --out FILE`)",
+        "and runs the conformance suite on it. An implementation is a few lines: a function on a calling",
+        "convention (`attnspec.backends.atlas.natives`), then its deviations as data in",
+        "`backends/atlas/deviations.toml`.",
+    ]
     return "\n".join(lines) + "\n"

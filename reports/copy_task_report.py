@@ -73,12 +73,21 @@ def index_section(doc: dict[str, Any], source: str, figure: str | None) -> list[
     rows = []
     for r in doc["runs"]:
         b, a = r["before"], r["after"]
-        rows.append([r["framework"], r["version"], f"{num(b['loss'])} → {num(a['loss'])}",
-                     f"{num(b['accuracy'])} → {num(a['accuracy'])}",
-                     f"{num(b['diagonal_mass'])} → {num(a['diagonal_mass'])}",
-                     len(r["losses"]), seconds(r["wall_s"])])
+        rows.append(
+            [
+                r["framework"],
+                r["version"],
+                f"{num(b['loss'])} → {num(a['loss'])}",
+                f"{num(b['accuracy'])} → {num(a['accuracy'])}",
+                f"{num(b['diagonal_mass'])} → {num(a['diagonal_mass'])}",
+                len(r["losses"]),
+                seconds(r["wall_s"]),
+            ]
+        )
     lines = [
-        "", "## Copy task", "",
+        "",
+        "## Copy task",
+        "",
         "`backend.mha` in training: token embedding plus sinusoidal positions, one multi-head",
         "attention layer and a linear readout, with no residual connection, learn to output the",
         "token at each position. torch (autograd) and JAX (`jax.grad`) start from the same NumPy",
@@ -87,18 +96,28 @@ def index_section(doc: dict[str, Any], source: str, figure: str | None) -> list[
         f"{doc.get('dtype', 'float32')}, Adam with lr {s['lr']}). Diagonal mass: the mean weight of query i",
         f"on key i over {s['eval_batch']} held-out sequences and the heads; uniform attention gives",
         f"1/n = {num(1 / s['n'])}. Made by `python -m attnspec.bench.copy_task` (`nox -s demo`),",
-        f"results in [`copy_task.json`]({source}/copy_task.json).", "",
-        table(["framework", "version", "held-out loss", "accuracy", "diagonal mass", "steps",
-               "wall time"], rows, "llllrrr"),
+        f"results in [`copy_task.json`]({source}/copy_task.json).",
+        "",
+        table(
+            ["framework", "version", "held-out loss", "accuracy", "diagonal mass", "steps", "wall time"],
+            rows,
+            "llllrrr",
+        ),
     ]
     if any(r.get("jit") is False for r in doc["runs"]):
-        lines += ["", "JAX trained eagerly: `jax.jit` could not trace its `backend.mha` (the backend",
-                  "reads values back to the host to pick a code path), so its wall time is mostly",
-                  "per-operation dispatch and the compilation of the backend's jitted pieces under",
-                  "autodiff."]
+        lines += [
+            "",
+            "JAX trained eagerly: `jax.jit` could not trace its `backend.mha` (the backend",
+            "reads values back to the host to pick a code path), so its wall time is mostly",
+            "per-operation dispatch and the compilation of the backend's jitted pieces under",
+            "autodiff.",
+        ]
     if "max_loss_difference" in doc:
-        lines += ["", "Largest difference between the frameworks' training losses at the same step: "
-                  f"{num(doc['max_loss_difference'])}."]
+        lines += [
+            "",
+            "Largest difference between the frameworks' training losses at the same step: "
+            f"{num(doc['max_loss_difference'])}.",
+        ]
     if figure:
         lines += ["", f"![Copy task: attention before and after training, and the loss]({figure})"]
     return lines
@@ -114,19 +133,28 @@ def plot(doc: dict[str, Any], path: str | Path, dpi: int = 90) -> None:
         for col, when in enumerate(("before", "after")):
             ax = fig.add_subplot(len(runs), 3, 3 * row + col + 1)
             e = r[when]
-            im = ax.imshow(np.asarray(e["weights"], float), cmap="Blues", vmin=0.0, vmax=1.0,
-                           interpolation="nearest")
+            im = ax.imshow(
+                np.asarray(e["weights"], float), cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest"
+            )
             fig.colorbar(im, ax=ax, shrink=0.85, label="weight")
-            ax.set_title(f"{r['framework']} {r['version']}, {when} training\ndiagonal mass "
-                         f"{e['diagonal_mass']:.3f}, accuracy {e['accuracy']:.3f}", fontsize=8)
+            ax.set_title(
+                f"{r['framework']} {r['version']}, {when} training\ndiagonal mass "
+                f"{e['diagonal_mass']:.3f}, accuracy {e['accuracy']:.3f}",
+                fontsize=8,
+            )
             ax.set_xlabel("key j")
             ax.set_ylabel("query i")
             ax.tick_params(labelsize=7)
         ax = fig.add_subplot(len(runs), 3, 3 * row + 3)
         steps = len(r["losses"])
         ax.plot(np.arange(1, steps + 1), r["losses"], lw=1.0, label="training batch")
-        ax.axhline(math.log(s["vocab"]), color="gray", ls=":", lw=1.0,
-                   label=f"ln V = {math.log(s['vocab']):.2f} (chance)")
+        ax.axhline(
+            math.log(s["vocab"]),
+            color="gray",
+            ls=":",
+            lw=1.0,
+            label=f"ln V = {math.log(s['vocab']):.2f} (chance)",
+        )
         ax.plot([steps], [r["after"]["loss"]], "o", color="crimson", ms=4, label="held-out, after")
         ax.set_yscale("log")
         ax.set_xlabel("Adam step")
@@ -135,8 +163,11 @@ def plot(doc: dict[str, Any], path: str | Path, dpi: int = 90) -> None:
         ax.set_title(f"{r['framework']}: loss, {r['wall_s']:.1f} s for {steps} steps{eager}", fontsize=8)
         ax.grid(True, which="both", lw=0.3, alpha=0.5)
         ax.legend(fontsize=6)
-    fig.suptitle(f"Copy task through backend.mha: V={s['vocab']}, n={s['n']}, E={s['embed_dim']}, "
-                 f"H={s['num_heads']}, batch {s['batch']}; weights averaged over "
-                 f"{s['eval_batch']} held-out sequences and the heads", fontsize=9)
+    fig.suptitle(
+        f"Copy task through backend.mha: V={s['vocab']}, n={s['n']}, E={s['embed_dim']}, "
+        f"H={s['num_heads']}, batch {s['batch']}; weights averaged over "
+        f"{s['eval_batch']} held-out sequences and the heads",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=dpi, metadata={"Software": None})  # no version: stable bytes

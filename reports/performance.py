@@ -10,7 +10,14 @@ from typing import Any
 from attnspec.reports._io import Results, as_float
 from attnspec.reports._md import DASH, nbytes, num, pct, run_label, seconds, table
 
-__all__ = ["IMPLEMENTATION_ORDER", "impl_key", "lsh_quality_stats", "lsh_scaling", "performance_page", "share"]
+__all__ = [
+    "IMPLEMENTATION_ORDER",
+    "impl_key",
+    "lsh_quality_stats",
+    "lsh_scaling",
+    "performance_page",
+    "share",
+]
 
 IMPLEMENTATION_ORDER = ("adapter", "native", "golden", "blocked", "lsh", "vjp")
 NO_RESULTS = "No benchmark results in `{dir}`; run `nox -s bench`."
@@ -63,18 +70,31 @@ def _targets(results: Results) -> str:
     rows = []
     for doc in sorted(results.bench, key=bench_key):
         for t in sorted(doc.get("targets") or [], key=lambda t: t["name"]):
-            rows.append([doc["backend"], doc["device"], t["name"], num(t.get("value")),
-                         num(t.get("target")), _met(t), f"`{doc['_file']}`", t.get("detail")])
+            rows.append(
+                [
+                    doc["backend"],
+                    doc["device"],
+                    t["name"],
+                    num(t.get("value")),
+                    num(t.get("target")),
+                    _met(t),
+                    f"`{doc['_file']}`",
+                    t.get("detail"),
+                ]
+            )
     if not rows:
         return "No targets were recorded."
     # a target can be evaluated by several runs (the targets run, and a grid holding its cases)
-    return table(["backend", "device", "name", "value", "target", "met", "results file", "detail"], rows,
-                 "lllrrlll")
+    return table(
+        ["backend", "device", "name", "value", "target", "met", "results file", "detail"], rows, "lllrrlll"
+    )
 
 
 def _machines(results: Results) -> str:
-    rows = [[doc["backend"], doc["device"], doc.get("device_name"), _rates(doc), f"`{doc['_file']}`"]
-            for doc in sorted(results.bench, key=bench_key)]
+    rows = [
+        [doc["backend"], doc["device"], doc.get("device_name"), _rates(doc), f"`{doc['_file']}`"]
+        for doc in sorted(results.bench, key=bench_key)
+    ]
     return table(["backend", "device", "device name", "matmul rate (same run)", "results file"], rows)
 
 
@@ -97,13 +117,42 @@ def _dtype_table(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     with_params = any(_params(r) for r in rows)
     for r in sorted(rows, key=row_key):
         mem = DASH if r.get("peak_mem_bytes") is None else nbytes(r["peak_mem_bytes"])
-        body.append([r["implementation"], r["pass"], r["B"], r["H"], r["n"], r["m"], r["d"],
-                     "yes" if r["causal"] else "no", _time(r), num(r.get("tflops")),
-                     pct(share(doc, r)), mem, r.get("mem_method")] + ([_params(r)] if with_params else []))
-    headers = ["implementation", "pass", "B", "H", "n", "m", "d", "causal", "median (min – max)",
-               "TFLOP/s", "share of matmul", "peak memory", "memory method"]
-    return table(headers + (["params"] if with_params else []), body,
-                 "llrrrrrlrrrrl" + ("l" if with_params else ""))
+        body.append(
+            [
+                r["implementation"],
+                r["pass"],
+                r["B"],
+                r["H"],
+                r["n"],
+                r["m"],
+                r["d"],
+                "yes" if r["causal"] else "no",
+                _time(r),
+                num(r.get("tflops")),
+                pct(share(doc, r)),
+                mem,
+                r.get("mem_method"),
+            ]
+            + ([_params(r)] if with_params else [])
+        )
+    headers = [
+        "implementation",
+        "pass",
+        "B",
+        "H",
+        "n",
+        "m",
+        "d",
+        "causal",
+        "median (min – max)",
+        "TFLOP/s",
+        "share of matmul",
+        "peak memory",
+        "memory method",
+    ]
+    return table(
+        headers + (["params"] if with_params else []), body, "llrrrrrlrrrrl" + ("l" if with_params else "")
+    )
 
 
 def _skipped(doc: dict[str, Any]) -> list[str]:
@@ -111,8 +160,10 @@ def _skipped(doc: dict[str, Any]) -> list[str]:
     groups = [g for g in doc.get("skipped") or [] if isinstance(g, dict)]
     if not groups:
         return []
-    rows = sorted([str(g.get("implementation")), str(g.get("dtype")), len(g.get("cases") or []),
-                   str(g.get("reason"))] for g in groups)
+    rows = sorted(
+        [str(g.get("implementation")), str(g.get("dtype")), len(g.get("cases") or []), str(g.get("reason"))]
+        for g in groups
+    )
     return ["", "Skipped cases:", "", table(["implementation", "dtype", "cases", "reason"], rows, "llrl")]
 
 
@@ -134,29 +185,56 @@ def lsh_scaling(doc: dict[str, Any]) -> list[str]:
     lsh = [r for r in doc["rows"] if r["implementation"] == "lsh" and not r["causal"]]
     if not lsh:
         return []
-    skips = {(str(g.get("implementation")), g.get("dtype"), (c.get("B"), c.get("H"), c.get("d"), c.get("n"))):
-             g.get("reason")
-             for g in doc.get("skipped") or [] if isinstance(g, dict) for c in g.get("cases") or []}
+    skips = {
+        (
+            str(g.get("implementation")),
+            g.get("dtype"),
+            (c.get("B"), c.get("H"), c.get("d"), c.get("n")),
+        ): g.get("reason")
+        for g in doc.get("skipped") or []
+        if isinstance(g, dict)
+        for c in g.get("cases") or []
+    }
     out = []
     for dtype in sorted({r["dtype"] for r in lsh}):
         rows = sorted((r for r in lsh if r["dtype"] == dtype), key=lambda r: r["n"])
         shapes = {(r["B"], r["H"], r["d"], r["n"]) for r in rows}
         # the full-attention implementations this run measured or skipped at the LSH rows' shapes
-        full_impls = sorted({f["implementation"] for f in doc["rows"] if f["implementation"] != "lsh"
-                             and f["dtype"] == dtype and (f["B"], f["H"], f["d"], f["n"]) in shapes}
-                            | {g for g, dt, shape in skips if g != "lsh" and dt == dtype and shape in shapes},
-                            key=impl_key)
+        full_impls = sorted(
+            {
+                f["implementation"]
+                for f in doc["rows"]
+                if f["implementation"] != "lsh"
+                and f["dtype"] == dtype
+                and (f["B"], f["H"], f["d"], f["n"]) in shapes
+            }
+            | {g for g, dt, shape in skips if g != "lsh" and dt == dtype and shape in shapes},
+            key=impl_key,
+        )
         if not full_impls:
             continue
         body = []
         crossover: dict[str, list[tuple[int, bool]]] = {}  # implementation -> (L, LSH faster) at each L
         for r in rows:
-            cells = [r["n"], (r.get("params") or {}).get("n_buckets", DASH), seconds(r["median_s"]),
-                     nbytes(r.get("peak_mem_bytes"))]
+            cells = [
+                r["n"],
+                (r.get("params") or {}).get("n_buckets", DASH),
+                seconds(r["median_s"]),
+                nbytes(r.get("peak_mem_bytes")),
+            ]
             for impl in full_impls:
-                full = next((f for f in doc["rows"] if f["implementation"] == impl and f["dtype"] == dtype
-                             and not f["causal"] and (f["B"], f["H"], f["d"], f["n"], f["m"])
-                             == (r["B"], r["H"], r["d"], r["n"], r["m"])), None)
+                full = next(
+                    (
+                        f
+                        for f in doc["rows"]
+                        if f["implementation"] == impl
+                        and f["dtype"] == dtype
+                        and not f["causal"]
+                        and (f["B"], f["H"], f["d"], f["n"], f["m"])
+                        == (r["B"], r["H"], r["d"], r["n"], r["m"])
+                    ),
+                    None,
+                )
                 if full is None:
                     why = skips.get((impl, dtype, (r["B"], r["H"], r["d"], r["n"])), "not run")
                     cells += [f"skipped: {why}", DASH, DASH]
@@ -176,13 +254,18 @@ def lsh_scaling(doc: dict[str, Any]) -> list[str]:
             found = "needs two or more L" if len(pts) == 1 else f"L = {wins[0]}" if wins else "none measured"
             first.append(f"{impl}: {found}")
         r0 = rows[0]
-        out += ["", f"### LSH scaling: {doc['backend']} / {doc['device']} / {dtype}", "",
-                f"B={r0['B']} H={r0['H']} d={r0['d']}, lsh chunk_length="
-                f"{(r0.get('params') or {}).get('chunk_length')}, n_hashes="
-                f"{(r0.get('params') or {}).get('n_hashes')}. Theory: full attention "
-                "time and memory ∝ L², LSH ∝ L·C (the figure's dotted lines). "
-                f"Crossover (first L from which LSH is faster): {'; '.join(first)}.", "",
-                table(headers, body, "rr" + "rr" + "rrr" * len(full_impls))]
+        out += [
+            "",
+            f"### LSH scaling: {doc['backend']} / {doc['device']} / {dtype}",
+            "",
+            f"B={r0['B']} H={r0['H']} d={r0['d']}, lsh chunk_length="
+            f"{(r0.get('params') or {}).get('chunk_length')}, n_hashes="
+            f"{(r0.get('params') or {}).get('n_hashes')}. Theory: full attention "
+            "time and memory ∝ L², LSH ∝ L·C (the figure's dotted lines). "
+            f"Crossover (first L from which LSH is faster): {'; '.join(first)}.",
+            "",
+            table(headers, body, "rr" + "rr" + "rrr" * len(full_impls)),
+        ]
     return out
 
 
@@ -202,12 +285,18 @@ def reformer_comparison(doc: dict[str, Any]) -> list[str]:
     for L in sorted(ours):
         r = ours[L]
         libs = {x["implementation"]: x for x in rows if x["n"] == L and x["implementation"] in REFORMER_LIBS}
-        cells = [L, (r.get("params") or {}).get("n_buckets", DASH), _time(r),
-                 nbytes(r["peak_mem_bytes"]) if r.get("peak_mem_bytes") is not None else DASH]
+        cells = [
+            L,
+            (r.get("params") or {}).get("n_buckets", DASH),
+            _time(r),
+            nbytes(r["peak_mem_bytes"]) if r.get("peak_mem_bytes") is not None else DASH,
+        ]
         for name in REFORMER_LIBS:
             lib = libs.get(name)
-            cells += [_time(lib) if lib else DASH,
-                      nbytes(lib["peak_mem_bytes"]) if lib and lib.get("peak_mem_bytes") is not None else DASH]
+            cells += [
+                _time(lib) if lib else DASH,
+                nbytes(lib["peak_mem_bytes"]) if lib and lib.get("peak_mem_bytes") is not None else DASH,
+            ]
         fastest = min((x["median_s"] for x in libs.values()), default=None)
         peaks = [x["peak_mem_bytes"] for x in libs.values() if x.get("peak_mem_bytes") is not None]
         speed = f"{fastest / r['median_s']:.2f}x" if fastest else DASH
@@ -220,15 +309,20 @@ def reformer_comparison(doc: dict[str, Any]) -> list[str]:
     for name in REFORMER_LIBS:
         headers += [f"{name} median (min – max)", f"{name} peak"]
     headers += ["faster library / attnspec (medians)", "time goal", "memory goal"]
-    return ["", f"### Reformer libraries: {doc['backend']} / {doc['device']} / float32 / {nh} hashes", "",
-            "attnspec's torch `lsh_attention` against reformer-pytorch's `LSHAttention` and Hugging Face's "
-            "`LSHSelfAttention` (its two 64 x 64 projections included), B=1, one head, d=64, chunk 64, "
-            "L/64 buckets, no autograd, timed interleaved (`python -m attnspec.bench.reformer`, "
-            "run by `nox -s bench-torch`). Goal (#17): time at most the faster library's, peak memory "
-            "at most the smaller library peak. On a shared machine a burst of load can land on one "
-            "implementation's repeats more than another's (attnspec makes more, smaller framework "
-            "calls, which suffer most): read min – max beside the medians.", "",
-            table(headers, body, "lr" + "r" * (len(headers) - 2))]
+    return [
+        "",
+        f"### Reformer libraries: {doc['backend']} / {doc['device']} / float32 / {nh} hashes",
+        "",
+        "attnspec's torch `lsh_attention` against reformer-pytorch's `LSHAttention` and Hugging Face's "
+        "`LSHSelfAttention` (its two 64 x 64 projections included), B=1, one head, d=64, chunk 64, "
+        "L/64 buckets, no autograd, timed interleaved (`python -m attnspec.bench.reformer`, "
+        "run by `nox -s bench-torch`). Goal (#17): time at most the faster library's, peak memory "
+        "at most the smaller library peak. On a shared machine a burst of load can land on one "
+        "implementation's repeats more than another's (attnspec makes more, smaller framework "
+        "calls, which suffer most): read min – max beside the medians.",
+        "",
+        table(headers, body, "lr" + "r" * (len(headers) - 2)),
+    ]
 
 
 def lsh_quality_stats(results: Results) -> list[tuple[str, int, int, float, float, float]]:
@@ -237,8 +331,7 @@ def lsh_quality_stats(results: Results) -> list[tuple[str, int, int, float, floa
     for doc in results.lsh_quality:
         for r in doc["rows"]:
             groups[(r["input"], r["n_hashes"])].append(float(r["rel_err"]))
-    return [(inp, nh, len(v), sum(v) / len(v), min(v), max(v))
-            for (inp, nh), v in sorted(groups.items())]
+    return [(inp, nh, len(v), sum(v) / len(v), min(v), max(v)) for (inp, nh), v in sorted(groups.items())]
 
 
 def _lsh_quality(results: Results, plot: tuple[str, str] | None) -> list[str]:
@@ -246,11 +339,18 @@ def _lsh_quality(results: Results, plot: tuple[str, str] | None) -> list[str]:
     if not stats:
         return []
     files = ", ".join(f"`{d['_file']}`" for d in results.lsh_quality)
-    lines = ["", "## LSH approximation error", "",
-             f"Relative error of LSH attention against full attention, over seeds ({files}).", "",
-             table(["input", "n_hashes", "seeds", "mean rel err", "min", "max"],
-                   [[i, nh, s, num(mean), num(lo), num(hi)] for i, nh, s, mean, lo, hi in stats],
-                   "lrrrrr")]
+    lines = [
+        "",
+        "## LSH approximation error",
+        "",
+        f"Relative error of LSH attention against full attention, over seeds ({files}).",
+        "",
+        table(
+            ["input", "n_hashes", "seeds", "mean rel err", "min", "max"],
+            [[i, nh, s, num(mean), num(lo), num(hi)] for i, nh, s, mean, lo, hi in stats],
+            "lrrrrr",
+        ),
+    ]
     if plot:
         lines += ["", f"![{plot[0]}]({plot[1]})"]
     return lines
@@ -261,20 +361,58 @@ def suite_throughput(results: Results) -> list[str]:
     if not results.suite_timing:
         return []
     rows = []
-    for d in sorted(results.suite_timing, key=lambda d: (d["backend"], d["device"], d["profile"], d["selection"])):
+    for d in sorted(
+        results.suite_timing, key=lambda d: (d["backend"], d["device"], d["profile"], d["selection"])
+    ):
         rate = d["cases"] / d["seconds"] if d["seconds"] else None
-        rows.append([d["backend"], d["device"], d["profile"], f"`{d['selection']}`" if d["selection"] else "all",
-                     d["jobs"], d["tests"], d["cases"], num(d["seconds"]), num(rate), num(d["first_result_s"]),
-                     "incomplete" if d["incomplete"] else "", d.get("date", "")[:10], d.get("git_commit")])
-    return ["", "## Suite throughput", "",
-            "Wall-clock seconds of `python -m attnspec.conformance.run` (what `nox -s conformance` runs per",
-            "backend, environment already installed), cases per second, and seconds until the first case",
-            "had a result (imports, collection, the backend's set-up). Written by every run into",
-            "`reports/results/suite-timings/`; `nox -s bench` adds a `dev`-profile run per backend.",
-            "JAX rows depend on the persistent compilation cache (`~/.cache/attnspec/jax`): see the",
-            "guide's performance page (docs/guide/performance.md) for cold and warm figures.", "",
-            table(["backend", "device", "profile", "selection", "jobs", "tests", "cases", "seconds", "cases/s",
-                   "first result (s)", "", "date", "commit"], rows, "lllllrrrrrlll")]
+        rows.append(
+            [
+                d["backend"],
+                d["device"],
+                d["profile"],
+                f"`{d['selection']}`" if d["selection"] else "all",
+                d["jobs"],
+                d["tests"],
+                d["cases"],
+                num(d["seconds"]),
+                num(rate),
+                num(d["first_result_s"]),
+                "incomplete" if d["incomplete"] else "",
+                d.get("date", "")[:10],
+                d.get("git_commit"),
+            ]
+        )
+    return [
+        "",
+        "## Suite throughput",
+        "",
+        "Wall-clock seconds of `python -m attnspec.conformance.run` (what `nox -s conformance` runs per",
+        "backend, environment already installed), cases per second, and seconds until the first case",
+        "had a result (imports, collection, the backend's set-up). Written by every run into",
+        "`reports/results/suite-timings/`; `nox -s bench` adds a `dev`-profile run per backend.",
+        "JAX rows depend on the persistent compilation cache (`~/.cache/attnspec/jax`): see the",
+        "guide's performance page (docs/guide/performance.md) for cold and warm figures.",
+        "",
+        table(
+            [
+                "backend",
+                "device",
+                "profile",
+                "selection",
+                "jobs",
+                "tests",
+                "cases",
+                "seconds",
+                "cases/s",
+                "first result (s)",
+                "",
+                "date",
+                "commit",
+            ],
+            rows,
+            "lllllrrrrrlll",
+        ),
+    ]
 
 
 def vectors_throughput(results: Results) -> list[str]:
@@ -282,24 +420,58 @@ def vectors_throughput(results: Results) -> list[str]:
     rows = []
     for doc in sorted(results.bench, key=bench_key):
         for f in (doc.get("vectors") or {}).get("figures") or []:
-            rows.append([doc["backend"], doc["device"], f.get("profile"), f.get("function"),
-                         ", ".join(f.get("dtypes") or []), f.get("cases"), num(f.get("size_mb")),
-                         num(f.get("export_s")), num(f.get("verify_s")), num(f.get("verify_cases_per_s")),
-                         f"{f.get('passed')}/{f.get('cases')}", f"`{doc['_file']}`"])
+            rows.append(
+                [
+                    doc["backend"],
+                    doc["device"],
+                    f.get("profile"),
+                    f.get("function"),
+                    ", ".join(f.get("dtypes") or []),
+                    f.get("cases"),
+                    num(f.get("size_mb")),
+                    num(f.get("export_s")),
+                    num(f.get("verify_s")),
+                    num(f.get("verify_cases_per_s")),
+                    f"{f.get('passed')}/{f.get('cases')}",
+                    f"`{doc['_file']}`",
+                ]
+            )
     if not rows:
         return []
-    return ["", "## Conformance vectors", "",
-            "`attnspec vectors export` of the sdpa bundles (all four dtypes) and `attnspec vectors verify` of",
-            "the numpy backend's outputs for them (`python -m attnspec.bench.vectors`, run by `nox -s bench`",
-            "with the numpy targets). Size: every file written, MB of 10^6 bytes. Verify: median seconds of",
-            "loading the bundles (schema, hashes) and judging every output, report not included. Goals: at most",
-            "25 MB, export at most 60 s, verify at least 2000 cases/s (the Targets table above).", "",
-            table(["backend", "device", "profile", "function", "dtypes", "cases", "MB", "export (s)",
-                   "verify (s)", "verify cases/s", "passed", "results file"], rows, "lllllrrrrrrl")]
+    return [
+        "",
+        "## Conformance vectors",
+        "",
+        "`attnspec vectors export` of the sdpa bundles (all four dtypes) and `attnspec vectors verify` of",
+        "the numpy backend's outputs for them (`python -m attnspec.bench.vectors`, run by `nox -s bench`",
+        "with the numpy targets). Size: every file written, MB of 10^6 bytes. Verify: median seconds of",
+        "loading the bundles (schema, hashes) and judging every output, report not included. Goals: at most",
+        "25 MB, export at most 60 s, verify at least 2000 cases/s (the Targets table above).",
+        "",
+        table(
+            [
+                "backend",
+                "device",
+                "profile",
+                "function",
+                "dtypes",
+                "cases",
+                "MB",
+                "export (s)",
+                "verify (s)",
+                "verify cases/s",
+                "passed",
+                "results file",
+            ],
+            rows,
+            "lllllrrrrrrl",
+        ),
+    ]
 
 
-def performance_page(results: Results, plots: Plots | None = None,
-                     lsh_plot: tuple[str, str] | None = None) -> str:
+def performance_page(
+    results: Results, plots: Plots | None = None, lsh_plot: tuple[str, str] | None = None
+) -> str:
     """The Markdown of ``performance.md``; ``plots`` maps a bench run's key to its figures."""
     plots = plots or {}
     lines = ["# Performance", ""]
@@ -311,8 +483,14 @@ def performance_page(results: Results, plots: Plots | None = None,
         "warm-up (min – max beside it). *share of matmul* divides the row's TFLOP/s by the dense",
         "matmul rate of the same device and dtype, measured in the same run, so rows from different",
         "machines compare by efficiency rather than by raw speed.",
-        "", "## Machines", "", _machines(results),
-        "", "## Targets", "", _targets(results),
+        "",
+        "## Machines",
+        "",
+        _machines(results),
+        "",
+        "## Targets",
+        "",
+        _targets(results),
         *suite_throughput(results),
         *vectors_throughput(results),
     ]
@@ -325,8 +503,12 @@ def performance_page(results: Results, plots: Plots | None = None,
         for r in doc["rows"]:
             by_dtype[r["dtype"]].append(r)
         for dtype in sorted(by_dtype):
-            lines += ["", f"### {doc['backend']} / {doc['device']} / {dtype}", "",
-                      _dtype_table(doc, by_dtype[dtype])]
+            lines += [
+                "",
+                f"### {doc['backend']} / {doc['device']} / {dtype}",
+                "",
+                _dtype_table(doc, by_dtype[dtype]),
+            ]
         lines += lsh_scaling(doc)
         lines += reformer_comparison(doc)
         figures = plots.get(bench_key(doc), [])

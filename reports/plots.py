@@ -73,8 +73,12 @@ def weight_heatmaps(staged: StagedOutput) -> list[Plot]:
     _staircase(ax, n, m - n, color="crimson", lw=1.5, label="lower_right: j ≤ i + m − n")
     _staircase(ax, n, 0, color="orange", lw=1.2, ls="--", label="upper_left would be: j ≤ i")
     ax.legend(fontsize=6, loc="lower left")
-    out.append(("Golden weights, causal lower_right with n != m",
-                _save(fig, staged, "weights-causal-lower-right.png")))
+    out.append(
+        (
+            "Golden weights, causal lower_right with n != m",
+            _save(fig, staged, "weights-causal-lower-right.png"),
+        )
+    )
 
     n = m = 8
     q, k, v = _inputs(rng, n, m)
@@ -107,14 +111,21 @@ def lsh_heatmap(staged: StagedOutput) -> Plot | str:
     centers = rng.standard_normal((3, d))
     x = centers[np.arange(L) % 3] + 0.15 * rng.standard_normal((L, d))  # (L, d): 3 interleaved clusters
     rotations = lsh_rotations(0, d, n_hashes, n_buckets)
-    w, buckets = lsh_attention(x, np.eye(L), rotations=rotations, chunk_length=C,
-                               return_buckets=True)  # w: (L, L), buckets: (n_hashes, L)
+    w, buckets = lsh_attention(
+        x, np.eye(L), rotations=rotations, chunk_length=C, return_buckets=True
+    )  # w: (L, L), buckets: (n_hashes, L)
     order = np.lexsort((np.arange(L), buckets[0]))  # round 0's (bucket, position) sort
     fig = Figure(figsize=(7.6, 3.3))
     title = f"L={L}, n_hashes={n_hashes}, n_buckets={n_buckets}, chunk_length={C}"
     _heat(fig.add_subplot(1, 2, 1), w, f"LSH weights\n{title}", fig)
-    _heat(fig.add_subplot(1, 2, 2), w[np.ix_(order, order)], "same, positions sorted by round-0 bucket",
-          fig, "key (sorted)", "query (sorted)")
+    _heat(
+        fig.add_subplot(1, 2, 2),
+        w[np.ix_(order, order)],
+        "same, positions sorted by round-0 bucket",
+        fig,
+        "key (sorted)",
+        "query (sorted)",
+    )
     return ("Golden LSH attention weights (3 clustered inputs)", _save(fig, staged, "weights-lsh.png"))
 
 
@@ -136,8 +147,9 @@ def _series(rows: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
     """Rows of one figure grouped into lines: (implementation order, name, B, H, d, causal)."""
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        groups[(impl_key(r["implementation"]), r["implementation"], r["B"], r["H"], r["d"],
-                r["causal"])].append(r)
+        groups[
+            (impl_key(r["implementation"]), r["implementation"], r["B"], r["H"], r["d"], r["causal"])
+        ].append(r)
     return {k: sorted(v, key=lambda r: (r["n"], r["m"])) for k, v in sorted(groups.items())}
 
 
@@ -156,8 +168,9 @@ def _ticks(ax, fmt) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _panel(ax, series: dict[tuple, list[dict]], field: str, which: int, ylabel: str, fmt,
-           ybase: int = 10) -> None:
+def _panel(
+    ax, series: dict[tuple, list[dict]], field: str, which: int, ylabel: str, fmt, ybase: int = 10
+) -> None:
     impls = sorted({k[:2] for k in series})
     colors = {name: f"C{i % 10}" for i, (_, name) in enumerate(impls)}
     shapes: dict[str, set] = defaultdict(set)
@@ -210,8 +223,11 @@ def perf_plots(results: Results, staged: StagedOutput) -> dict[tuple[str, str, s
             where = f"{doc['backend']} / {doc['device']}, {dtype}, {pass_}"
             fig.suptitle(where, fontsize=10)
             out.setdefault(bench_key(doc), []).append(
-                (f"Time and peak memory against n: {where}",
-                 _save(fig, staged, f"perf-{stem}-{_safe(pass_)}-{_safe(dtype)}.png")))
+                (
+                    f"Time and peak memory against n: {where}",
+                    _save(fig, staged, f"perf-{stem}-{_safe(pass_)}-{_safe(dtype)}.png"),
+                )
+            )
     return out
 
 

@@ -31,10 +31,16 @@ nox -s conformance   # Hypothesis suite -> reports/results/conformance-<backend>
 nox -s bench         # benchmark grid   -> reports/results/bench-<backend>-<device>.json
 nox -s report        # this report: python -m attnspec.reports.render"""
 _ENV_LABELS = (
-    ("attnspec", "attnspec"), ("git_commit", "git commit"), ("python", "python"),
-    ("platform", "platform"), ("frameworks", "frameworks"), ("numerics_policy", "numerics policy"),
-    ("hypothesis_profile", "Hypothesis profile"), ("hypothesis_seed", "Hypothesis seed"),
-    ("date", "date"), ("elapsed_s", "elapsed (s)"),
+    ("attnspec", "attnspec"),
+    ("git_commit", "git commit"),
+    ("python", "python"),
+    ("platform", "platform"),
+    ("frameworks", "frameworks"),
+    ("numerics_policy", "numerics policy"),
+    ("hypothesis_profile", "Hypothesis profile"),
+    ("hypothesis_seed", "Hypothesis seed"),
+    ("date", "date"),
+    ("elapsed_s", "elapsed (s)"),
 )
 
 
@@ -71,16 +77,23 @@ def _relpath(target: Path, start: Path) -> str:
         return target.resolve().as_posix()
 
 
-def index_page(results: Results, out: Path, figures: dict[str, list[tuple[str, str]]],
-               notes: list[str], copy_task: Sequence[str] = ()) -> str:
+def index_page(
+    results: Results,
+    out: Path,
+    figures: dict[str, list[tuple[str, str]]],
+    notes: list[str],
+    copy_task: Sequence[str] = (),
+) -> str:
     """The Markdown of ``index.md``; ``copy_task`` is its "Copy task" section, if any."""
     from attnspec.reports._md import fence, table
     from attnspec.reports.accuracy import run_key, verdict
 
     source = _relpath(results.directory, out)
     lines = [
-        "# attnspec reports", "",
-        f"Rendered by `{PROG}` from the results JSON in `{source}`; do not edit by hand.", "",
+        "# attnspec reports",
+        "",
+        f"Rendered by `{PROG}` from the results JSON in `{source}`; do not edit by hand.",
+        "",
         "- [Accuracy](accuracy.md): conformance to the golden specification per backend, device,",
         "  function, feature and dtype, with verdicts and every failure's reproducer.",
         "- [Deviations](deviations.md): declared deviations of the frameworks' native primitives,",
@@ -89,18 +102,28 @@ def index_page(results: Results, out: Path, figures: dict[str, list[tuple[str, s
         "  peak memory, and the performance targets.",
     ]
     if any(results.directory.glob("atlas-*.json")) if results.directory.is_dir() else False:
-        lines += ["- [The attention atlas](atlas.md): implementations nobody here wrote (MLX, tinygrad, Keras,",
-                  "  Flax, transformers, flex_attention, Pallas...) against the spec, one cross-table."]
+        lines += [
+            "- [The attention atlas](atlas.md): implementations nobody here wrote (MLX, tinygrad, Keras,",
+            "  Flax, transformers, flex_attention, Pallas...) against the spec, one cross-table.",
+        ]
     if results.conformance:
-        rows = [[d["backend"], d["device"], d.get("device_name"), verdict(d)]
-                for d in sorted(results.conformance, key=run_key)]
+        rows = [
+            [d["backend"], d["device"], d.get("device_name"), verdict(d)]
+            for d in sorted(results.conformance, key=run_key)
+        ]
         lines += ["", "## Verdicts", "", table(["backend", "device", "device name", "verdict"], rows)]
     lines += [
-        "", "## How these reports are produced", "", fence(COMMANDS, "sh"), "",
+        "",
+        "## How these reports are produced",
+        "",
+        fence(COMMANDS, "sh"),
+        "",
         "Each run writes one JSON file per backend and device; results from other machines (a GPU",
         f"host, say) are merged by copying their files into `{source}` before `nox -s report`.",
         "Rendering never runs a backend: it only reads those files.",
-        "", "## Machines and runs", "",
+        "",
+        "## Machines and runs",
+        "",
     ]
     docs = [("conformance", d) for d in results.conformance] + [("bench", d) for d in results.bench]
     docs += [("lsh quality", d) for d in results.lsh_quality]
@@ -109,15 +132,29 @@ def index_page(results: Results, out: Path, figures: dict[str, list[tuple[str, s
         rows = []
         for kind, d in docs:
             env = d.get("environment") or {}
-            rows.append([f"[`{d['_file']}`]({source}/{d['_file']})", kind, d.get("backend"), d.get("device"),
-                         d.get("device_name"), env.get("date"), env.get("git_commit")])
-        lines += [table(["results file", "kind", "backend", "device", "device name", "date", "git commit"],
-                        rows)]
+            rows.append(
+                [
+                    f"[`{d['_file']}`]({source}/{d['_file']})",
+                    kind,
+                    d.get("backend"),
+                    d.get("device"),
+                    d.get("device_name"),
+                    env.get("date"),
+                    env.get("git_commit"),
+                ]
+            )
+        lines += [
+            table(["results file", "kind", "backend", "device", "device name", "date", "git commit"], rows)
+        ]
         for _, d in docs:
             env = d.get("environment") or {}
             if env:
-                lines += ["", f"### Environment of `{d['_file']}`", "",
-                          table(["setting", "value"], _environment(env))]
+                lines += [
+                    "",
+                    f"### Environment of `{d['_file']}`",
+                    "",
+                    table(["setting", "value"], _environment(env)),
+                ]
     else:
         lines += ["No results yet: run `nox -s conformance` and `nox -s bench`."]
     lines += list(copy_task)
@@ -150,8 +187,12 @@ def _make_plots(results: Results, staged: StagedOutput, notes: list[str]):
     return heat, perf, quality, lsh_figs
 
 
-def render(results_dir: str | os.PathLike = "reports/results", out_dir: str | os.PathLike = "reports",
-           *, plots: bool = True) -> list[str]:
+def render(
+    results_dir: str | os.PathLike = "reports/results",
+    out_dir: str | os.PathLike = "reports",
+    *,
+    plots: bool = True,
+) -> list[str]:
     """Render every results file of ``results_dir`` into ``out_dir``; return the files written.
 
     Raises `ResultsError` (before touching ``out_dir``) if a results file is malformed.
@@ -183,7 +224,9 @@ def render(results_dir: str | os.PathLike = "reports/results", out_dir: str | os
         staged.write_text("performance.md", performance_page(results, perf, quality))
         atlas = load_atlas(results.directory) if results.directory.is_dir() else []
         if atlas:
-            staged.write_text("atlas.md", atlas_page(atlas, results.conformance, _relpath(results.directory, out)))
+            staged.write_text(
+                "atlas.md", atlas_page(atlas, results.conformance, _relpath(results.directory, out))
+            )
         figures = {
             "Attention weights of the golden specification": heat,
             "Time and memory against sequence length": [f for fs in perf.values() for f in fs],
@@ -195,8 +238,10 @@ def render(results_dir: str | os.PathLike = "reports/results", out_dir: str | os
             from attnspec.reports.mutation import load as load_mutation
             from attnspec.reports.mutation import mutation_page
 
-            staged.write_text("mutation.md", mutation_page(load_mutation(mutation),
-                                                           f"{_relpath(results.directory, out)}/mutation.json"))
+            staged.write_text(
+                "mutation.md",
+                mutation_page(load_mutation(mutation), f"{_relpath(results.directory, out)}/mutation.json"),
+            )
         staged.write_text("index.md", index_page(results, out, figures, notes, copy_lines))
         written = list(staged.written)
     return sorted(written)
@@ -210,8 +255,9 @@ def _copy_task_doc(directory: Path) -> dict[str, Any] | None:
     return copy_task_report.load(path) if path.is_file() else None
 
 
-def _copy_task_section(doc: dict[str, Any] | None, staged: StagedOutput, source: str,
-                       plots: bool) -> list[str]:
+def _copy_task_section(
+    doc: dict[str, Any] | None, staged: StagedOutput, source: str, plots: bool
+) -> list[str]:
     from attnspec.reports import copy_task_report
 
     if doc is None:
@@ -250,18 +296,38 @@ def verdict_table(results: Results) -> str:
     """One line per conformance run: backend, device, cases by status, seconds, and when and at which
     commit it ran (the main job's end). The table reads every results file, so a run of one backend
     also lists the others' earlier results: their date and commit tell them apart."""
-    rows = [["backend", "device", "passed", "failed", "unsupported", "deviations", "crashed/hung", "seconds",
-             "finished", "commit"]]
+    rows = [
+        [
+            "backend",
+            "device",
+            "passed",
+            "failed",
+            "unsupported",
+            "deviations",
+            "crashed/hung",
+            "seconds",
+            "finished",
+            "commit",
+        ]
+    ]
     for d in sorted(results.conformance, key=lambda d: (d["backend"], d["device"])):
-        tot = {s: sum(r.get(s, 0) for r in d["rows"]) for s in ("passed", "failed", "unsupported", "deviation",
-                                                                  "crashed", "timeout")}
+        tot = {
+            s: sum(r.get(s, 0) for r in d["rows"])
+            for s in ("passed", "failed", "unsupported", "deviation", "crashed", "timeout")
+        }
         env = d.get("environment") or {}
         seconds = env.get("elapsed_s")
-        rows.append([d["backend"] + (" (incomplete)" if d.get("incomplete") else ""), d["device"],
-                     *(str(tot[s]) for s in ("passed", "failed", "unsupported", "deviation")),
-                     str(tot["crashed"] + tot["timeout"]), "—" if seconds is None else f"{seconds:.0f}",
-                     str(env.get("date") or "—").replace("T", " ").removesuffix("Z")[:16],
-                     str(env.get("git_commit") or "—")])
+        rows.append(
+            [
+                d["backend"] + (" (incomplete)" if d.get("incomplete") else ""),
+                d["device"],
+                *(str(tot[s]) for s in ("passed", "failed", "unsupported", "deviation")),
+                str(tot["crashed"] + tot["timeout"]),
+                "—" if seconds is None else f"{seconds:.0f}",
+                str(env.get("date") or "—").replace("T", " ").removesuffix("Z")[:16],
+                str(env.get("git_commit") or "—"),
+            ]
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
 

@@ -27,12 +27,32 @@ class NaiveLSH(Backend):
     def to_numpy(self, x):
         return np.asarray(x)
 
-    def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
-                      dedup=False, scale=None, return_buckets=False):
+    def lsh_attention(
+        self,
+        x,
+        v,
+        *,
+        rotations,
+        chunk_length,
+        causal=False,
+        kv_lengths=None,
+        dedup=False,
+        scale=None,
+        return_buckets=False,
+    ):
         fn = f"{self.name}.lsh_attention"
         info = lambda a: ArrayInfo(tuple(a.shape), a.dtype.name)  # noqa: E731
-        p = validate_lsh(fn, info(x), info(v), info(rotations), chunk_length=chunk_length,
-                         causal=causal, kv_lengths=kv_lengths, dedup=dedup, scale=scale)
+        p = validate_lsh(
+            fn,
+            info(x),
+            info(v),
+            info(rotations),
+            chunk_length=chunk_length,
+            causal=causal,
+            kv_lengths=kv_lengths,
+            dedup=dedup,
+            scale=scale,
+        )
         L, nh, nb, C, Lp = p.L, p.n_hashes, p.n_buckets, p.chunk_length, p.padded_length
         xs = np.broadcast_to(x.astype(np.float64), (*p.batch, L, p.d))
         vs = np.broadcast_to(v.astype(np.float64), (*p.batch, L, p.dv))
@@ -54,14 +74,16 @@ class NaiveLSH(Backend):
         vp[:n] = v[:n]
         k_hat = xp / np.maximum(np.linalg.norm(xp, axis=-1, keepdims=True), NORM_EPS)
         with np.errstate(invalid="ignore"):
-            proj = np.einsum("td,dk->tk", np.where(np.isfinite(xp), xp, 0), R.reshape(p.d, -1)).reshape(Lp, nh, -1)
+            proj = np.einsum("td,dk->tk", np.where(np.isfinite(xp), xp, 0), R.reshape(p.d, -1)).reshape(
+                Lp, nh, -1
+            )
         bk = np.argmax(np.concatenate([proj, -proj], -1), -1).T  # (nh, Lp)
         bk[:, n:] = nb
         order = np.concatenate([np.argsort(bk[r] * Lp + np.arange(Lp), kind="stable") for r in range(nh)])
         chunks = order.reshape(-1, C)
         rank = np.empty(nh * Lp, np.int64)  # rank[r * Lp + t]: flat slot of position t in round r
         for r in range(nh):
-            rank[r * Lp + order[r * Lp:(r + 1) * Lp]] = r * Lp + np.arange(Lp)
+            rank[r * Lp + order[r * Lp : (r + 1) * Lp]] = r * Lp + np.arange(Lp)
         windows = {}
         for r in range(nh):
             for i in range(n):
@@ -86,7 +108,7 @@ class NaiveLSH(Backend):
                 out_r[r, i] = (e / e.sum()) @ vp[keys]
                 lse_r[r, i] = top + math.log(e.sum())
         if self.bug == "no_undo_sort":  # round outputs left in sorted order
-            out_r = np.stack([out_r[r][order[r * Lp:(r + 1) * Lp]] for r in range(nh)])
+            out_r = np.stack([out_r[r][order[r * Lp : (r + 1) * Lp]] for r in range(nh)])
         if self.bug == "mean_of_rounds":
             rw = np.full((nh, Lp), 1.0 / nh)
         else:
@@ -116,4 +138,4 @@ def control():
 
 
 for _name in MUTANTS:
-    globals()[f"mutant_{_name}"] = (lambda b: (lambda: make(b)()))(_name)
+    globals()[f"mutant_{_name}"] = (lambda b: lambda: make(b)())(_name)

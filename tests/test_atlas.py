@@ -24,8 +24,16 @@ CALLS = {  # spec calls that reach the framework's own arguments
     "plain": ((1, 2, 8, 8), (1, 2, 8, 8), {}),
     # the variants of issue #15 an implementation takes as its own arguments (flex: softcap and
     # ALiBi as score_mod, lse through return_aux; MLX: sinks)
-    "softcap_alibi_lse": ((1, 4, 5, 8), (1, 2, 7, 8), {"softcap": 5.0, "causal": "lower_right", "return_lse": True,
-                                                       "alibi_slopes": np.array([0.5, 0.25, 0.125, 0.0625])}),
+    "softcap_alibi_lse": (
+        (1, 4, 5, 8),
+        (1, 2, 7, 8),
+        {
+            "softcap": 5.0,
+            "causal": "lower_right",
+            "return_lse": True,
+            "alibi_slopes": np.array([0.5, 0.25, 0.125, 0.0625]),
+        },
+    ),
     "sinks": ((1, 4, 5, 8), (1, 2, 7, 8), {"sinks": np.array([0.5, -1.0, 2.0, 0.0], np.float32)}),
 }
 
@@ -55,8 +63,14 @@ def test_native_output_is_the_frameworks_own(name, call):
         here = str(Path(__file__).parent)
         env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
         code = f"import test_atlas as t; t.same_as_framework({name!r}, {call!r})"
-        proc = subprocess.run([sys.executable, "-c", code],
-                              capture_output=True, text=True, cwd=here, env={**env, "PYTHONPATH": here}, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            cwd=here,
+            env={**env, "PYTHONPATH": here},
+            timeout=600,
+        )
         if "Skipped" in proc.stderr:
             pytest.skip(proc.stderr.strip().splitlines()[-1])
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -113,14 +127,20 @@ def test_check_reports_observed_stale_not_exercised_and_undeclared():
 def test_atlas_page_renders_cells_links_and_stale(tmp_path):
     from attnspec.reports.render import render
 
-    answers = [{"id": q.id, "title": q.title, "answer": q.spec or "upper-left", "spec": q.spec, "reproducer": ""}
-               for q in QUESTIONS]
+    answers = [
+        {"id": q.id, "title": q.title, "answer": q.spec or "upper-left", "spec": q.spec, "reproducer": ""}
+        for q in QUESTIONS
+    ]
     answers[0] = {**answers[0], "answer": "mean(V)", "reproducer": "import mlx.core as mx\nprint(1)"}
     answers[1] = {**answers[1], "answer": "0"}  # mlx.empty-row-neg-inf-nan declared NaN: stale now
     answers[8] = {**answers[8], "answer": "h % Hkv (tiled)"}  # GQA: nothing declared
-    doc = {"schema": "attnspec.atlas/1", "backend": "mlx-native", "answers": answers,
-           "implementation": {"function": "mlx.core.fast.scaled_dot_product_attention", "convention": "mlx"},
-           "environment": {"frameworks": {"mlx": "0.0-test"}}}
+    doc = {
+        "schema": "attnspec.atlas/1",
+        "backend": "mlx-native",
+        "answers": answers,
+        "implementation": {"function": "mlx.core.fast.scaled_dot_product_attention", "convention": "mlx"},
+        "environment": {"frameworks": {"mlx": "0.0-test"}},
+    }
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "atlas-mlx-native.json").write_text(json.dumps(doc))
     render(tmp_path / "results", tmp_path / "out", plots=False)

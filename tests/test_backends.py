@@ -27,8 +27,12 @@ INSTALLED = [n for n, a in registry.available().items() if a.installed and n not
 BUILTIN = set(registry._BUILTINS)
 CONFORMANT = [n for n in INSTALLED if n in BUILTIN and not n.endswith("-native")]
 NATIVE = [n for n in INSTALLED if n in BUILTIN and n.endswith("-native")]
-NP_DTYPES = {"float64": np.float64, "float32": np.float32, "float16": np.float16,
-             "bfloat16": ml_dtypes.bfloat16}
+NP_DTYPES = {
+    "float64": np.float64,
+    "float32": np.float32,
+    "float16": np.float16,
+    "bfloat16": ml_dtypes.bfloat16,
+}
 
 
 @functools.cache
@@ -37,8 +41,11 @@ def backend(name: str) -> Backend:
 
 
 def _qkv(r, batch=(2,), hq=4, hkv=2, n=5, m=7, dk=8, dv=8):
-    return (r.standard_normal((*batch, hq, n, dk)), r.standard_normal((*batch, hkv, m, dk)),
-            r.standard_normal((*batch, hkv, m, dv)))
+    return (
+        r.standard_normal((*batch, hq, n, dk)),
+        r.standard_normal((*batch, hkv, m, dk)),
+        r.standard_normal((*batch, hkv, m, dv)),
+    )
 
 
 def _poison(x, index, value):
@@ -133,29 +140,80 @@ def _case(feature: str):
     elif feature == "large_logits":
         q = q * 20.0  # logits in the hundreds: only a max-subtracted softmax survives
     elif feature == "everything":
-        opts.update(mask=r.random((2, 1, 5, 7)) < 0.8, bias=r.standard_normal((5, 7)),
-                    causal="lower_right", window=(3, 1), kv_lengths=np.array([6, 4]),
-                    q_lengths=np.array([4, 5]), scale=0.7)
+        opts.update(
+            mask=r.random((2, 1, 5, 7)) < 0.8,
+            bias=r.standard_normal((5, 7)),
+            causal="lower_right",
+            window=(3, 1),
+            kv_lengths=np.array([6, 4]),
+            q_lengths=np.array([4, 5]),
+            scale=0.7,
+        )
     else:
         raise KeyError(feature)
     return q, k, v, opts
 
 
 FEATURES = [
-    "plain", "mask", "mask_broadcast", "bias", "bias_neg_inf", "causal_upper_left",
-    "causal_lower_right", "causal_upper_left_n_gt_m", "causal_lower_right_n_gt_m", "window",
-    "window_causal_upper_left", "window_lower_right", "kv_lengths", "kv_lengths_zero",
-    "q_lengths", "mqa", "mha", "no_visible_row", "nonfinite_masked_k", "nonfinite_masked_v",
-    "nonfinite_bias_hidden_k", "nonfinite_partly_visible", "nonfinite_q", "n_zero", "m_zero", "rank_2",
-    "batch_broadcast", "dv_lt_dk", "dv_gt_dk", "dv_zero", "scale", "large_logits", "everything",
+    "plain",
+    "mask",
+    "mask_broadcast",
+    "bias",
+    "bias_neg_inf",
+    "causal_upper_left",
+    "causal_lower_right",
+    "causal_upper_left_n_gt_m",
+    "causal_lower_right_n_gt_m",
+    "window",
+    "window_causal_upper_left",
+    "window_lower_right",
+    "kv_lengths",
+    "kv_lengths_zero",
+    "q_lengths",
+    "mqa",
+    "mha",
+    "no_visible_row",
+    "nonfinite_masked_k",
+    "nonfinite_masked_v",
+    "nonfinite_bias_hidden_k",
+    "nonfinite_partly_visible",
+    "nonfinite_q",
+    "n_zero",
+    "m_zero",
+    "rank_2",
+    "batch_broadcast",
+    "dv_lt_dk",
+    "dv_gt_dk",
+    "dv_zero",
+    "scale",
+    "large_logits",
+    "everything",
 ]
-NARROW_FEATURES = ["plain", "mask", "bias_neg_inf", "causal_lower_right", "no_visible_row",
-                   "nonfinite_partly_visible", "dv_lt_dk", "everything"]
+NARROW_FEATURES = [
+    "plain",
+    "mask",
+    "bias_neg_inf",
+    "causal_lower_right",
+    "no_visible_row",
+    "nonfinite_partly_visible",
+    "dv_lt_dk",
+    "everything",
+]
 # Weights come from the exact paths (the golden's algorithm in each framework), so a subset that
 # touches every visibility rule, empty rows, non-finite values and the shapes is enough.
-WEIGHT_FEATURES = ["mask", "bias_neg_inf", "causal_lower_right_n_gt_m", "window_lower_right",
-                   "q_lengths", "no_visible_row", "nonfinite_partly_visible", "m_zero", "rank_2",
-                   "batch_broadcast", "everything"]
+WEIGHT_FEATURES = [
+    "mask",
+    "bias_neg_inf",
+    "causal_lower_right_n_gt_m",
+    "window_lower_right",
+    "q_lengths",
+    "no_visible_row",
+    "nonfinite_partly_visible",
+    "m_zero",
+    "rank_2",
+    "batch_broadcast",
+    "everything",
+]
 
 # Cases where a native backend shows a declared deviation: (backend, feature or dtype) -> id.
 NATIVE_DEVIATES = {
@@ -210,8 +268,12 @@ def _check(name: str, feature: str, dtype: str, return_weights: bool = False):
 
 # jax's float64 goes through the array API core (jitted, on jax.numpy), which the array_api
 # backends run on every feature; a subset keeps the number of JAX compilations down.
-CONFORMANT_CASES = [(name, dtype, f) for name in CONFORMANT for dtype in ("float64", "float32")
-                    for f in (WEIGHT_FEATURES if (name, dtype) == ("jax", "float64") else FEATURES)]
+CONFORMANT_CASES = [
+    (name, dtype, f)
+    for name in CONFORMANT
+    for dtype in ("float64", "float32")
+    for f in (WEIGHT_FEATURES if (name, dtype) == ("jax", "float64") else FEATURES)
+]
 
 
 @pytest.mark.parametrize(("name", "dtype", "feature"), CONFORMANT_CASES)
@@ -236,8 +298,9 @@ def test_return_weights_match_golden(name, feature):
 # jax-native's float64 deviates everywhere: `plain` stands for it).
 NATIVE_CASES = [(name, "float32", f) for name in NATIVE for f in FEATURES]
 NATIVE_CASES += [(name, "bfloat16", f) for name in NATIVE for f in NARROW_FEATURES]
-NATIVE_CASES += [(name, "float64", f) for name in NATIVE
-                 for f in (FEATURES if name == "torch-native" else ["plain"])]
+NATIVE_CASES += [
+    (name, "float64", f) for name in NATIVE for f in (FEATURES if name == "torch-native" else ["plain"])
+]
 
 
 # Cells where a declared deviation depends on the CPU: torch's CPU flash kernel zeroes a NaN query
@@ -297,8 +360,9 @@ def test_signature_and_public_names_match_the_spec(name):
     be = backend(name)
     assert spec_signature_mismatches(be) == []
     public = {a for a in dir(type(be)) if not a.startswith("_")}
-    assert public == {a for a in dir(Backend) if not a.startswith("_")}, \
+    assert public == {a for a in dir(Backend) if not a.startswith("_")}, (
         f"{name} adds or lacks public names: every backend exposes the same ones"
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
@@ -373,14 +437,17 @@ def test_jax_native_lse_is_jaxs_own_residual(dtype):
 
     b = registry.get("jax-native")
     r = np.random.default_rng(0)
-    q, k, v = (r.standard_normal(s).astype(NP_DTYPES[dtype])
-               for s in ((2, 4, 3, 8), (2, 2, 5, 8), (2, 2, 5, 8)))  # (B, H, L, d), Hq = 2 Hkv
+    q, k, v = (
+        r.standard_normal(s).astype(NP_DTYPES[dtype]) for s in ((2, 4, 3, 8), (2, 2, 5, 8), (2, 2, 5, 8))
+    )  # (B, H, L, d), Hq = 2 Hkv
     mask = np.ones((3, 5), bool)
     mask[1] = False  # query 1 sees no key
     out, lse = b.sdpa(b.asarray(q), b.asarray(k), b.asarray(v), mask=b.asarray(mask), return_lse=True)
     direct_out, residual = jax.nn.dot_product_attention(
         *(jnp.asarray(x).transpose(0, 2, 1, 3) for x in (q, k, v)),  # (B, L, H, d)
-        mask=jnp.asarray(mask)[None, None], return_residual=True)  # residual: (B, n, Hq)
+        mask=jnp.asarray(mask)[None, None],
+        return_residual=True,
+    )  # residual: (B, n, Hq)
     assert lse.dtype == residual.dtype == q.dtype  # jax.lse-in-input-dtype for bfloat16
     # The same values to float32 rounding: jax-native runs the call inside its own jit (transposes
     # and reshapes around it), and XLA:CPU may fuse that program differently from the direct call
@@ -390,6 +457,10 @@ def test_jax_native_lse_is_jaxs_own_residual(dtype):
     assert np.array_equal(lse_np[..., 1], res_np[..., 1])
     tol = 4 * float(ml_dtypes.finfo(q.dtype).eps)  # a few roundings of q's dtype
     np.testing.assert_allclose(lse_np, res_np, rtol=tol, atol=tol)  # (B, Hq, n)
-    np.testing.assert_allclose(np.asarray(out, np.float64),
-                               np.asarray(direct_out, np.float64).transpose(0, 2, 1, 3), rtol=tol, atol=tol)
+    np.testing.assert_allclose(
+        np.asarray(out, np.float64),
+        np.asarray(direct_out, np.float64).transpose(0, 2, 1, 3),
+        rtol=tol,
+        atol=tol,
+    )
     assert np.isfinite(np.asarray(lse, np.float64)[..., 1]).all()  # jax.lse-empty-row-finite

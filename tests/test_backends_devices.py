@@ -44,17 +44,34 @@ def test_check_metadata_names_the_wrong_device():
     be = ElsewhereBackend()
     out = be.sdpa(*(be.asarray(np.ones((2, 3, 4), np.float32)),) * 3)
     assert check_metadata(be, out, (2, 3, 4), "float32", "cpu") == [
-        "out.device=elsewhere:0, but should be cpu"]
+        "out.device=elsewhere:0, but should be cpu"
+    ]
     assert check_metadata(NumpyBackend(), out, (2, 3, 4), "float32", "cpu") == []
 
 
 def test_the_suite_fails_results_on_another_device(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     results = tmp_path / "elsewhere.json"
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance.test_sdpa",
-           "--attn-backend", "test_backends_devices:ElsewhereBackend", "--attn-profile", "dev",
-           "--attn-results", str(results), "-q", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning",
-           "-k", "test_matches_golden"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "attnspec.conformance.test_sdpa",
+        "--attn-backend",
+        "test_backends_devices:ElsewhereBackend",
+        "--attn-profile",
+        "dev",
+        "--attn-results",
+        str(results),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "ignore::RuntimeWarning",
+        "-k",
+        "test_matches_golden",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "out.device=elsewhere:0, but should be cpu" in proc.stdout

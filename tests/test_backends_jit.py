@@ -57,7 +57,9 @@ def test_sdpa_under_jit_matches_golden(be, dtype, poison):
 
 def test_weights_and_grad_under_jit(be):
     q, k, v = _qkv("float64", seed=1)
-    out, w = jax.jit(lambda q: be.sdpa(q, jnp.asarray(k), jnp.asarray(v), return_weights=True))(jnp.asarray(q))
+    out, w = jax.jit(lambda q: be.sdpa(q, jnp.asarray(k), jnp.asarray(v), return_weights=True))(
+        jnp.asarray(q)
+    )
     want_out, want_w = spec.sdpa(q, k, v, return_weights=True)
     assert np.abs(np.asarray(w) - want_w).max() < 1e-14
     assert np.abs(np.asarray(out) - want_out).max() < 1e-14

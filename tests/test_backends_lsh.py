@@ -19,8 +19,11 @@ from attnspec.conformance import lsh_cases as lc
 from attnspec.spec.lsh import lsh_rotations, validate_lsh
 from attnspec.spec.validate import numpy_info
 
-BACKENDS = [n for n in ("numpy", "torch", "jax", "array_api-numpy", "array_api-strict", "array_api-torch")
-            if registry.available()[n].installed]
+BACKENDS = [
+    n
+    for n in ("numpy", "torch", "jax", "array_api-numpy", "array_api-strict", "array_api-torch")
+    if registry.available()[n].installed
+]
 
 # (batch, L, d, dv, n_hashes, n_buckets, C, causal, kv_lengths, dedup, scale)
 CASES = {
@@ -41,8 +44,14 @@ def _case(name: str) -> lc.LSHCase:
     opts = {"chunk_length": C, "causal": causal, "dedup": dedup, "scale": scale}
     if kv is not None:
         opts["kv_lengths"] = kv
-    return lc.LSHCase(name, "float64", rng.standard_normal((*batch, L, d)), rng.standard_normal((*batch, L, dv)),
-                      lsh_rotations(3, d, nh, nb), opts)
+    return lc.LSHCase(
+        name,
+        "float64",
+        rng.standard_normal((*batch, L, d)),
+        rng.standard_normal((*batch, L, dv)),
+        lsh_rotations(3, d, nh, nb),
+        opts,
+    )
 
 
 @pytest.mark.parametrize("case_name", sorted(CASES))
@@ -53,8 +62,13 @@ def test_matches_spec_float64(backend_name, case_name):
     assert not lc.margins(case).low.any()  # so every bucket and every batch element is compared
     g_out, g_buckets = lc.golden(case)
     conv = {k: be.asarray(v) if isinstance(v, np.ndarray) else v for k, v in case.options.items()}
-    out, buckets = be.lsh_attention(be.asarray(case.x), be.asarray(case.v), rotations=be.asarray(case.rotations),
-                                    return_buckets=True, **conv)
+    out, buckets = be.lsh_attention(
+        be.asarray(case.x),
+        be.asarray(case.v),
+        rotations=be.asarray(case.rotations),
+        return_buckets=True,
+        **conv,
+    )
     assert be.dtype_name(out) == "float64" and be.dtype_name(buckets) == "int64"
     np.testing.assert_array_equal(be.to_numpy(buckets), g_buckets)
     allowed = lc.allowed(case, g_out, g_buckets)
@@ -105,16 +119,29 @@ def test_float32_hash_uses_the_given_rotations(backend_name):
     from low margins, and changing the rotations changes them."""
     be = registry.get(backend_name)
     rng = np.random.default_rng(7)
-    x, v = rng.standard_normal((2, 64, 16)).astype(np.float32), rng.standard_normal((2, 64, 8)).astype(np.float32)
+    x, v = (
+        rng.standard_normal((2, 64, 16)).astype(np.float32),
+        rng.standard_normal((2, 64, 8)).astype(np.float32),
+    )
     case = lc.LSHCase("plain", "float32", x, v, lsh_rotations(5, 16, 2, 8), {"chunk_length": 8})
     low = lc.margins(case).low
     _, g = lc.golden(case)
-    _, got = be.lsh_attention(be.asarray(x), be.asarray(v), rotations=be.asarray(case.rotations), chunk_length=8,
-                              return_buckets=True)
+    _, got = be.lsh_attention(
+        be.asarray(x),
+        be.asarray(v),
+        rotations=be.asarray(case.rotations),
+        chunk_length=8,
+        return_buckets=True,
+    )
     got = be.to_numpy(got)
     assert (got == g)[~low].all() and low.sum() < low.size // 10
-    _, other = be.lsh_attention(be.asarray(x), be.asarray(v), rotations=be.asarray(lsh_rotations(6, 16, 2, 8)),
-                                chunk_length=8, return_buckets=True)
+    _, other = be.lsh_attention(
+        be.asarray(x),
+        be.asarray(v),
+        rotations=be.asarray(lsh_rotations(6, 16, 2, 8)),
+        chunk_length=8,
+        return_buckets=True,
+    )
     assert (be.to_numpy(other) != got).any()
 
 
@@ -122,7 +149,9 @@ def test_float32_hash_uses_the_given_rotations(backend_name):
 def test_spec_errors_name_the_backend_function(backend_name):
     be = registry.get(backend_name)
     x = be.asarray(np.zeros((8, 4), np.float32))
-    with pytest.raises(SpecError, match=rf"^{backend_name}\.lsh_attention: n_hashes \* ceil\(L / chunk_length\)"):
+    with pytest.raises(
+        SpecError, match=rf"^{backend_name}\.lsh_attention: n_hashes \* ceil\(L / chunk_length\)"
+    ):
         be.lsh_attention(x, x, rotations=be.asarray(np.zeros((4, 1, 2), np.float32)), chunk_length=8)
 
 
@@ -165,17 +194,32 @@ def test_memory_is_linear_in_L(namespace):
     gathered (n_chunks, C, 2C) logits and (n_chunks, 2C, d) keys. At L = 4096 that is 1/16 of L^2."""
     import importlib
 
-    xp = importlib.import_module(namespace) if namespace != "array_api_compat.torch" else pytest.importorskip(namespace)
+    xp = (
+        importlib.import_module(namespace)
+        if namespace != "array_api_compat.torch"
+        else pytest.importorskip(namespace)
+    )
     B, L, d, dv, nh, C = 1, 4096, 32, 32, 2, 64
     rng = np.random.default_rng(0)
-    x, v = rng.standard_normal((B, L, d)).astype(np.float32), rng.standard_normal((B, L, dv)).astype(np.float32)
+    x, v = (
+        rng.standard_normal((B, L, d)).astype(np.float32),
+        rng.standard_normal((B, L, dv)).astype(np.float32),
+    )
     rot = lsh_rotations(0, d, nh, 64)
     for dedup in (False, True):
-        p = validate_lsh("t", numpy_info("t", "x", x), numpy_info("t", "v", v), numpy_info("t", "r", rot),
-                         chunk_length=C, dedup=dedup, causal=True)
+        p = validate_lsh(
+            "t",
+            numpy_info("t", "x", x),
+            numpy_info("t", "v", v),
+            numpy_info("t", "r", rot),
+            chunk_length=C,
+            dedup=dedup,
+            causal=True,
+        )
         rec = _Recording(xp)
-        out, _ = _lsh_xp.lsh_attention(rec, p, xp.asarray(x), xp.asarray(v), xp.asarray(rot), None,
-                                       nonfinite_v=True)
+        out, _ = _lsh_xp.lsh_attention(
+            rec, p, xp.asarray(x), xp.asarray(v), xp.asarray(rot), None, nonfinite_v=True
+        )
         bound = B * nh * L * 2 * max(C, d, dv)
         assert 0 < rec.largest[0] <= bound, rec.largest
         assert bound * 16 <= L * L
@@ -201,8 +245,9 @@ def test_torch_lsh_without_array_api_compat_is_unsupported_with_a_reason(monkeyp
 
     be = registry.get("torch")
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "array_api_compat" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "array_api_compat" else real(name, *a)
+    )
     for feature in ("lsh_attention", "lsh_attention_vjp"):
         reasons = be.supports(feature)
         assert any("array-api-compat" in r and "attnspec[torch]" in r for r in reasons), reasons

@@ -73,7 +73,9 @@ def _case(module: str, scheme: str, seed: int = 0):
 def _call(be, query, key, value, params, opts, as_arrays=False, return_weights=True):
     conv = {k: be.asarray(v) if isinstance(v, np.ndarray) else v for k, v in opts.items()}
     prm = be.asparams(params, "float64") if as_arrays else params
-    result = be.mha(be.asarray(query), be.asarray(key), be.asarray(value), prm, return_weights=return_weights, **conv)
+    result = be.mha(
+        be.asarray(query), be.asarray(key), be.asarray(value), prm, return_weights=return_weights, **conv
+    )
     return tuple(be.to_numpy(x) for x in result) if return_weights else be.to_numpy(result)
 
 
@@ -96,7 +98,9 @@ def test_conformant_backend_matches_spec_float64(name, module, scheme):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _assert_matches(_call(be, query, key, value, params, opts), query, key, value, params, opts)
-        _assert_matches(_call(be, query, key, value, params, opts, as_arrays=True), query, key, value, params, opts)
+        _assert_matches(
+            _call(be, query, key, value, params, opts, as_arrays=True), query, key, value, params, opts
+        )
         out = _call(be, query, key, value, params, opts, return_weights=False)  # the fused path, if any
     g = mha_golden(query, key, value, params, **opts)
     assert compare(out, g.out, g.allowed_out).ok
@@ -120,16 +124,26 @@ def test_torch_native_matches_where_it_expresses_the_call(module, scheme):
     assert compare(out, g.out, g.allowed_out).ok
 
 
-@pytest.mark.parametrize("option, value", [
-    ("num_kv_heads", 1), ("window", (1, 1)), ("causal", "lower_right"), ("q_lengths", np.array([1, 2])),
-    ("scale", 0.5),
-])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("num_kv_heads", 1),
+        ("window", (1, 1)),
+        ("causal", "lower_right"),
+        ("q_lengths", np.array([1, 2])),
+        ("scale", 0.5),
+    ],
+)
 def test_torch_native_refuses_what_the_module_cannot_express(option, value):
     if "torch-native" not in MHA_BACKENDS:
         pytest.skip("torch is not installed here")
     be = backend("torch-native")
     query, key, value_, _, opts = _case("plain", "none")
-    params = MHAParams.init(8, 2, num_kv_heads=1, seed=0) if option == "num_kv_heads" else MHAParams.init(8, 2, seed=0)
+    params = (
+        MHAParams.init(8, 2, num_kv_heads=1, seed=0)
+        if option == "num_kv_heads"
+        else MHAParams.init(8, 2, seed=0)
+    )
     opts = {**opts, option: value}
     assert be.supports("mha", **opts)
     with pytest.raises(Unsupported, match=r"^torch-native\.mha: torch\.nn\.MultiheadAttention"):
@@ -145,13 +159,16 @@ def test_signature_and_bad_input_name_the_backend_function(name):
     with pytest.raises(SpecError, match=want):
         _call(be, query, key, value, params, {"num_heads": 3})
     bad = MHAArrays(**{**vars(be.asparams(params)), "w_o": be.asarray(np.ones((8, 4)))})
-    with pytest.raises(SpecError, match=rf"^{re.escape(name)}\.mha: params\.w_o\.shape=\(8, 4\) must be \(8, 8\)"):
+    with pytest.raises(
+        SpecError, match=rf"^{re.escape(name)}\.mha: params\.w_o\.shape=\(8, 4\) must be \(8, 8\)"
+    ):
         be.mha(be.asarray(query), be.asarray(key), be.asarray(value), bad, num_heads=2)
     with pytest.raises(SpecError, match=rf"^{re.escape(name)}\.mha: params must be an MHAParams"):
         be.mha(be.asarray(query), be.asarray(key), be.asarray(value), vars(params), num_heads=2)
 
 
 # -- autodiff through backend.mha ------------------------------------------------------------
+
 
 def _finite_difference(params: MHAParams, loss, rng, count=3, h=1e-6):
     """Central differences of ``loss`` for ``count`` entries of each parameter, in float64.
@@ -186,7 +203,9 @@ def test_torch_autograd_through_mha():
     numeric = _finite_difference(params, _spec_loss(query, key, value, d_out, opts), np.random.default_rng(6))
     for name in ("torch", "torch-native") if opts.get("num_kv_heads") is None else ("torch",):
         be = backend(name)
-        prm = MHAArrays(**{k: None if v is None else v.requires_grad_() for k, v in vars(be.asparams(params)).items()})
+        prm = MHAArrays(
+            **{k: None if v is None else v.requires_grad_() for k, v in vars(be.asparams(params)).items()}
+        )
         conv = {k: be.asarray(v) if isinstance(v, np.ndarray) else v for k, v in opts.items()}
         out = be.mha(*(torch.from_numpy(x) for x in (query, key, value)), prm, **conv)
         (out * torch.from_numpy(d_out)).sum().backward()
@@ -202,7 +221,9 @@ def test_torch_native_autograd_reaches_the_params():
     d_out = np.random.default_rng(7).standard_normal((B, N, 8))
     numeric = _finite_difference(params, _spec_loss(query, key, value, d_out, opts), np.random.default_rng(8))
     be = backend("torch-native")
-    prm = MHAArrays(**{k: None if v is None else v.requires_grad_() for k, v in vars(be.asparams(params)).items()})
+    prm = MHAArrays(
+        **{k: None if v is None else v.requires_grad_() for k, v in vars(be.asparams(params)).items()}
+    )
     conv = {k: be.asarray(v) if isinstance(v, np.ndarray) else v for k, v in opts.items()}
     out = be.mha(*(torch.from_numpy(x) for x in (query, key, value)), prm, **conv)
     (out * torch.from_numpy(d_out)).sum().backward()
@@ -215,7 +236,9 @@ def test_jax_grad_through_mha():
     be = backend("jax")
     query, key, value, params, opts = _case("mqa", "combined")
     d_out = np.random.default_rng(9).standard_normal((B, N, 8))
-    numeric = _finite_difference(params, _spec_loss(query, key, value, d_out, opts), np.random.default_rng(10))
+    numeric = _finite_difference(
+        params, _spec_loss(query, key, value, d_out, opts), np.random.default_rng(10)
+    )
     conv = {k: be.asarray(v) if isinstance(v, np.ndarray) else v for k, v in opts.items()}
     x = [be.asarray(a) for a in (query, key, value)]
 
@@ -229,5 +252,6 @@ def test_jax_grad_through_mha():
     # the example of the backend contract: self-attention, a gradient for every parameter
     x32 = be.asarray(query, "float32")
     g32 = jax.grad(lambda prm: be.mha(x32, x32, x32, prm, num_heads=2).sum())(
-        be.asparams(MHAParams.init(8, 2, seed=0), "float32"))
+        be.asparams(MHAParams.init(8, 2, seed=0), "float32")
+    )
     assert all(np.isfinite(np.asarray(getattr(g32, f))).all() for f in ("w_q", "w_k", "w_v", "w_o", "b_o"))

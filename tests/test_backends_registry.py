@@ -14,8 +14,17 @@ from attnspec.backends import Availability
 from attnspec.backends.numpy import NumpyBackend
 
 FRAMEWORKS = ("torch", "jax", "jaxlib", "array_api_strict", "array_api_compat", "cupy")
-BUILTINS = ("numpy", "torch", "jax", "array_api-numpy", "array_api-strict", "array_api-torch",
-            "array_api-cupy", "torch-native", "jax-native")
+BUILTINS = (
+    "numpy",
+    "torch",
+    "jax",
+    "array_api-numpy",
+    "array_api-strict",
+    "array_api-torch",
+    "array_api-cupy",
+    "torch-native",
+    "jax-native",
+)
 
 
 def test_import_names_and_available_import_no_framework():
@@ -32,8 +41,12 @@ def test_every_builtin_is_listed_and_its_availability_is_true():
     found = registry.available()
     assert list(found)[: len(BUILTINS)] == list(BUILTINS)
     assert registry.names()[: len(BUILTINS)] == list(BUILTINS)
-    for name, needs in (("torch", "torch"), ("jax", "jax"), ("array_api-strict", "array_api_strict"),
-                        ("array_api-cupy", "cupy")):
+    for name, needs in (
+        ("torch", "torch"),
+        ("jax", "jax"),
+        ("array_api-strict", "array_api_strict"),
+        ("array_api-cupy", "cupy"),
+    ):
         installed = importlib.util.find_spec(needs) is not None
         assert found[name].installed is installed
         assert (needs in found[name].reason) is (not installed), found[name]
@@ -41,16 +54,24 @@ def test_every_builtin_is_listed_and_its_availability_is_true():
 
 
 def test_get_unknown_name_names_it_and_the_known_ones():
-    with pytest.raises(SpecError, match=r"backends\.get: unknown backend 'nope'; known backends: numpy, torch"):
+    with pytest.raises(
+        SpecError, match=r"backends\.get: unknown backend 'nope'; known backends: numpy, torch"
+    ):
         registry.get("nope")
 
 
 def test_get_unavailable_says_why(monkeypatch):
-    monkeypatch.setitem(registry._BUILTINS, "fake-gpu",
-                        registry._Builtin("attnspec_no_such_module:X", ("attnspec_no_such_module",)))
+    monkeypatch.setitem(
+        registry._BUILTINS,
+        "fake-gpu",
+        registry._Builtin("attnspec_no_such_module:X", ("attnspec_no_such_module",)),
+    )
     assert registry.available()["fake-gpu"] == Availability(False, "not installed: attnspec_no_such_module")
-    with pytest.raises(SpecError, match=r"backend 'fake-gpu' is not available: not installed: "
-                                        r"attnspec_no_such_module; known backends: .*fake-gpu"):
+    with pytest.raises(
+        SpecError,
+        match=r"backend 'fake-gpu' is not available: not installed: "
+        r"attnspec_no_such_module; known backends: .*fake-gpu",
+    ):
         registry.get("fake-gpu")
 
 

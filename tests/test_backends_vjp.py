@@ -42,9 +42,12 @@ def _raises(be, fn: str, match: str, call) -> None:
 
 # -- mha_vjp ------------------------------------------------------------------------------------
 
+
 def _mha_call(be, query, key, value, params, d_out, options):
     a = lambda x: be.asarray(x) if isinstance(x, np.ndarray) else x  # noqa: E731
-    return lambda: be.mha_vjp(a(query), a(key), a(value), params, d_out, **{k: a(v) for k, v in options.items()})
+    return lambda: be.mha_vjp(
+        a(query), a(key), a(value), params, d_out, **{k: a(v) for k, v in options.items()}
+    )
 
 
 @pytest.mark.parametrize("name", AUTODIFF)
@@ -53,7 +56,12 @@ def test_mha_vjp_bad_input_names_the_vjp(name, bad):
     be = backend(name)
     (query, key, value), params, options = bad.build()
     d_out = be.asarray(np.zeros((*query.shape[:-1], 8), np.float32))
-    _raises(be, "mha_vjp", bad.match, _mha_call(be, query, key, value, be.asparams(params, "float32"), d_out, options))
+    _raises(
+        be,
+        "mha_vjp",
+        bad.match,
+        _mha_call(be, query, key, value, be.asparams(params, "float32"), d_out, options),
+    )
 
 
 def _good_mha():
@@ -68,22 +76,40 @@ def test_mha_vjp_refuses_a_wrong_d_out(name):
     (query, key, value), params = _good_mha()
     prm = be.asparams(params, "float32")
     cases = [
-        (np.zeros((2, 4, 6), np.float32), r"d_out\.shape=\(2, 4, 6\) must equal the output shape \(2, 4, 8\)"),
+        (
+            np.zeros((2, 4, 6), np.float32),
+            r"d_out\.shape=\(2, 4, 6\) must equal the output shape \(2, 4, 8\)",
+        ),
         (np.zeros((2, 4, 8), np.float64), r"d_out\.dtype=float64 must equal query\.dtype=float32"),
     ]
     for d_out, match in cases:
-        _raises(be, "mha_vjp", match, _mha_call(be, query, key, value, prm, be.asarray(d_out), {"num_heads": 2}))
-    _raises(be, "mha_vjp", r"d_out must be a .*, got numpy\.ndarray",
-            _mha_call(be, query, key, value, prm, np.zeros((2, 4, 8), np.float32), {"num_heads": 2}))
-    _raises(be, "mha_vjp", r"params must be an MHAArrays .*got MHAParams",
-            _mha_call(be, query, key, value, params, be.asarray(np.zeros((2, 4, 8), np.float32)), {"num_heads": 2}))
+        _raises(
+            be, "mha_vjp", match, _mha_call(be, query, key, value, prm, be.asarray(d_out), {"num_heads": 2})
+        )
+    _raises(
+        be,
+        "mha_vjp",
+        r"d_out must be a .*, got numpy\.ndarray",
+        _mha_call(be, query, key, value, prm, np.zeros((2, 4, 8), np.float32), {"num_heads": 2}),
+    )
+    _raises(
+        be,
+        "mha_vjp",
+        r"params must be an MHAArrays .*got MHAParams",
+        _mha_call(
+            be, query, key, value, params, be.asarray(np.zeros((2, 4, 8), np.float32)), {"num_heads": 2}
+        ),
+    )
 
 
 # -- lsh_attention_vjp --------------------------------------------------------------------------
 
+
 def _lsh_call(be, x, v, rot, d_out, options):
     a = lambda y: be.asarray(y) if isinstance(y, np.ndarray) else y  # noqa: E731
-    return lambda: be.lsh_attention_vjp(a(x), a(v), d_out, rotations=a(rot), **{k: a(o) for k, o in options.items()})
+    return lambda: be.lsh_attention_vjp(
+        a(x), a(v), d_out, rotations=a(rot), **{k: a(o) for k, o in options.items()}
+    )
 
 
 @pytest.mark.parametrize("name", AUTODIFF)
@@ -99,19 +125,30 @@ def test_lsh_attention_vjp_bad_input_names_the_vjp(name, bad):
 def test_lsh_attention_vjp_refuses_a_wrong_d_out(name):
     be = backend(name)
     rng = np.random.default_rng(0)
-    x, v = rng.standard_normal((2, 8, 4)).astype(np.float32), rng.standard_normal((2, 8, 3)).astype(np.float32)
+    x, v = (
+        rng.standard_normal((2, 8, 4)).astype(np.float32),
+        rng.standard_normal((2, 8, 3)).astype(np.float32),
+    )
     rot = lsh_rotations(0, 4, 2, 4)
     opts = {"chunk_length": 4}
     for d_out, match in [
-        (np.zeros((2, 8, 4), np.float32), r"d_out\.shape=\(2, 8, 4\) must equal the output shape \(2, 8, 3\)"),
+        (
+            np.zeros((2, 8, 4), np.float32),
+            r"d_out\.shape=\(2, 8, 4\) must equal the output shape \(2, 8, 3\)",
+        ),
         (np.zeros((2, 8, 3), np.float16), r"d_out\.dtype=float16 must equal x\.dtype=float32"),
     ]:
         _raises(be, "lsh_attention_vjp", match, _lsh_call(be, x, v, rot, be.asarray(d_out), opts))
-    _raises(be, "lsh_attention_vjp", r"d_out must be a .*, got numpy\.ndarray",
-            _lsh_call(be, x, v, rot, np.zeros((2, 8, 3), np.float32), opts))
+    _raises(
+        be,
+        "lsh_attention_vjp",
+        r"d_out must be a .*, got numpy\.ndarray",
+        _lsh_call(be, x, v, rot, np.zeros((2, 8, 3), np.float32), opts),
+    )
 
 
 # -- sdpa_vjp -----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", AUTODIFF)
 @pytest.mark.parametrize("bad", SDPA_BAD_INPUTS, ids=lambda b: b.id)
@@ -120,8 +157,12 @@ def test_sdpa_vjp_bad_input_names_the_vjp(name, bad):
     (q, k, v), options = bad.build()
     a = lambda x: be.asarray(x) if isinstance(x, np.ndarray) else x  # noqa: E731
     d_out = be.asarray(np.zeros((*q.shape[:-1], v.shape[-1]), np.float32))
-    _raises(be, "sdpa_vjp", bad.match,
-            lambda: be.sdpa_vjp(a(q), a(k), a(v), d_out, **{k_: a(o) for k_, o in options.items()}))
+    _raises(
+        be,
+        "sdpa_vjp",
+        bad.match,
+        lambda: be.sdpa_vjp(a(q), a(k), a(v), d_out, **{k_: a(o) for k_, o in options.items()}),
+    )
 
 
 @pytest.mark.parametrize("name", AUTODIFF)
@@ -129,14 +170,25 @@ def test_sdpa_vjp_bad_input_names_the_vjp(name, bad):
 def test_sdpa_vjp_refuses_a_wrong_d_out(name, n):
     be = backend(name)
     rng = np.random.default_rng(0)
-    q, k, v = (be.asarray(rng.standard_normal(s).astype(np.float32)) for s in ((2, n, 8), (2, 7, 8), (2, 7, 4)))
-    _raises(be, "sdpa_vjp", rf"d_out\.shape=\(2, {n}, 8\) must equal the output shape \(2, {n}, 4\)",
-            lambda: be.sdpa_vjp(q, k, v, be.asarray(np.zeros((2, n, 8), np.float32))))
-    _raises(be, "sdpa_vjp", r"d_out\.dtype=float64 must equal q\.dtype=float32",
-            lambda: be.sdpa_vjp(q, k, v, be.asarray(np.zeros((2, n, 4), np.float64))))
+    q, k, v = (
+        be.asarray(rng.standard_normal(s).astype(np.float32)) for s in ((2, n, 8), (2, 7, 8), (2, 7, 4))
+    )
+    _raises(
+        be,
+        "sdpa_vjp",
+        rf"d_out\.shape=\(2, {n}, 8\) must equal the output shape \(2, {n}, 4\)",
+        lambda: be.sdpa_vjp(q, k, v, be.asarray(np.zeros((2, n, 8), np.float32))),
+    )
+    _raises(
+        be,
+        "sdpa_vjp",
+        r"d_out\.dtype=float64 must equal q\.dtype=float32",
+        lambda: be.sdpa_vjp(q, k, v, be.asarray(np.zeros((2, n, 4), np.float64))),
+    )
 
 
 # -- implements vs supports ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", INSTALLED)
 def test_vjps_in_implements_exactly_when_supported(name):
@@ -155,6 +207,7 @@ def test_vjps_in_implements_exactly_when_supported(name):
 
 # -- torch's own kernels on rows with no visible key --------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["bool_mask", "neg_inf_bias"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("kernel", ["MATH", "FLASH_ATTENTION"])
@@ -170,15 +223,19 @@ def test_torch_kernels_give_the_spec_gradients_for_a_row_with_no_visible_key(ker
     from attnspec.spec import sdpa_vjp
 
     rng = np.random.default_rng(1)
-    q, k, v, d_out = (rng.standard_normal(s) for s in ((1, 2, 4, 8), (1, 2, 6, 8), (1, 2, 6, 8), (1, 2, 4, 8)))
+    q, k, v, d_out = (
+        rng.standard_normal(s) for s in ((1, 2, 4, 8), (1, 2, 6, 8), (1, 2, 6, 8), (1, 2, 4, 8))
+    )
     visible = np.ones((4, 6), bool)
     visible[1] = False  # query 1 sees nothing
     visible[:, 5] = False  # key 5 is seen by nobody
     spec_opts = {"mask": visible} if kind == "bool_mask" else {"bias": np.where(visible, 0.0, -np.inf)}
     golden = sdpa_vjp(q, k, v, d_out, **spec_opts)[:3]
 
-    t = {name: torch.tensor(a, dtype=getattr(torch, dtype), requires_grad=True)
-         for name, a in (("q", q), ("k", k), ("v", v))}
+    t = {
+        name: torch.tensor(a, dtype=getattr(torch, dtype), requires_grad=True)
+        for name, a in (("q", q), ("k", k), ("v", v))
+    }
     if kind == "bool_mask":
         attn_mask = torch.tensor(visible)
     else:
@@ -193,7 +250,11 @@ def test_torch_kernels_give_the_spec_gradients_for_a_row_with_no_visible_key(ker
         got = t[name].grad.double().numpy()
         assert np.isfinite(got).all(), f"{kernel} {dtype}: d{name} has NaN/inf"
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"{kernel} {dtype} d{name}")
-    assert (t["q"].grad[0, :, 1] == 0).all() and (t["k"].grad[0, :, 5] == 0).all() and (t["v"].grad[0, :, 5] == 0).all()
+    assert (
+        (t["q"].grad[0, :, 1] == 0).all()
+        and (t["k"].grad[0, :, 5] == 0).all()
+        and (t["v"].grad[0, :, 5] == 0).all()
+    )
 
 
 @pytest.mark.parametrize("name", AUTODIFF)
@@ -204,8 +265,14 @@ def test_mha_vjp_with_no_query_rows_gives_zero_gradients(name):
     params = MHAParams.init(8, 2, seed=0, dtype=np.float32)
     query = be.asarray(np.zeros((2, 0, 8), np.float32))
     kv = be.asarray(np.ones((2, 3, 8), np.float32))
-    d_query, d_key, d_value, d_params = be.mha_vjp(query, kv, kv, be.asparams(params, "float32"),
-                                                   be.asarray(np.zeros((2, 0, 8), np.float32)), num_heads=2)[:4]
+    d_query, d_key, d_value, d_params = be.mha_vjp(
+        query,
+        kv,
+        kv,
+        be.asparams(params, "float32"),
+        be.asarray(np.zeros((2, 0, 8), np.float32)),
+        num_heads=2,
+    )[:4]
     assert be.to_numpy(d_query).shape == (2, 0, 8)
     for g in (d_key, d_value, d_params.w_q, d_params.w_o):
         assert not be.to_numpy(g).any()
@@ -248,8 +315,11 @@ def test_sdpa_vjp_with_a_variant_and_hidden_non_finite_keys_matches_the_golden(n
     value = {"softcap": 2.0, "alibi_slopes": np.array([0.5, 0.25]), "sinks": np.array([0.3, -0.2])}[variant]
     golden = sdpa_vjp(q, k, v, d_out, kv_lengths=np.array(3), **{variant: value})
     arg = be.asarray(value, "float64") if isinstance(value, np.ndarray) else value
-    got = be.sdpa_vjp(*(be.asarray(x, "float64") for x in (q, k, v, d_out)),
-                      kv_lengths=be.asarray(np.array(3)), **{variant: arg})
+    got = be.sdpa_vjp(
+        *(be.asarray(x, "float64") for x in (q, k, v, d_out)),
+        kv_lengths=be.asarray(np.array(3)),
+        **{variant: arg},
+    )
     assert len(got) == len(golden)
     for i, (g, want) in enumerate(zip(got, golden)):
         g = be.to_numpy(g)

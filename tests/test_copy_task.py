@@ -22,8 +22,9 @@ from attnspec.bench import copy_task
 from attnspec.reports import copy_task_report
 from attnspec.reports._io import ResultsError
 
-SMALL = copy_task.Settings(vocab=32, n=6, embed_dim=16, num_heads=2, batch=16, steps=60, lr=0.02,
-                           eval_batch=64)
+SMALL = copy_task.Settings(
+    vocab=32, n=6, embed_dim=16, num_heads=2, batch=16, steps=60, lr=0.02, eval_batch=64
+)
 
 
 def test_diagonal_mass_of_identity_and_uniform():
@@ -57,8 +58,10 @@ def test_training_makes_attention_diagonal(framework):
     assert after["accuracy"] >= 0.9, after["accuracy"]
     uniform = 1 / SMALL.n
     assert after["diagonal_mass"] >= 3 * uniform, after["diagonal_mass"]
-    assert after["diagonal_mass"] - before["diagonal_mass"] >= 0.3, (before["diagonal_mass"],
-                                                                     after["diagonal_mass"])
+    assert after["diagonal_mass"] - before["diagonal_mass"] >= 0.3, (
+        before["diagonal_mass"],
+        after["diagonal_mass"],
+    )
     w = np.asarray(after["weights"])  # (n, n), rows are attention distributions
     assert w.shape == (SMALL.n, SMALL.n)
     np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)  # float32 sums of n = 6 weights
@@ -67,11 +70,15 @@ def test_training_makes_attention_diagonal(framework):
 
 def _doc(n=3):
     eye = np.eye(n).tolist()
-    run = {"framework": "torch", "version": "x", "losses": [2.0, 1.0], "wall_s": 0.5,
-           "before": {"loss": 2.0, "accuracy": 0.1, "diagonal_mass": 1 / n, "weights": eye},
-           "after": {"loss": 0.1, "accuracy": 1.0, "diagonal_mass": 1.0, "weights": eye}}
-    settings = {"vocab": 4, "n": n, "embed_dim": 4, "num_heads": 1, "batch": 2, "eval_batch": 2,
-                "lr": 0.01}
+    run = {
+        "framework": "torch",
+        "version": "x",
+        "losses": [2.0, 1.0],
+        "wall_s": 0.5,
+        "before": {"loss": 2.0, "accuracy": 0.1, "diagonal_mass": 1 / n, "weights": eye},
+        "after": {"loss": 0.1, "accuracy": 1.0, "diagonal_mass": 1.0, "weights": eye},
+    }
+    settings = {"vocab": 4, "n": n, "embed_dim": 4, "num_heads": 1, "batch": 2, "eval_batch": 2, "lr": 0.01}
     return {"schema": copy_task.SCHEMA, "settings": settings, "runs": [run]}
 
 

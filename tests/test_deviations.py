@@ -54,8 +54,10 @@ def test_still_reproduces_on_its_native_backend(dev):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         got = status(dev, backend(dev.backend))
-    assert got == "observed", (f"stale deviation {dev.deviation_id}: {dev.backend} no longer does "
-                   f"'{dev.native_does}'; remove the entry, or update it")
+    assert got == "observed", (
+        f"stale deviation {dev.deviation_id}: {dev.backend} no longer does "
+        f"'{dev.native_does}'; remove the entry, or update it"
+    )
 
 
 @pytest.mark.parametrize("dev", DEVIATIONS, ids=ids)
@@ -87,8 +89,9 @@ def test_the_fix_up_names_the_deviation(dev):
     adapter = dev.fixed_by.split(":")[0]
     lines = (BACKENDS_DIR / f"{adapter}.py").read_text().splitlines()
     comments = [line.split("#", 1)[1] for line in lines if "#" in line]
-    assert any(dev.deviation_id in c for c in comments), \
+    assert any(dev.deviation_id in c for c in comments), (
         f"no comment in backends/{adapter}.py names {dev.deviation_id} at its fix-up"
+    )
 
 
 def _assert_mha_matches_golden(be, case):
@@ -106,11 +109,14 @@ def _assert_mha_matches_golden(be, case):
         assert within(weights, g.weights, g.allowed_w).ok
 
 
-
 # -- the data: one format, one schema, one loader (issue #29) ------------------------------------
 
+
 def _data_files():
-    files = [*sorted((BACKENDS_DIR / "deviations").glob("*.toml")), BACKENDS_DIR / "atlas" / "deviations.toml"]
+    files = [
+        *sorted((BACKENDS_DIR / "deviations").glob("*.toml")),
+        BACKENDS_DIR / "atlas" / "deviations.toml",
+    ]
     plugin = importlib.util.find_spec("attnspec_example_plugin")
     if plugin is not None and plugin.origin:
         files.append(Path(plugin.origin).parent / "deviations.toml")
@@ -163,18 +169,34 @@ reproducer = "repro.py"
 # what the loader refuses, with the error that names the entry and the field; and whether the
 # schema refuses it too (a name that does not resolve, a file that is not there: only the loader)
 BAD = {
-    "unknown case": (GOOD.replace('"empty_row_by_mask"', '"no_such_case"'),
-                     r"deviation 'torch\.example': case = 'no_such_case': .*deviation_cases has no function", False),
-    "shows not importable": (GOOD.replace('"row1_is_nan"', '"no_such_module:f"'),
-                             r"deviation 'torch\.example': shows = 'no_such_module:f': cannot import", False),
-    "probe and atlas": (GOOD + 'question = "empty_row_mask"\nanswer = "NaN"\n',
-                        r"'torch\.example': an entry is checked by a probe or by an atlas question", True),
-    "neither": ("\n".join(line for line in GOOD.splitlines() if not line.startswith(("case", "shows"))),
-                r"'torch\.example': an entry is checked by a probe or by an atlas question", True),
+    "unknown case": (
+        GOOD.replace('"empty_row_by_mask"', '"no_such_case"'),
+        r"deviation 'torch\.example': case = 'no_such_case': .*deviation_cases has no function",
+        False,
+    ),
+    "shows not importable": (
+        GOOD.replace('"row1_is_nan"', '"no_such_module:f"'),
+        r"deviation 'torch\.example': shows = 'no_such_module:f': cannot import",
+        False,
+    ),
+    "probe and atlas": (
+        GOOD + 'question = "empty_row_mask"\nanswer = "NaN"\n',
+        r"'torch\.example': an entry is checked by a probe or by an atlas question",
+        True,
+    ),
+    "neither": (
+        "\n".join(line for line in GOOD.splitlines() if not line.startswith(("case", "shows"))),
+        r"'torch\.example': an entry is checked by a probe or by an atlas question",
+        True,
+    ),
     "unknown field": (GOOD + 'colour = "red"\n', r"'torch\.example': unknown field colour", True),
     "bad function": (GOOD + 'function = "lsh"\n', r"'torch\.example': function must be one of", True),
     "tags not a list": (GOOD.replace('["no_visible_row"]', '"no_visible_row"'), r"tags must be a list", True),
-    "no reproducer file": (GOOD.replace('"repro.py"', '"gone.py"'), r"reproducer = 'gone\.py': cannot read", False),
+    "no reproducer file": (
+        GOOD.replace('"repro.py"', '"gone.py"'),
+        r"reproducer = 'gone\.py': cannot read",
+        False,
+    ),
     "id twice": (GOOD + "\n" + GOOD, r"'torch\.example': the id is declared twice", False),
 }
 

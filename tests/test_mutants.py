@@ -25,23 +25,31 @@ from mutants import (
 from suite_runs import run_all, run_suite
 
 #: a drawn feature -> the corner case that exercises the same rule
-CORNER_OF = {"no_visible_rows": "corner_empty_rows", "masked_nonfinite": "corner_hidden_nonfinite",
-             "window": "corner_window_edge"}
+CORNER_OF = {
+    "no_visible_rows": "corner_empty_rows",
+    "masked_nonfinite": "corner_hidden_nonfinite",
+    "window": "corner_window_edge",
+}
 
 
 @pytest.fixture(scope="module")
 def suite_runs(tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("mutants")
-    targets = {"control": ("mutants:control", CONTROL_RUN),
-               # the forward sdpa property that names each one's feature (the whole suite: 476 s)
-               **{m: (f"mutants:mutant_{m}", MUTANT_RUN) for m in MUTANTS},
-               # a variant's bug only shows in the variant properties: run the ones that catch it
-               **{m: (f"mutants:mutant_{m}", variant_run(m)) for m in VARIANT_MUTANTS},
-               # a finite fill shows in matches_golden's corner cases: run just that
-               **{m: (f"mutants:mutant_{m}", FILL_RUN) for m in FILL_MUTANTS}}
+    targets = {
+        "control": ("mutants:control", CONTROL_RUN),
+        # the forward sdpa property that names each one's feature (the whole suite: 476 s)
+        **{m: (f"mutants:mutant_{m}", MUTANT_RUN) for m in MUTANTS},
+        # a variant's bug only shows in the variant properties: run the ones that catch it
+        **{m: (f"mutants:mutant_{m}", variant_run(m)) for m in VARIANT_MUTANTS},
+        # a finite fill shows in matches_golden's corner cases: run just that
+        **{m: (f"mutants:mutant_{m}", FILL_RUN) for m in FILL_MUTANTS},
+    }
     # only the runs the selected tests read (pytest -k no_scale runs one suite, not thirteen)
-    wanted = {(getattr(item, "callspec", None) and item.callspec.params.get("mutant")) or "control"
-              for item in request.session.items if item.module is request.module}
+    wanted = {
+        (getattr(item, "callspec", None) and item.callspec.params.get("mutant")) or "control"
+        for item in request.session.items
+        if item.module is request.module
+    }
     return run_all(tmp, {name: t for name, t in targets.items() if name in wanted}, shrink=False)
 
 
@@ -84,8 +92,9 @@ def test_mutant_is_caught_and_feature_named(suite_runs, mutant):
     killers = {r["property"] for r in results["rows"] if r["failed"] and r["function"] == "sdpa"}
     assert set(KILLED_BY[mutant]) <= killers, f"{mutant}: {sorted(killers)} miss {KILLED_BY[mutant]}"
     # the message a user sees names the feature and carries a reproducer
-    assert any(f"feature={f}" in r["message"] for r in results["failures"] for f in named) or \
-        any(f"feature={f}" in proc.stdout for f in named)
+    assert any(f"feature={f}" in r["message"] for r in results["failures"] for f in named) or any(
+        f"feature={f}" in proc.stdout for f in named
+    )
     assert "reproduce with:" in proc.stdout
 
 
@@ -97,7 +106,10 @@ def test_finite_fill_is_caught_in_every_dtype_it_reaches(suite_runs, mutant):
     proc, path = suite_runs[mutant]
     assert proc.returncode == 1, f"mutant {mutant} survived the suite:\n{proc.stdout[-2000:]}"
     rows = json.loads(path.read_text())["rows"]
-    caught = {r["dtype"] for r in rows if r["failed"] and r["property"] == "matches_golden"
-              and r["feature"] == "corner_finite_floor"}
+    caught = {
+        r["dtype"]
+        for r in rows
+        if r["failed"] and r["property"] == "matches_golden" and r["feature"] == "corner_finite_floor"
+    }
     assert caught == fill_caught_in(mutant)
     assert "hidden keys took weight there, as under a finite mask fill" in proc.stdout

@@ -18,8 +18,10 @@ from suite_runs import run_all
 @pytest.fixture(scope="module")
 def suite_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mutants_blocked")
-    targets = {"control": "mutants_blocked:control_blocked",
-               **{m: f"mutants_blocked:mutant_{m}" for m in MUTANTS_BLOCKED}}
+    targets = {
+        "control": "mutants_blocked:control_blocked",
+        **{m: f"mutants_blocked:mutant_{m}" for m in MUTANTS_BLOCKED},
+    }
     return run_all(tmp, {name: (t, "test_blocked_") for name, t in targets.items()}, shrink=False)
 
 

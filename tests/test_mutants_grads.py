@@ -20,10 +20,12 @@ MHA_LSH_VJP = "mha_vjp or lsh_attention_vjp"  # test_grads_mha_lsh.py's
 @pytest.fixture(scope="module")
 def grad_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grad_mutants")
-    targets = {"control": ("mutants_grads:control", SDPA_VJP),
-               **{m: (f"mutants_grads:mutant_{m}", SDPA_VJP) for m in GRAD_MUTANTS},
-               "control_all": ("mutants_grads:control_all", MHA_LSH_VJP),
-               **{m: (f"mutants_grads:mutant_{m}", fn) for m, (fn, _) in MHA_LSH_MUTANTS.items()}}
+    targets = {
+        "control": ("mutants_grads:control", SDPA_VJP),
+        **{m: (f"mutants_grads:mutant_{m}", SDPA_VJP) for m in GRAD_MUTANTS},
+        "control_all": ("mutants_grads:control_all", MHA_LSH_VJP),
+        **{m: (f"mutants_grads:mutant_{m}", fn) for m, (fn, _) in MHA_LSH_MUTANTS.items()},
+    }
     return run_all(tmp, targets, fail_fast=True)
 
 
@@ -53,10 +55,13 @@ def test_grad_mutant_is_caught_and_property_named(grad_runs, mutant):
 def test_mha_lsh_control_passes(grad_runs):
     proc, path = grad_runs["control_all"]
     assert proc.returncode == 0, proc.stdout[-3000:]
-    for function, properties in (("mha_vjp", {"matches_golden", "masked_keys_get_zero",
-                                              "empty_rows_zero_and_finite", "deterministic"}),
-                                 ("lsh_attention_vjp", {"matches_golden", "padded_zero_and_finite",
-                                                        "deterministic"})):
+    for function, properties in (
+        (
+            "mha_vjp",
+            {"matches_golden", "masked_keys_get_zero", "empty_rows_zero_and_finite", "deterministic"},
+        ),
+        ("lsh_attention_vjp", {"matches_golden", "padded_zero_and_finite", "deterministic"}),
+    ):
         rows = _vjp_rows(path, function)
         assert {r["property"] for r in rows} == properties
         assert sum(r["passed"] for r in rows) >= 10 * len(properties)  # the properties really ran cases
@@ -84,8 +89,10 @@ VARIANT_OF = {"softcap_grad_dropped": "softcap", "sinks_no_grad": "sinks"}  # th
 @pytest.fixture(scope="module")
 def variant_grad_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("variant_grad_mutants")
-    targets = {"control": ("mutants_grads:control", VARIANT_VJP),
-               **{m: (f"mutants_grads:mutant_{m}", VARIANT_VJP) for m in VARIANT_GRAD_MUTANTS}}
+    targets = {
+        "control": ("mutants_grads:control", VARIANT_VJP),
+        **{m: (f"mutants_grads:mutant_{m}", VARIANT_VJP) for m in VARIANT_GRAD_MUTANTS},
+    }
     return run_all(tmp, targets, fail_fast=True)
 
 

@@ -33,16 +33,26 @@ def test_control_passes(suite_runs):
     assert sum(r["passed"] for r in rows) > 150  # the properties really ran cases
     assert not any(r["failed"] for r in rows)
     props = {r["property"] for r in rows if r["passed"]}
-    assert {"matches_golden", "one_round_is_full", "dedup_union", "causal_values", "padded_absent",
-            "deterministic", "bad_input"} <= props
+    assert {
+        "matches_golden",
+        "one_round_is_full",
+        "dedup_union",
+        "causal_values",
+        "padded_absent",
+        "deterministic",
+        "bad_input",
+    } <= props
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
 def test_mutant_is_caught_by_its_properties(suite_runs, mutant):
     proc, path = suite_runs[mutant]
     assert proc.returncode == 1, f"mutant {mutant} survived the LSH properties:\n{proc.stdout[-2000:]}"
-    failed_tests = {line.split("::")[1].split("[")[0] for line in proc.stdout.splitlines()
-                    if line.startswith("FAILED") and "::" in line}
+    failed_tests = {
+        line.split("::")[1].split("[")[0]
+        for line in proc.stdout.splitlines()
+        if line.startswith("FAILED") and "::" in line
+    }
     missing = set(MUTANTS[mutant]) - failed_tests
     assert not missing, f"{mutant}: failing tests {sorted(failed_tests)} miss {sorted(missing)}"
     assert any(r["failed"] for r in _lsh_rows(path))

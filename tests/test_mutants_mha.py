@@ -24,8 +24,14 @@ def test_control_passes(suite_runs):
     proc, path = suite_runs["control"]
     assert proc.returncode == 0, proc.stdout[-3000:]
     rows = [r for r in json.loads(path.read_text())["rows"] if r["function"] == "mha"]
-    assert {r["property"] for r in rows} >= {"matches_golden", "head_split_merge", "kv_head_mapping",
-                                             "deterministic", "bad_input", "variants_match_golden"}
+    assert {r["property"] for r in rows} >= {
+        "matches_golden",
+        "head_split_merge",
+        "kv_head_mapping",
+        "deterministic",
+        "bad_input",
+        "variants_match_golden",
+    }
     variant_rows = [r for r in rows if r["property"] == "variants_match_golden"]
     assert sum(r["passed"] for r in variant_rows) > 20  # the variants really ran, and passed
     assert sum(r["passed"] for r in rows) > 150  # the suite really ran cases
@@ -42,8 +48,10 @@ def test_mutant_is_caught_and_property_named(suite_runs, mutant):
     assert expected in failed, f"{mutant}: failed properties {sorted(failed)} miss {expected}"
     assert "deterministic" not in failed and "bad_input" not in failed  # each mutant is only wrong
     # the message a user sees names function and property, and carries a reproducer
-    assert any(f"mha {expected}:" in f["message"] for f in results["failures"]) or \
-        f"mha {expected}:" in proc.stdout
+    assert (
+        any(f"mha {expected}:" in f["message"] for f in results["failures"])
+        or f"mha {expected}:" in proc.stdout
+    )
     assert "reproduce with:" in proc.stdout
 
 
@@ -51,7 +59,9 @@ def test_fail_fast_names_the_same_properties_as_the_whole_run(tmp_path):
     """The mutant runs above are fail-fast (no shrinking, no sweep: tests/suite_runs.py). One
     mutant run both ways fails the same properties, and both carry a reproducer."""
     runs = {
-        fast: run_suite("mutants_mha:mutant_kv_heads_modulo", tmp_path / f"{fast}.json", "mha", fail_fast=fast)
+        fast: run_suite(
+            "mutants_mha:mutant_kv_heads_modulo", tmp_path / f"{fast}.json", "mha", fail_fast=fast
+        )
         for fast in (True, False)
     }
     failed = {}

@@ -19,20 +19,33 @@ from attnspec.spec import lsh_attention
 from attnspec.spec.reformer import hf_lsh_self_attention, lucidrains_lsh_attention
 
 torch = pytest.importorskip("torch", reason="the Reformer interop tests need torch")
-modeling = pytest.importorskip("transformers.models.reformer.modeling_reformer",
-                               reason="needs transformers (pip install attnspec[reformer])")
-reformer_pytorch = pytest.importorskip("reformer_pytorch",
-                                       reason="needs reformer-pytorch (pip install attnspec[reformer])")
+modeling = pytest.importorskip(
+    "transformers.models.reformer.modeling_reformer",
+    reason="needs transformers (pip install attnspec[reformer])",
+)
+reformer_pytorch = pytest.importorskip(
+    "reformer_pytorch", reason="needs reformer-pytorch (pip install attnspec[reformer])"
+)
 from transformers import ReformerConfig  # noqa: E402
 
 ATOL = 1e-9
 
 
 def hf_layer(nh=2, nb=4, chunk=8, before=1, after=0, decoder=False, heads=2, hd=6, seed=0, **extra):
-    cfg = ReformerConfig(hidden_size=heads * hd, num_attention_heads=heads, attention_head_size=hd,
-                         num_hashes=nh, num_buckets=nb, lsh_attn_chunk_length=chunk,
-                         lsh_num_chunks_before=before, lsh_num_chunks_after=after, hash_seed=seed + 17,
-                         is_decoder=decoder, lsh_attention_probs_dropout_prob=0.0, **extra)
+    cfg = ReformerConfig(
+        hidden_size=heads * hd,
+        num_attention_heads=heads,
+        attention_head_size=hd,
+        num_hashes=nh,
+        num_buckets=nb,
+        lsh_attn_chunk_length=chunk,
+        lsh_num_chunks_before=before,
+        lsh_num_chunks_after=after,
+        hash_seed=seed + 17,
+        is_decoder=decoder,
+        lsh_attention_probs_dropout_prob=0.0,
+        **extra,
+    )
     torch.manual_seed(seed)
     return modeling.LSHSelfAttention(cfg, layer_idx=0).double().eval()
 
@@ -41,7 +54,7 @@ def padding(B, L, seed):
     """A (B, L) 0/1 mask: a padded tail on one row, a hole in the middle of another."""
     mask = torch.ones(B, L, dtype=torch.long)
     rng = np.random.default_rng(seed)
-    mask[B - 1, L - int(rng.integers(1, L // 2)):] = 0
+    mask[B - 1, L - int(rng.integers(1, L // 2)) :] = 0
     mask[0, int(rng.integers(0, L))] = 0
     return mask
 
@@ -60,7 +73,8 @@ def run_hf(layer, h, mask):
 HF_CASES = [  # (n_hashes, n_buckets, chunks before, chunks after, decoder, padded)
     (nh, nb, before, after, dec, pad)
     for nh, nb, (before, after), dec, pad in itertools.product(
-        (1, 2, 3, 4), (2, 4, 8), ((1, 0), (0, 1), (2, 1), (0, 0)), (False, True), (False, True))
+        (1, 2, 3, 4), (2, 4, 8), ((1, 0), (0, 1), (2, 1), (0, 0)), (False, True), (False, True)
+    )
     if (nh + nb + before + after + dec + pad) % 3 == 0 or (nh, before, after) in ((4, 2, 1), (1, 0, 0))
 ]
 
@@ -68,7 +82,9 @@ HF_CASES = [  # (n_hashes, n_buckets, chunks before, chunks after, decoder, padd
 @pytest.mark.parametrize("nh,nb,before,after,decoder,padded", HF_CASES)
 def test_hf_matches(nh, nb, before, after, decoder, padded):
     layer = hf_layer(nh, nb, 8, before, after, decoder, seed=nh * 31 + nb)
-    h = torch.randn(2, 32, layer.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(nb))
+    h = torch.randn(
+        2, 32, layer.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(nb)
+    )
     run_hf(layer, h, padding(2, 32, nh) if padded else None)
 
 
@@ -95,8 +111,10 @@ def test_hf_multiple_heads_and_batch():
     run_hf(layer, h, padding(3, 64, 2))
 
 
-LR_CASES = [(nh, C, causal, masked) for nh, C, causal, masked in
-            itertools.product((1, 2, 3, 4), (2, 4, 8), (False, True), (False, True))]
+LR_CASES = [
+    (nh, C, causal, masked)
+    for nh, C, causal, masked in itertools.product((1, 2, 3, 4), (2, 4, 8), (False, True), (False, True))
+]
 
 
 @pytest.mark.parametrize("nh,C,causal,masked", LR_CASES)
@@ -110,7 +128,7 @@ def test_lucidrains_matches(nh, C, causal, masked):
     mask = None
     if masked:  # shorter than L (the module pads it with True), a hole and a padded tail
         mask = torch.ones(2, L - 3, dtype=torch.bool)
-        mask[1, L // 2:] = False
+        mask[1, L // 2 :] = False
         mask[0, 2] = False
     seed = 1000 + nh
     torch.manual_seed(seed)
@@ -120,9 +138,12 @@ def test_lucidrains_matches(nh, C, causal, masked):
     err = float(np.abs(got - expected).max())
     assert err <= ATOL, f"max |attnspec - reformer-pytorch| = {err:.3e} > {ATOL}"
     if not masked:  # without a mask the library *is* the spec's lsh_attention
-        rot = torch.randn((1, 6, nh, L // C // 2), generator=torch.Generator().manual_seed(seed),
-                          dtype=torch.float64)[0].numpy()
-        spec = lsh_attention(qk.numpy(), v.numpy(), rotations=rot, chunk_length=C, causal=causal, scale=6 ** -0.5)
+        rot = torch.randn(
+            (1, 6, nh, L // C // 2), generator=torch.Generator().manual_seed(seed), dtype=torch.float64
+        )[0].numpy()
+        spec = lsh_attention(
+            qk.numpy(), v.numpy(), rotations=rot, chunk_length=C, causal=causal, scale=6**-0.5
+        )
         err = float(np.abs(spec - expected).max())
         assert err <= ATOL, f"max |lsh_attention - reformer-pytorch| = {err:.3e} > {ATOL}"
 
@@ -139,14 +160,18 @@ def test_leaves_torch_random_state_alone():
 
 def test_unsupported_settings_raise():
     qk = torch.randn(1, 16, 4, dtype=torch.float64)
-    for kwargs, match in (({"allow_duplicate_attention": False}, "allow_duplicate_attention"),
-                          ({"attend_across_buckets": False}, "attend_across_buckets"),
-                          ({"dropout": 0.1}, "dropout")):
+    for kwargs, match in (
+        ({"allow_duplicate_attention": False}, "allow_duplicate_attention"),
+        ({"attend_across_buckets": False}, "attend_across_buckets"),
+        ({"dropout": 0.1}, "dropout"),
+    ):
         module = reformer_pytorch.LSHAttention(bucket_size=4, n_hashes=2, **kwargs)
         with pytest.raises(SpecError, match=match):
             lucidrains_lsh_attention(module, qk, qk, 0)
     with pytest.raises(SpecError, match="divisible by 2 \\* bucket_size"):
-        lucidrains_lsh_attention(reformer_pytorch.LSHAttention(bucket_size=4, n_hashes=2), qk[:, :12], qk[:, :12], 0)
+        lucidrains_lsh_attention(
+            reformer_pytorch.LSHAttention(bucket_size=4, n_hashes=2), qk[:, :12], qk[:, :12], 0
+        )
     layer = hf_layer()
     layer.hash_seed = None
     with pytest.raises(SpecError, match="hash_seed"):

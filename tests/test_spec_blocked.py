@@ -87,7 +87,9 @@ def test_equals_sdpa(feature, blocks):
 @pytest.mark.parametrize(
     ("n", "m"), [(1, 1), (1, 9), (9, 1), (16, 16), (17, 33), (33, 5), (0, 5), (5, 0), (0, 0)]
 )
-@pytest.mark.parametrize("rule", [{}, {"causal": "upper_left"}, {"causal": "lower_right"}, {"window": (1, 2)}])
+@pytest.mark.parametrize(
+    "rule", [{}, {"causal": "upper_left"}, {"causal": "lower_right"}, {"window": (1, 2)}]
+)
 def test_awkward_sizes(n, m, rule):
     # n > m under lower_right leaves whole leading blocks with no visible key
     assert_matches_sdpa(*qkv(n=n, m=m), 4, 8, **rule)
@@ -165,8 +167,15 @@ def test_gqa_batch_broadcast_and_dk_ne_dv():
     out, _ = assert_matches_sdpa(q, k, v, 4, 6, causal="lower_right", mask=rng.random((6, 11, 19)) < 0.8)
     assert out.shape == (3, 2, 6, 11, 7)
     # head h reads kv head h // G: the same as repeating kv heads
-    expanded = sdpa_blocked(q, np.repeat(k, 3, axis=-3), np.repeat(v, 3, axis=-3), causal="lower_right",
-                            mask=np.ones((6, 11, 19), bool), block_q=4, block_k=6)
+    expanded = sdpa_blocked(
+        q,
+        np.repeat(k, 3, axis=-3),
+        np.repeat(v, 3, axis=-3),
+        causal="lower_right",
+        mask=np.ones((6, 11, 19), bool),
+        block_q=4,
+        block_k=6,
+    )
     np.testing.assert_array_equal(sdpa_blocked(q, k, v, causal="lower_right", block_q=4, block_k=6), expanded)
 
 
@@ -174,8 +183,9 @@ def test_rank_2():
     q, k, v = rng.standard_normal((9, 4)), rng.standard_normal((10, 4)), rng.standard_normal((10, 2))
     out, w = assert_matches_sdpa(q, k, v, 4, 3, causal="upper_left")
     assert out.shape == (9, 2) and w.shape == (9, 10)
-    np.testing.assert_array_equal(out, sdpa_blocked(q[None], k[None], v[None], causal="upper_left",
-                                                    block_q=4, block_k=3)[0])
+    np.testing.assert_array_equal(
+        out, sdpa_blocked(q[None], k[None], v[None], causal="upper_left", block_q=4, block_k=3)[0]
+    )
 
 
 def test_dv_zero_and_hq_zero():
@@ -387,13 +397,17 @@ def test_numpy_backend_sdpa_dispatches_like_the_golden(monkeypatch):
     monkeypatch.setattr(sdpa_module, "BLOCKED_MIN_LOGITS", 1)
     q, k, v = qkv()
     bq, bk = sdpa_module.GOLDEN_TILES
-    np.testing.assert_array_equal(get("numpy").sdpa(q, k, v, window=(2, 1)),
-                                  sdpa_blocked(q, k, v, window=(2, 1), block_q=bq, block_k=bk))
+    np.testing.assert_array_equal(
+        get("numpy").sdpa(q, k, v, window=(2, 1)),
+        sdpa_blocked(q, k, v, window=(2, 1), block_q=bq, block_k=bk),
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("feature", ["plain", "everything", "causal_lower_right", "window_lower_right",
-                                     "q_lengths", "mask_broadcast"])
+@pytest.mark.parametrize(
+    "feature",
+    ["plain", "everything", "causal_lower_right", "window_lower_right", "q_lengths", "mask_broadcast"],
+)
 def test_reference_in_row_blocks_equals_the_whole(monkeypatch, dtype, feature):
     # rows are independent: the tolerance's reference run block by block (the structural rules
     # folded into each block's mask) is the same computation, up to the summation order inside
@@ -406,8 +420,15 @@ def test_reference_in_row_blocks_equals_the_whole(monkeypatch, dtype, feature):
     v[0, 1, 3, 0] = np.nan  # non-finite values take their own path
     kw = {name: (x.astype(np_dt) if name == "bias" else x) for name, x in FEATURES[feature].items()}
     args = (q, k, v, kw.get("mask"), kw.get("bias"))
-    plan = plan_numpy("sdpa", *args, kw.get("causal"), kw.get("window"), kw.get("scale"),
-                     kw.get("q_lengths"), kw.get("kv_lengths"))
+    plan = plan_numpy(
+        "sdpa",
+        *args,
+        kw.get("causal"),
+        kw.get("window"),
+        kw.get("scale"),
+        kw.get("q_lengths"),
+        kw.get("kv_lengths"),
+    )
     whole = tolerance.reference_sdpa(plan, *args)
     vis = tolerance.visibility_view(plan, kw.get("mask"), kw.get("bias"))
     allowed = tolerance.sdpa_allowed(plan, q, k, v, kw.get("bias"), vis, 0.0)

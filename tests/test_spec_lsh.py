@@ -73,7 +73,7 @@ def window_union(x, rotations, C, kv):
     union = np.zeros((L, L), bool)
     for f, i in enumerate(flat):
         c = f // C
-        for j in flat[((c - 1) % nc) * C:((c - 1) % nc + 1) * C] + flat[c * C:(c + 1) * C]:
+        for j in flat[((c - 1) % nc) * C : ((c - 1) % nc + 1) * C] + flat[c * C : (c + 1) * C]:
             if i < L and j < L:
                 union[i, j] = True
     return union
@@ -94,8 +94,17 @@ CONFIGS = {
     "two_buckets": dict(L=6, C=1, nh=2, nb=2, causal=True),
     "batch_dims": dict(batch=(2, 3), L=6, C=2, nh=2, nb=4, kv_lengths=np.array([[6], [3]])),
     "scale": dict(L=8, C=2, nh=2, nb=4, scale=0.5),
-    "everything": dict(batch=(2, 2), L=11, C=3, nh=4, nb=6, causal=True, dedup=True, scale=2.0,
-                       kv_lengths=np.array([11, 7])[:, None]),
+    "everything": dict(
+        batch=(2, 2),
+        L=11,
+        C=3,
+        nh=4,
+        nb=6,
+        causal=True,
+        dedup=True,
+        scale=2.0,
+        kv_lengths=np.array([11, 7])[:, None],
+    ),
 }
 
 
@@ -117,8 +126,14 @@ def test_vectorized_equals_loops(name):
 
 
 @given(
-    L=st.integers(1, 10), C=st.integers(1, 4), nh=st.integers(1, 4), half=st.integers(1, 3),
-    causal=st.booleans(), dedup=st.booleans(), kv=st.integers(0, 10), seed=st.integers(0, 2**16),
+    L=st.integers(1, 10),
+    C=st.integers(1, 4),
+    nh=st.integers(1, 4),
+    half=st.integers(1, 3),
+    causal=st.booleans(),
+    dedup=st.booleans(),
+    kv=st.integers(0, 10),
+    seed=st.integers(0, 2**16),
 )
 @settings(max_examples=40, deadline=None)
 def test_vectorized_equals_loops_random(L, C, nh, half, causal, dedup, kv, seed):
@@ -126,11 +141,23 @@ def test_vectorized_equals_loops_random(L, C, nh, half, causal, dedup, kv, seed)
         C = L if nh > 1 else max(1, L - 1)
     if nh * -(-L // C) < 2:
         return  # L = 1 with one round has no valid chunking
-    run_both(dict(batch=(2,), L=L, C=C, nh=nh, nb=2 * half, causal=causal, dedup=dedup,
-                  kv_lengths=np.array([min(kv, L), L])), seed=seed)
+    run_both(
+        dict(
+            batch=(2,),
+            L=L,
+            C=C,
+            nh=nh,
+            nb=2 * half,
+            causal=causal,
+            dedup=dedup,
+            kv_lengths=np.array([min(kv, L), L]),
+        ),
+        seed=seed,
+    )
 
 
 # ---------------------------------------------------------------- exact properties
+
 
 @given(data=st.data())
 @settings(max_examples=60, deadline=None)
@@ -147,19 +174,24 @@ def test_two_chunks_equal_full_attention(data):
     # any rotations: a wild scale included, since the buckets must not matter here
     scale = np.float32(draw(st.sampled_from([1e-3, 1, 1e3])))
     rotations = lsh_rotations(draw(st.integers(0, 2**16)), d, nh, nb) * scale
-    out = lsh_attention(x, v, rotations=rotations, chunk_length=C, causal=causal, kv_lengths=kv,
-                        dedup=dedup, scale=scale)
+    out = lsh_attention(
+        x, v, rotations=rotations, chunk_length=C, causal=causal, kv_lengths=kv, dedup=dedup, scale=scale
+    )
     ref = masked_attention(x, v, base_visibility(L, causal, kv), 1.0 if scale is None else scale)
     assert_close(out, ref, v)
 
 
-@pytest.mark.parametrize("cfg", [
-    dict(L=8, C=2, nh=2, nb=4, causal=False, kv=8),
-    dict(L=10, C=2, nh=3, nb=4, causal=True, kv=10),
-    dict(L=11, C=3, nh=4, nb=6, causal=False, kv=7),
-    dict(L=6, C=4, nh=3, nb=2, causal=True, kv=6),
-    dict(L=12, C=1, nh=4, nb=8, causal=True, kv=9),
-], ids=str)
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(L=8, C=2, nh=2, nb=4, causal=False, kv=8),
+        dict(L=10, C=2, nh=3, nb=4, causal=True, kv=10),
+        dict(L=11, C=3, nh=4, nb=6, causal=False, kv=7),
+        dict(L=6, C=4, nh=3, nb=2, causal=True, kv=6),
+        dict(L=12, C=1, nh=4, nb=8, causal=True, kv=9),
+    ],
+    ids=str,
+)
 def test_dedup_is_softmax_over_union_of_windows(cfg):
     x, v = inputs(5, (), cfg["L"])
     rotations = lsh_rotations(5, x.shape[-1], cfg["nh"], cfg["nb"])
@@ -180,17 +212,18 @@ def test_dedup_is_a_no_op_with_one_round():
 @pytest.mark.parametrize("dedup", [False, True])
 def test_causal_later_values_and_keys_never_reach_earlier_rows(dedup):
     x, v = inputs(3, (2,), 12)
-    kw = dict(rotations=lsh_rotations(3, 5, 3, 4), chunk_length=2, causal=True, dedup=dedup,
-              return_buckets=True)
+    kw = dict(
+        rotations=lsh_rotations(3, 5, 3, 4), chunk_length=2, causal=True, dedup=dedup, return_buckets=True
+    )
     out, buckets = lsh_attention(x, v, **kw)
     for p in range(11):
         x2, v2 = x.copy(), v.copy()
-        x2[:, p + 1:] *= 4.0  # a power of two: later keys change, later buckets and windows do not
-        v2[:, p + 1:] = np.nan
+        x2[:, p + 1 :] *= 4.0  # a power of two: later keys change, later buckets and windows do not
+        v2[:, p + 1 :] = np.nan
         out2, buckets2 = lsh_attention(x2, v2, **kw)
         np.testing.assert_array_equal(buckets2, buckets)
-        np.testing.assert_allclose(out2[:, :p + 1], out[:, :p + 1], rtol=0, atol=1e-14)
-        assert np.isnan(out2[:, p + 1:]).all()  # a visible NaN (each row's own value) propagates
+        np.testing.assert_allclose(out2[:, : p + 1], out[:, : p + 1], rtol=0, atol=1e-14)
+        assert np.isnan(out2[:, p + 1 :]).all()  # a visible NaN (each row's own value) propagates
 
 
 def test_causal_hash_order_of_later_positions_can_move_earlier_windows():
@@ -222,8 +255,9 @@ def test_self_only_when_nothing_else_is_visible():
 def test_padded_content_never_reaches_unpadded_rows():
     x, v = inputs(6, (3,), 10)
     kv = np.array([10, 6, 3])
-    kw = dict(rotations=lsh_rotations(6, 5, 3, 4), chunk_length=2, kv_lengths=kv, dedup=True,
-              return_buckets=True)
+    kw = dict(
+        rotations=lsh_rotations(6, 5, 3, 4), chunk_length=2, kv_lengths=kv, dedup=True, return_buckets=True
+    )
     out, buckets = lsh_attention(x, v, **kw)
     x2, v2 = x.copy(), v.copy()
     for b, n in enumerate(kv):
@@ -253,6 +287,7 @@ def test_scale_multiplies_the_logits():
 
 # ---------------------------------------------------------------- rotations and buckets
 
+
 def test_rotations_are_deterministic_float32_standard_normal():
     r = lsh_rotations(42, 6, 3, 8)
     assert r.dtype == np.float32 and r.shape == (6, 3, 4)
@@ -271,8 +306,14 @@ def test_buckets_of_a_seeded_example():
     np.testing.assert_array_equal(buckets, np.argmax(np.concatenate([p, -p], axis=-1), axis=-1))
     # one hash serves queries and keys: the buckets lsh_attention sorts by are these, n_buckets
     # marking padded positions
-    _, used = lsh_attention(x, x[..., :2], rotations=rotations, chunk_length=2,
-                            kv_lengths=np.array([10, 7, 4]), return_buckets=True)
+    _, used = lsh_attention(
+        x,
+        x[..., :2],
+        rotations=rotations,
+        chunk_length=2,
+        kv_lengths=np.array([10, 7, 4]),
+        return_buckets=True,
+    )
     padded = np.arange(10) >= np.array([10, 7, 4])[:, None, None]  # (3, 1, L)
     np.testing.assert_array_equal(used, np.where(padded, 8, buckets))
 
@@ -299,11 +340,13 @@ def test_bucket_symmetries_and_margins():
 
 # ---------------------------------------------------------------- dtypes, sizes, memory
 
+
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
 def test_low_precision_is_the_golden_of_the_rounded_inputs(dtype):
     x, v = (a.astype(dtype) for a in inputs(10, (2,), 8))
-    kw = dict(rotations=lsh_rotations(10, 5, 2, 4), chunk_length=2, causal=True, dedup=True,
-              return_buckets=True)
+    kw = dict(
+        rotations=lsh_rotations(10, 5, 2, 4), chunk_length=2, causal=True, dedup=True, return_buckets=True
+    )
     out, buckets = lsh_attention(x, v, **kw)
     assert out.dtype == np.dtype(dtype)
     ref, ref_buckets = lsh_attention(x.astype(np.float64), v.astype(np.float64), **kw)
@@ -314,21 +357,27 @@ def test_low_precision_is_the_golden_of_the_rounded_inputs(dtype):
 def test_float64_rotations_hold_the_same_values():
     x, v = inputs(11, (), 8)
     r = lsh_rotations(11, 5, 2, 4)
-    np.testing.assert_array_equal(lsh_attention(x, v, rotations=r, chunk_length=2),
-                                  lsh_attention(x, v, rotations=r.astype(np.float64), chunk_length=2))
+    np.testing.assert_array_equal(
+        lsh_attention(x, v, rotations=r, chunk_length=2),
+        lsh_attention(x, v, rotations=r.astype(np.float64), chunk_length=2),
+    )
 
 
-@pytest.mark.parametrize("x_shape, v_shape, out_shape", [
-    ((2, 0, 4), (2, 0, 3), (2, 0, 3)),  # L = 0
-    ((0, 6, 4), (0, 6, 3), (0, 6, 3)),  # an empty batch
-    ((6, 4), (6, 0), (6, 0)),  # dv = 0
-    ((2, 1, 6, 4), (1, 3, 6, 2), (2, 3, 6, 2)),  # x and v broadcast
-])
+@pytest.mark.parametrize(
+    "x_shape, v_shape, out_shape",
+    [
+        ((2, 0, 4), (2, 0, 3), (2, 0, 3)),  # L = 0
+        ((0, 6, 4), (0, 6, 3), (0, 6, 3)),  # an empty batch
+        ((6, 4), (6, 0), (6, 0)),  # dv = 0
+        ((2, 1, 6, 4), (1, 3, 6, 2), (2, 3, 6, 2)),  # x and v broadcast
+    ],
+)
 def test_shapes(x_shape, v_shape, out_shape):
     rng = np.random.default_rng(0)
     x, v = rng.standard_normal(x_shape), rng.standard_normal(v_shape)
-    out, buckets = lsh_attention(x, v, rotations=lsh_rotations(0, 4, 2, 4), chunk_length=3,
-                                 return_buckets=True)
+    out, buckets = lsh_attention(
+        x, v, rotations=lsh_rotations(0, 4, 2, 4), chunk_length=3, return_buckets=True
+    )
     assert out.shape == out_shape and buckets.shape == (*out_shape[:-2], 2, out_shape[-2])
 
 
@@ -346,8 +395,15 @@ def test_memory_is_linear_in_L():
 
 # ---------------------------------------------------------------- bad input
 
-def call(x_shape=(2, 8, 4), v_shape=(2, 8, 3), dtypes=("float32", "float32"), rot_shape=(4, 2, 2),
-         rot_dtype="float32", **options):
+
+def call(
+    x_shape=(2, 8, 4),
+    v_shape=(2, 8, 3),
+    dtypes=("float32", "float32"),
+    rot_shape=(4, 2, 2),
+    rot_dtype="float32",
+    **options,
+):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(x_shape).astype(dtypes[0])
     v = rng.standard_normal(v_shape).astype(dtypes[1])
@@ -356,52 +412,92 @@ def call(x_shape=(2, 8, 4), v_shape=(2, 8, 3), dtypes=("float32", "float32"), ro
 
 
 BAD = [
-    ("x_not_array", lambda: lsh_attention([[1.0, 2.0]], np.ones((1, 1)), rotations=np.ones((2, 1, 1)), chunk_length=1),
-     r"x must be a numpy\.ndarray, got list"),
+    (
+        "x_not_array",
+        lambda: lsh_attention([[1.0, 2.0]], np.ones((1, 1)), rotations=np.ones((2, 1, 1)), chunk_length=1),
+        r"x must be a numpy\.ndarray, got list",
+    ),
     ("x_rank_1", lambda: call(x_shape=(4,)), r"x\.ndim=1 must be >= 2"),
     ("v_rank_1", lambda: call(v_shape=(8,)), r"v\.ndim=1 must be >= 2"),
     ("x_int", lambda: call(dtypes=("int32", "int32")), r"x\.dtype=int32 must be one of"),
     ("mixed_dtypes", lambda: call(dtypes=("float32", "float64")), r"x\.dtype=float32, v\.dtype=float64"),
     ("length_mismatch", lambda: call(v_shape=(2, 7, 3)), r"v\.shape\[-2\]=7 must equal x\.shape\[-2\]=8"),
-    ("batch_not_broadcast", lambda: call(v_shape=(3, 8, 3)), r"batch dims do not broadcast: x \(2,\), v \(3,\)"),
+    (
+        "batch_not_broadcast",
+        lambda: call(v_shape=(3, 8, 3)),
+        r"batch dims do not broadcast: x \(2,\), v \(3,\)",
+    ),
     ("d_zero", lambda: call(x_shape=(2, 8, 0), rot_shape=(0, 2, 2)), r"x\.shape\[-1\]=0 .* must be >= 1"),
-    ("rotations_d_mismatch", lambda: call(x_shape=(2, 8, 32), rot_shape=(16, 2, 2)),
-     r"rotations\.shape\[0\]=16 must equal x\.shape\[-1\]=32"),
+    (
+        "rotations_d_mismatch",
+        lambda: call(x_shape=(2, 8, 32), rot_shape=(16, 2, 2)),
+        r"rotations\.shape\[0\]=16 must equal x\.shape\[-1\]=32",
+    ),
     ("rotations_rank", lambda: call(rot_shape=(4, 2)), r"rotations\.ndim=2 must be 3"),
-    ("rotations_dtype", lambda: call(rot_dtype="float16"), r"rotations\.dtype=float16 must be float32 or float64"),
+    (
+        "rotations_dtype",
+        lambda: call(rot_dtype="float16"),
+        r"rotations\.dtype=float16 must be float32 or float64",
+    ),
     ("no_hashes", lambda: call(rot_shape=(4, 0, 2)), r"rotations\.shape\[1\]=0 \(n_hashes\) must be >= 1"),
     ("no_buckets", lambda: call(rot_shape=(4, 2, 0)), r"rotations\.shape\[2\]=0 .*even number >= 2"),
     ("chunk_zero", lambda: call(chunk_length=0), r"chunk_length=0 must be an int >= 1"),
     ("chunk_negative", lambda: call(chunk_length=-2), r"chunk_length=-2 must be an int >= 1"),
     ("chunk_float", lambda: call(chunk_length=2.0), r"chunk_length=2\.0 must be an int >= 1"),
     ("chunk_bool", lambda: call(chunk_length=True), r"chunk_length=True must be an int >= 1"),
-    ("one_chunk", lambda: call(rot_shape=(4, 1, 2), chunk_length=8),
-     r"1 \* ceil\(8 / 8\) = 1 chunk\(s\), expected >= 2"),
-    ("one_long_chunk", lambda: call(rot_shape=(4, 1, 2), chunk_length=20),
-     r"1 \* ceil\(8 / 20\) = 1 chunk\(s\), expected >= 2"),
+    (
+        "one_chunk",
+        lambda: call(rot_shape=(4, 1, 2), chunk_length=8),
+        r"1 \* ceil\(8 / 8\) = 1 chunk\(s\), expected >= 2",
+    ),
+    (
+        "one_long_chunk",
+        lambda: call(rot_shape=(4, 1, 2), chunk_length=20),
+        r"1 \* ceil\(8 / 20\) = 1 chunk\(s\), expected >= 2",
+    ),
     ("causal_string", lambda: call(causal="upper_left"), r"causal='upper_left' must be a bool"),
     ("causal_none", lambda: call(causal=None), r"causal=None must be a bool"),
     ("dedup_int", lambda: call(dedup=1), r"dedup=1 must be a bool"),
     ("kv_negative", lambda: call(kv_lengths=-1), r"kv_lengths must lie in \[0, L=8\]"),
     ("kv_too_long", lambda: call(kv_lengths=np.array([9, 1])), r"kv_lengths must lie in \[0, L=8\]"),
-    ("kv_float", lambda: call(kv_lengths=np.array(3.0)), r"kv_lengths\.dtype=float64 must be an integer dtype"),
-    ("kv_not_broadcast", lambda: call(kv_lengths=np.array([1, 2, 3])),
-     r"kv_lengths\.shape=\(3,\) must broadcast to the batch shape \(2,\)"),
+    (
+        "kv_float",
+        lambda: call(kv_lengths=np.array(3.0)),
+        r"kv_lengths\.dtype=float64 must be an integer dtype",
+    ),
+    (
+        "kv_not_broadcast",
+        lambda: call(kv_lengths=np.array([1, 2, 3])),
+        r"kv_lengths\.shape=\(3,\) must broadcast to the batch shape \(2,\)",
+    ),
     ("scale_zero", lambda: call(scale=0.0), r"scale=0\.0 must be finite and > 0"),
     ("scale_nan", lambda: call(scale=float("nan")), r"scale=nan must be finite and > 0"),
     ("scale_str", lambda: call(scale="1"), r"scale must be a real number or None, got str"),
-    ("rotations_odd_buckets", lambda: lsh_rotations(0, 4, 2, 5),
-     r"^lsh_rotations: n_buckets=5 must be an even int >= 2"),
+    (
+        "rotations_odd_buckets",
+        lambda: lsh_rotations(0, 4, 2, 5),
+        r"^lsh_rotations: n_buckets=5 must be an even int >= 2",
+    ),
     ("rotations_zero_buckets", lambda: lsh_rotations(0, 4, 2, 0), r"n_buckets=0 must be an even int >= 2"),
-    ("rotations_negative_buckets", lambda: lsh_rotations(0, 4, 2, -2), r"n_buckets=-2 must be an even int >= 2"),
+    (
+        "rotations_negative_buckets",
+        lambda: lsh_rotations(0, 4, 2, -2),
+        r"n_buckets=-2 must be an even int >= 2",
+    ),
     ("rotations_zero_hashes", lambda: lsh_rotations(0, 4, 0, 4), r"n_hashes=0 must be an int >= 1"),
     ("rotations_zero_d", lambda: lsh_rotations(0, 0, 2, 4), r"d=0 must be an int >= 1"),
     ("rotations_negative_seed", lambda: lsh_rotations(-1, 4, 2, 4), r"seed=-1 must be an int >= 0"),
     ("rotations_float_seed", lambda: lsh_rotations(1.5, 4, 2, 4), r"seed=1\.5 must be an int >= 0"),
-    ("buckets_d_mismatch", lambda: lsh_buckets(np.ones((8, 3)), np.ones((4, 2, 2))),
-     r"^lsh_buckets: rotations\.shape\[0\]=4 must equal x\.shape\[-1\]=3"),
-    ("margins_rank_1", lambda: lsh_bucket_margins(np.ones(3), np.ones((3, 2, 2))),
-     r"^lsh_bucket_margins: x\.ndim=1 must be >= 2"),
+    (
+        "buckets_d_mismatch",
+        lambda: lsh_buckets(np.ones((8, 3)), np.ones((4, 2, 2))),
+        r"^lsh_buckets: rotations\.shape\[0\]=4 must equal x\.shape\[-1\]=3",
+    ),
+    (
+        "margins_rank_1",
+        lambda: lsh_bucket_margins(np.ones(3), np.ones((3, 2, 2))),
+        r"^lsh_bucket_margins: x\.ndim=1 must be >= 2",
+    ),
 ]
 
 

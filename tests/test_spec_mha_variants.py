@@ -23,12 +23,16 @@ def _layer():
 
 
 def _inputs(batch=(2,)):
-    return (rng.standard_normal((*batch, N, E)), rng.standard_normal((*batch, M, E)),
-            rng.standard_normal((*batch, M, E)))
+    return (
+        rng.standard_normal((*batch, N, E)),
+        rng.standard_normal((*batch, M, E)),
+        rng.standard_normal((*batch, M, E)),
+    )
 
 
 def _by_hand(query, key, value, p: MHAParams, **options):
     """W_o merge(sdpa_loops(split(q), split(k), split(v), ...)) + b_o, written out."""
+
     def heads(x, w, b, h):  # (B, L, in) -> (B, h, L, hd)
         y = x @ w.T + b
         return y.reshape(*y.shape[:-1], h, HD).swapaxes(-2, -3)
@@ -47,17 +51,28 @@ VARIANTS = {
     "alibi": dict(alibi_slopes=np.array([0.5, 0.25, 0.125, 1.0])),
     "alibi_lower_right": dict(alibi_slopes=np.array([0.5, 0.25, 0.125, 1.0]), causal="lower_right"),
     "sinks": dict(sinks=np.array([0.3, -1.0, 2.0, 0.0])),
-    "segments": dict(q_segment_ids=np.array([[0, 0, 1, 1, 1], [0, 0, 0, 0, -1]]),
-                     kv_segment_ids=np.array([[0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, -1]])),
-    "lower_right_lengths": dict(causal="lower_right_lengths", kv_lengths=np.array([4, 7]),
-                                q_lengths=np.array([2, 5])),
+    "segments": dict(
+        q_segment_ids=np.array([[0, 0, 1, 1, 1], [0, 0, 0, 0, -1]]),
+        kv_segment_ids=np.array([[0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, -1]]),
+    ),
+    "lower_right_lengths": dict(
+        causal="lower_right_lengths", kv_lengths=np.array([4, 7]), q_lengths=np.array([2, 5])
+    ),
     "dropout": dict(dropout_mask=KEEP, dropout_p=0.3),
     "lse": dict(return_lse=True, sinks=np.array([0.3, -1.0, 2.0, 0.0])),
-    "all": dict(softcap=1.5, alibi_slopes=np.array([0.5, 0.25, 0.125, 1.0]), sinks=np.zeros(4),
-                causal="lower_right_lengths", window=(2, 0),
-                q_segment_ids=segment_ids_from_cu_seqlens([0, 2, 5], 5)[None].repeat(2, 0),
-                kv_segment_ids=segment_ids_from_cu_seqlens([0, 3, 7], 7)[None].repeat(2, 0),
-                dropout_mask=KEEP, dropout_p=0.25, return_weights=True, return_lse=True),
+    "all": dict(
+        softcap=1.5,
+        alibi_slopes=np.array([0.5, 0.25, 0.125, 1.0]),
+        sinks=np.zeros(4),
+        causal="lower_right_lengths",
+        window=(2, 0),
+        q_segment_ids=segment_ids_from_cu_seqlens([0, 2, 5], 5)[None].repeat(2, 0),
+        kv_segment_ids=segment_ids_from_cu_seqlens([0, 3, 7], 7)[None].repeat(2, 0),
+        dropout_mask=KEEP,
+        dropout_p=0.25,
+        return_weights=True,
+        return_lse=True,
+    ),
 }
 
 
@@ -84,8 +99,15 @@ def test_lse_shape_and_dtype_follow_sdpa():
     query, key, value = _inputs(batch=())
     p = _layer()
     for dt, lse_dt in ((np.float32, np.float32), (np.float64, np.float64)):
-        out, lse = mha(query.astype(dt), key.astype(dt), value.astype(dt), p, num_heads=H, num_kv_heads=HKV,
-                       return_lse=True)
+        out, lse = mha(
+            query.astype(dt),
+            key.astype(dt),
+            value.astype(dt),
+            p,
+            num_heads=H,
+            num_kv_heads=HKV,
+            return_lse=True,
+        )
         assert out.shape == (N, E) and out.dtype == dt
         assert lse.shape == (H, N) and lse.dtype == lse_dt
 
@@ -94,8 +116,17 @@ def test_row_with_no_visible_key_and_a_sink_gives_b_o_and_lse_of_the_sink():
     query, key, value = _inputs()
     p = _layer()
     sinks = np.array([0.3, -1.0, 2.0, 0.0])
-    out, lse = mha(query, key, value, p, num_heads=H, num_kv_heads=HKV, sinks=sinks,
-                   q_lengths=np.array([3, 5]), return_lse=True)
+    out, lse = mha(
+        query,
+        key,
+        value,
+        p,
+        num_heads=H,
+        num_kv_heads=HKV,
+        sinks=sinks,
+        q_lengths=np.array([3, 5]),
+        return_lse=True,
+    )
     np.testing.assert_array_equal(out[0, 3:], np.broadcast_to(p.b_o, (2, E)))
     np.testing.assert_array_equal(lse[0, :, 3:], np.broadcast_to(sinks[:, None], (H, 2)))
 
@@ -158,8 +189,13 @@ def test_mha_vjp_with_variants_matches_finite_differences(name):
     def loss() -> float:
         return float(np.sum(mha(query, key, value, p, sinks=sinks, **kw) * d_out))
 
-    checks = {"d_query": (grads[0], query), "d_key": (grads[1], key), "d_value": (grads[2], value),
-              "d_w_q": (grads[3].w_q, p.w_q), "d_w_o": (grads[3].w_o, p.w_o)}
+    checks = {
+        "d_query": (grads[0], query),
+        "d_key": (grads[1], key),
+        "d_value": (grads[2], value),
+        "d_w_q": (grads[3].w_q, p.w_q),
+        "d_w_o": (grads[3].w_o, p.w_o),
+    }
     if sinks is not None:
         checks["d_sinks"] = (grads[4], sinks)
         assert grads[4].shape == (H,) and grads[4].dtype == sinks.dtype

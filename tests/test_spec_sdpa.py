@@ -220,9 +220,13 @@ def test_mask_builders_equal_keywords(align):
     both = causal_mask(5, 7, align) & window_mask(5, 7, 2, 1, align)
     np.testing.assert_array_equal(sdpa(q, k, v, mask=both), sdpa(q, k, v, causal=align, window=(2, 1)))
     lengths = np.array([3, 6])
-    np.testing.assert_array_equal(sdpa(q, k, v, mask=padding_mask(lengths, 7)), sdpa(q, k, v, kv_lengths=lengths))
+    np.testing.assert_array_equal(
+        sdpa(q, k, v, mask=padding_mask(lengths, 7)), sdpa(q, k, v, kv_lengths=lengths)
+    )
     qlen = np.array([2, 5])
-    np.testing.assert_array_equal(sdpa(q, k, v, mask=query_padding_mask(qlen, 5)), sdpa(q, k, v, q_lengths=qlen))
+    np.testing.assert_array_equal(
+        sdpa(q, k, v, mask=query_padding_mask(qlen, 5)), sdpa(q, k, v, q_lengths=qlen)
+    )
 
 
 def test_gqa_mapping_is_h_floor_div_group():

@@ -97,13 +97,23 @@ FEATURES = {
     "sinks_empty_rows": {"sinks": rng.standard_normal(HQ), "q_lengths": np.array([3, 0])},
     "segments": {"q_segment_ids": Q_IDS, "kv_segment_ids": KV_IDS},
     "segments_unbatched": {"q_segment_ids": Q_IDS[1], "kv_segment_ids": KV_IDS[1]},
-    "lower_right_lengths": {"causal": "lower_right_lengths", "kv_lengths": np.array([4, 7]),
-                            "q_lengths": np.array([5, 2])},
+    "lower_right_lengths": {
+        "causal": "lower_right_lengths",
+        "kv_lengths": np.array([4, 7]),
+        "q_lengths": np.array([5, 2]),
+    },
     "lower_right_lengths_plain": {"causal": "lower_right_lengths"},
-    "lower_right_lengths_window": {"causal": "lower_right_lengths", "window": (2, 0),
-                                   "kv_lengths": np.array([6, 3])},
-    "lower_right_lengths_segments": {"causal": "lower_right_lengths", "q_segment_ids": Q_IDS,
-                                     "kv_segment_ids": KV_IDS, "kv_lengths": np.array([6, 7])},
+    "lower_right_lengths_window": {
+        "causal": "lower_right_lengths",
+        "window": (2, 0),
+        "kv_lengths": np.array([6, 3]),
+    },
+    "lower_right_lengths_segments": {
+        "causal": "lower_right_lengths",
+        "q_segment_ids": Q_IDS,
+        "kv_segment_ids": KV_IDS,
+        "kv_lengths": np.array([6, 7]),
+    },
     "window_only_lengths": {"window": (1, 1), "causal": None, "kv_lengths": np.array([6, 3])},
     "dropout": {"dropout_mask": _keep((B, HQ, N, M)), "dropout_p": 0.3},
     "dropout_broadcast": {"dropout_mask": _keep((N, M)), "dropout_p": 0.5},
@@ -148,8 +158,10 @@ def variant_cases(draw):
     hq = hkv * group
     n, m = draw(st.integers(0, 5)), draw(st.integers(0, 6))
     q, k, v = qkv(batch, hq, hkv, n, m, draw(st.integers(1, 3)), draw(st.integers(0, 2)), r)
-    kw = {"causal": draw(st.sampled_from([None, "upper_left", "lower_right", "lower_right_lengths"])),
-          "window": draw(st.none() | st.tuples(st.integers(0, 3), st.integers(0, 3)))}
+    kw = {
+        "causal": draw(st.sampled_from([None, "upper_left", "lower_right", "lower_right_lengths"])),
+        "window": draw(st.none() | st.tuples(st.integers(0, 3), st.integers(0, 3))),
+    }
     if draw(st.booleans()):
         kw["softcap"] = draw(st.sampled_from([0.5, 1.0, 3.0]))
     if draw(st.booleans()):
@@ -182,15 +194,39 @@ def test_large_inputs_dispatch_to_the_tiled_path_with_the_same_result():
     # 1 * 4 * 512 * 512 = 2**20 logits: sdpa takes the tiled core; compare with the vectorized one
     n = m = 512
     q, k, v = qkv(batch=(1,), hq=4, hkv=2, n=n, m=m, dk=4, dv=2)
-    kw = {"softcap": 3.0, "alibi_slopes": rng.random(4) * 0.1, "sinks": rng.standard_normal(4),
-          "q_segment_ids": np.repeat(np.arange(4), n // 4), "kv_segment_ids": np.repeat(np.arange(4), m // 4),
-          "causal": "lower_right_lengths", "window": (40, 0), "dropout_mask": _keep((n, m)), "dropout_p": 0.1}
+    kw = {
+        "softcap": 3.0,
+        "alibi_slopes": rng.random(4) * 0.1,
+        "sinks": rng.standard_normal(4),
+        "q_segment_ids": np.repeat(np.arange(4), n // 4),
+        "kv_segment_ids": np.repeat(np.arange(4), m // 4),
+        "causal": "lower_right_lengths",
+        "window": (40, 0),
+        "dropout_mask": _keep((n, m)),
+        "dropout_p": 0.1,
+    }
     out, lse = sdpa(q, k, v, return_lse=True, **kw)
     keys = ("alibi_slopes", "sinks", "q_segment_ids", "kv_segment_ids", "dropout_mask")
     from attnspec.spec.validate import SDPAExtras
+
     extras = SDPAExtras(*(kw[name] for name in keys))
-    plan = plan_numpy("sdpa", q, k, v, None, None, kw["causal"], kw["window"], None, None, None,
-                     extras, kw["softcap"], kw["dropout_p"], True)
+    plan = plan_numpy(
+        "sdpa",
+        q,
+        k,
+        v,
+        None,
+        None,
+        kw["causal"],
+        kw["window"],
+        None,
+        None,
+        None,
+        extras,
+        kw["softcap"],
+        kw["dropout_p"],
+        True,
+    )
     ref = attention_core(plan, q, k, v, None, None, np.float64, _identity, extras, with_lse=True)
     ref_out, ref_lse = finish(plan, ref[0], ref[1], q.dtype, False, ref[2])
     _close(out, ref_out, BLOCKED_ATOL * float(np.abs(v).max()))
@@ -215,26 +251,38 @@ def test_lower_right_lengths_measured_example():
     assert _seen(w[0, 0]) == [[0, 1, 2], [0, 1, 2, 3]]  # j <= i + 4 - 2
     assert query_anchor(2, 6, "lower_right_lengths", kv_lengths=kl).tolist() == [[2, 3]]
     built = causal_mask(2, 6, "lower_right_lengths", kv_lengths=kl) & padding_mask(kl, 6)
-    np.testing.assert_array_equal(sdpa(q, k, v, mask=built),
-                                  sdpa(q, k, v, causal="lower_right_lengths", kv_lengths=kl))
+    np.testing.assert_array_equal(
+        sdpa(q, k, v, mask=built), sdpa(q, k, v, causal="lower_right_lengths", kv_lengths=kl)
+    )
 
 
 def test_lower_right_lengths_packed_example():
     q_ids = np.array([0, 0, 0, 1, 1])
     kv_ids = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1])
     q, k, v = qkv(batch=(), hq=1, hkv=1, n=5, m=10)
-    _, w = sdpa(q, k, v, causal="lower_right_lengths", q_segment_ids=q_ids, kv_segment_ids=kv_ids,
-                return_weights=True)
+    _, w = sdpa(
+        q, k, v, causal="lower_right_lengths", q_segment_ids=q_ids, kv_segment_ids=kv_ids, return_weights=True
+    )
     # segment 0: 3 queries, 4 keys, i' = i + 1; segment 1: 2 queries, 6 keys, i' = i + 10 - 5
     assert _seen(w[0]) == [[0, 1], [0, 1, 2], [0, 1, 2, 3], [4, 5, 6, 7, 8], [4, 5, 6, 7, 8, 9]]
-    built = (causal_mask(5, 10, "lower_right_lengths", q_segment_ids=q_ids, kv_segment_ids=kv_ids)
-             & segment_mask(q_ids, kv_ids))
+    built = causal_mask(
+        5, 10, "lower_right_lengths", q_segment_ids=q_ids, kv_segment_ids=kv_ids
+    ) & segment_mask(q_ids, kv_ids)
     np.testing.assert_array_equal(
         sdpa(q, k, v, mask=built),
-        sdpa(q, k, v, causal="lower_right_lengths", q_segment_ids=q_ids, kv_segment_ids=kv_ids))
+        sdpa(q, k, v, causal="lower_right_lengths", q_segment_ids=q_ids, kv_segment_ids=kv_ids),
+    )
     # the same with a window anchored on it: query 3 (i' = 8) and left = 1 sees keys 7, 8
-    _, w = sdpa(q, k, v, causal="lower_right_lengths", window=(1, 0), q_segment_ids=q_ids,
-                kv_segment_ids=kv_ids, return_weights=True)
+    _, w = sdpa(
+        q,
+        k,
+        v,
+        causal="lower_right_lengths",
+        window=(1, 0),
+        q_segment_ids=q_ids,
+        kv_segment_ids=kv_ids,
+        return_weights=True,
+    )
     assert _seen(w[0])[3] == [7, 8]
     wm = window_mask(5, 10, 1, 0, "lower_right_lengths", q_segment_ids=q_ids, kv_segment_ids=kv_ids)
     assert wm.shape == (5, 10) and np.flatnonzero(wm[3]).tolist() == [7, 8]
@@ -271,9 +319,14 @@ def test_varlen_equals_separate_calls():
     # packed sequences of lengths (2, 3) queries over (3, 4) keys, each aligned lower-right
     cu_q, cu_k = np.array([0, 2, 5]), np.array([0, 3, 7])
     q, k, v = qkv(batch=(), hq=2, hkv=1, n=6, m=8)  # one query and one key of padding at the end
-    out = sdpa(q, k, v, causal="lower_right_lengths",
-               q_segment_ids=segment_ids_from_cu_seqlens(cu_q, 6),
-               kv_segment_ids=segment_ids_from_cu_seqlens(cu_k, 8))
+    out = sdpa(
+        q,
+        k,
+        v,
+        causal="lower_right_lengths",
+        q_segment_ids=segment_ids_from_cu_seqlens(cu_q, 6),
+        kv_segment_ids=segment_ids_from_cu_seqlens(cu_k, 8),
+    )
     for s in range(2):
         qs, ks = slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])
         alone = sdpa(q[:, qs], k[:, ks], v[:, ks], causal="lower_right")
@@ -316,8 +369,9 @@ def test_alibi_by_hand():
         e = [math.exp(-0.5 * d) for d in dists]
         np.testing.assert_allclose(out[0, i], [x / sum(e) for x in e], rtol=1e-14)
     out = sdpa(q, k, v, alibi_slopes=slope, causal="lower_right")  # i' = i + 1, keys j <= i'
-    np.testing.assert_allclose(out[0, 0], [math.exp(-0.5) / (1 + math.exp(-0.5)), 1 / (1 + math.exp(-0.5)), 0],
-                               rtol=1e-14)
+    np.testing.assert_allclose(
+        out[0, 0], [math.exp(-0.5) / (1 + math.exp(-0.5)), 1 / (1 + math.exp(-0.5)), 0], rtol=1e-14
+    )
 
 
 def test_alibi_matches_the_flash_causal_form():
@@ -326,9 +380,12 @@ def test_alibi_matches_the_flash_causal_form():
     q, k, v = qkv(batch=(2,), hq=4, hkv=2, n=3, m=6)
     slopes = np.array([0.5, 0.25, 0.125, 0.0625])
     flash_bias = slopes[:, None, None] * (np.arange(6) - 5.0)  # (Hq, 1, m)
-    np.testing.assert_allclose(sdpa(q, k, v, alibi_slopes=slopes, causal="lower_right"),
-                               sdpa(q, k, v, bias=np.broadcast_to(flash_bias, (4, 3, 6)), causal="lower_right"),
-                               rtol=0, atol=1e-14)
+    np.testing.assert_allclose(
+        sdpa(q, k, v, alibi_slopes=slopes, causal="lower_right"),
+        sdpa(q, k, v, bias=np.broadcast_to(flash_bias, (4, 3, 6)), causal="lower_right"),
+        rtol=0,
+        atol=1e-14,
+    )
     # without causality the FlashAttention form |i + m - n - j| is lower-right anchored, which
     # the spec expresses through an explicit bias (alibi with causal=None anchors at i' = i)
     flash = sdpa(q, k, v, bias=np.broadcast_to(flash_bias, (4, 3, 6)))
@@ -372,11 +429,13 @@ def test_lse_by_hand_dtype_and_shape():
     _, lse = sdpa(q[0], k[0], v[0], return_lse=True)  # rank 2: lse (n,)
     assert lse.shape == (3,) and lse.dtype == np.float64
     np.testing.assert_allclose(lse, expected, rtol=1e-14)
-    out, w, lse32 = sdpa(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32),
-                         return_weights=True, return_lse=True)
+    out, w, lse32 = sdpa(
+        q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), return_weights=True, return_lse=True
+    )
     assert lse32.shape == (1, 3) and lse32.dtype == np.float32 and out.dtype == w.dtype == np.float32
     for dt in (np.float16, "bfloat16"):
         import ml_dtypes
+
         dt = ml_dtypes.bfloat16 if dt == "bfloat16" else dt
         _, lse16 = sdpa(q.astype(dt), k.astype(dt), v.astype(dt), return_lse=True)
         assert lse16.dtype == np.float32
@@ -455,12 +514,23 @@ GRAD_CASES = {
     "sinks": {"sinks": rng.standard_normal(2)},
     "sinks_empty_rows": {"sinks": rng.standard_normal(2), "q_lengths": np.array([3, 1])},
     "dropout": {"dropout_mask": _keep((2, 2, 3, 4)), "dropout_p": 0.5},
-    "segments_lower_right_lengths": {"q_segment_ids": np.array([0, 0, 1]), "kv_segment_ids": np.array([0, 1, 1, 1]),
-                                     "causal": "lower_right_lengths"},
-    "everything": {"softcap": 1.5, "alibi_slopes": rng.random(2), "sinks": rng.standard_normal(2),
-                   "bias": rng.standard_normal((3, 4)), "q_segment_ids": np.array([[0, 0, 1], [0, 1, 1]]),
-                   "kv_segment_ids": np.array([0, 0, 1, 1]), "causal": "lower_right_lengths", "window": (1, 1),
-                   "dropout_mask": _keep((2, 2, 3, 4)), "dropout_p": 0.5},
+    "segments_lower_right_lengths": {
+        "q_segment_ids": np.array([0, 0, 1]),
+        "kv_segment_ids": np.array([0, 1, 1, 1]),
+        "causal": "lower_right_lengths",
+    },
+    "everything": {
+        "softcap": 1.5,
+        "alibi_slopes": rng.random(2),
+        "sinks": rng.standard_normal(2),
+        "bias": rng.standard_normal((3, 4)),
+        "q_segment_ids": np.array([[0, 0, 1], [0, 1, 1]]),
+        "kv_segment_ids": np.array([0, 0, 1, 1]),
+        "causal": "lower_right_lengths",
+        "window": (1, 1),
+        "dropout_mask": _keep((2, 2, 3, 4)),
+        "dropout_p": 0.5,
+    },
 }
 
 
@@ -500,8 +570,12 @@ def test_bad_input_catalogue(case, fn):
     (q, k, v), options = case.build()
     if fn == "sdpa_vjp" and "return_lse" in options:
         pytest.skip("sdpa_vjp differentiates the output alone: it has no return_lse")
-    call = {"sdpa": sdpa, "sdpa_loops": sdpa_loops, "sdpa_blocked": sdpa_blocked,
-            "sdpa_vjp": lambda q, k, v, **o: sdpa_vjp(q, k, v, np.zeros(1, q.dtype), **o)}[fn]
+    call = {
+        "sdpa": sdpa,
+        "sdpa_loops": sdpa_loops,
+        "sdpa_blocked": sdpa_blocked,
+        "sdpa_vjp": lambda q, k, v, **o: sdpa_vjp(q, k, v, np.zeros(1, q.dtype), **o),
+    }[fn]
     with pytest.raises(SpecError, match=case.match) as info:
         call(q, k, v, **options)
     assert str(info.value).startswith(f"{fn}: ")
@@ -516,16 +590,34 @@ def test_mask_builders_refuse_bad_per_sequence_input():
         causal_mask(2, 3, "lower_right_lengths", kv_lengths=np.array([4]))
     with pytest.raises(SpecError, match=r"window_mask: unexpected keyword 'lengths'"):
         window_mask(2, 3, 1, 1, "lower_right_lengths", lengths=np.array([2]))
-    with pytest.raises(SpecError, match=r"segment_mask: q_segment_ids\.dtype=float64 must be an integer dtype"):
+    with pytest.raises(
+        SpecError, match=r"segment_mask: q_segment_ids\.dtype=float64 must be an integer dtype"
+    ):
         segment_mask(np.zeros(2), np.zeros(3, np.int32))
-    with pytest.raises(SpecError, match=r"causal_mask: q_segment_ids and kv_segment_ids must be given together"):
+    with pytest.raises(
+        SpecError, match=r"causal_mask: q_segment_ids and kv_segment_ids must be given together"
+    ):
         causal_mask(2, 3, "lower_right_lengths", q_segment_ids=np.zeros(2, np.int32))
 
 
 def test_plan_stays_hashable():
     q, k, v = qkv()
-    plan = plan_numpy("sdpa", q, k, v, None, None, "lower_right_lengths", None, None, None, None,
-                     softcap=2.0, dropout_p=0.0, return_lse=True)
+    plan = plan_numpy(
+        "sdpa",
+        q,
+        k,
+        v,
+        None,
+        None,
+        "lower_right_lengths",
+        None,
+        None,
+        None,
+        None,
+        softcap=2.0,
+        dropout_p=0.0,
+        return_lse=True,
+    )
     assert hash(plan) == hash(plan) and plan.softcap == 2.0 and plan.return_lse
     assert plan.lse_shape == (B, HQ, N) and plan.lse_dtype == "float64"
 
@@ -543,10 +635,27 @@ def test_tolerance_reference_runs_the_variants_through_rnd():
         q, k, v = (x.astype(dtype) for x in qkv())
         extras = SDPAExtras(*(kw[name] if name != "sinks" else kw[name].astype(dtype) for name in keys))
         bias = kw["bias"].astype(dtype)
-        plan = plan_numpy("sdpa", q, k, v, kw["mask"], bias, kw["causal"], kw["window"], kw["scale"],
-                         None, kw["kv_lengths"], extras, kw["softcap"], kw["dropout_p"], True)
+        plan = plan_numpy(
+            "sdpa",
+            q,
+            k,
+            v,
+            kw["mask"],
+            bias,
+            kw["causal"],
+            kw["window"],
+            kw["scale"],
+            None,
+            kw["kv_lengths"],
+            extras,
+            kw["softcap"],
+            kw["dropout_p"],
+            True,
+        )
         ref_out, ref_lse = reference_sdpa(plan, q, k, v, kw["mask"], bias, False, extras)
-        golden = sdpa(q, k, v, **{**kw, "bias": bias, "sinks": extras.sinks, "q_lengths": None}, return_lse=True)
+        golden = sdpa(
+            q, k, v, **{**kw, "bias": bias, "sinks": extras.sinks, "q_lengths": None}, return_lse=True
+        )
         assert ref_out.dtype == golden[0].dtype and ref_lse.dtype == golden[1].dtype
         _close(ref_out, golden[0], atol * 4)
         _close(ref_lse, golden[1], atol * 8)

@@ -1,9 +1,9 @@
 """The atlas' declared deviations (``deviations.toml``), and checking them both ways.
 
-    ATLAS_DEVIATIONS              every entry, as `Deviation` (attnspec.backends.deviations):
-                                  the same record and TOML format as the built-in catalogue's,
-                                  each checked by an atlas question (question + answer)
-    check(backend, answers)       each entry: observed | stale | not_exercised; plus the undeclared
+ATLAS_DEVIATIONS              every entry, as `Deviation` (attnspec.backends.deviations):
+                              the same record and TOML format as the built-in catalogue's,
+                              each checked by an atlas question (question + answer)
+check(backend, answers)       each entry: observed | stale | not_exercised; plus the undeclared
 """
 
 from __future__ import annotations
@@ -35,10 +35,25 @@ def check(backend: str, answers: list[dict[str, Any]]) -> tuple[list[dict[str, A
     for d in (d for d in ATLAS_DEVIATIONS if d.backend == backend):
         declared_questions.add(d.question)
         got = by_question.get(d.question, {}).get("answer", "n/a")
-        entries.append({"id": d.id, "question": d.question, "declared": d.answer, "measured": got,
-                        "status": status(d, answers), "summary": d.native_does, "upstream": d.upstream})
-    differing = [a for a in answers if a["spec"] and a["answer"] != a["spec"] and not a["answer"].startswith("n/a")
-                 and a["id"] not in declared_questions]
+        entries.append(
+            {
+                "id": d.id,
+                "question": d.question,
+                "declared": d.answer,
+                "measured": got,
+                "status": status(d, answers),
+                "summary": d.native_does,
+                "upstream": d.upstream,
+            }
+        )
+    differing = [
+        a
+        for a in answers
+        if a["spec"]
+        and a["answer"] != a["spec"]
+        and not a["answer"].startswith("n/a")
+        and a["id"] not in declared_questions
+    ]
     undeclared = []
     for a in differing:  # a built-in native's deviations are declared by suite tags instead
         from attnspec.backends.atlas.questions import QUESTION_TAGS
@@ -54,7 +69,15 @@ def check(backend: str, answers: list[dict[str, Any]]) -> tuple[list[dict[str, A
         if suffix and any(d.deviation_id.endswith(suffix) for d in builtin):
             builtin = [d for d in builtin if d.deviation_id.endswith(suffix)]
         for dev in builtin:
-            entries.append({"id": dev.deviation_id, "question": a["id"], "declared": dev.native_does[:120],
-                            "measured": a["answer"], "status": BUILTIN_STATUS, "summary": dev.native_does.rstrip("."),
-                            "upstream": ""})
+            entries.append(
+                {
+                    "id": dev.deviation_id,
+                    "question": a["id"],
+                    "declared": dev.native_does[:120],
+                    "measured": a["answer"],
+                    "status": BUILTIN_STATUS,
+                    "summary": dev.native_does.rstrip("."),
+                    "upstream": "",
+                }
+            )
     return entries, undeclared

@@ -36,16 +36,19 @@ def tinygrad_native() -> FunctionBackend:
     from tinygrad import Tensor
 
     backend = _native(Tensor.scaled_dot_product_attention, "tinygrad", "tinygrad-native", "tinygrad")
-    backend.preamble = ["import os"] + [f"os.environ[{k!r}] = {os.environ[k]!r}" for k in ("CC", "DEV")
-                                        if k in os.environ]
+    backend.preamble = ["import os"] + [
+        f"os.environ[{k!r}] = {os.environ[k]!r}" for k in ("CC", "DEV") if k in os.environ
+    ]
     return backend
 
 
 def _keras(backend: str):
     current = os.environ.setdefault("KERAS_BACKEND", backend)
     if current != backend or ("keras" in sys.modules and sys.modules["keras"].backend.backend() != backend):
-        raise SpecError(f"keras-{backend}-native: Keras runs on one backend per process and this one "
-                        f"is set to {current!r} (KERAS_BACKEND)")
+        raise SpecError(
+            f"keras-{backend}-native: Keras runs on one backend per process and this one "
+            f"is set to {current!r} (KERAS_BACKEND)"
+        )
     import keras
 
     return keras.ops.dot_product_attention
@@ -161,14 +164,29 @@ ATLAS = {
     "mlx-native": ("attnspec.backends.atlas.natives:mlx_native", ("mlx",), "atlas-mlx"),
     "tinygrad-native": ("attnspec.backends.atlas.natives:tinygrad_native", ("tinygrad",), "atlas-tinygrad"),
     "keras-jax-native": ("attnspec.backends.atlas.natives:keras_jax_native", ("keras", "jax"), "atlas-keras"),
-    "keras-torch-native": ("attnspec.backends.atlas.natives:keras_torch_native", ("keras", "torch"), "atlas-keras"),
+    "keras-torch-native": (
+        "attnspec.backends.atlas.natives:keras_torch_native",
+        ("keras", "torch"),
+        "atlas-keras",
+    ),
     "flax-native": ("attnspec.backends.atlas.natives:flax_native", ("flax",), "atlas-flax"),
-    "hf-eager-native": ("attnspec.backends.atlas.natives:hf_eager_native", ("transformers", "torch"), "atlas-hf"),
-    "hf-sdpa-native": ("attnspec.backends.atlas.natives:hf_sdpa_native", ("transformers", "torch"), "atlas-hf"),
+    "hf-eager-native": (
+        "attnspec.backends.atlas.natives:hf_eager_native",
+        ("transformers", "torch"),
+        "atlas-hf",
+    ),
+    "hf-sdpa-native": (
+        "attnspec.backends.atlas.natives:hf_sdpa_native",
+        ("transformers", "torch"),
+        "atlas-hf",
+    ),
     "torch-flex-native": ("attnspec.backends.atlas.natives:torch_flex_native", ("torch",), "torch"),
     "pallas-flash-native": ("attnspec.backends.atlas.natives:pallas_flash_native", ("jax",), "jax"),
     "onnx-ref-native": ("attnspec.backends.atlas.natives:onnx_ref_native", ("onnx",), "atlas-onnx"),
-    "onnxruntime-native": ("attnspec.backends.atlas.natives:onnxruntime_native", ("onnx", "onnxruntime"),
-                           "atlas-onnx"),
+    "onnxruntime-native": (
+        "attnspec.backends.atlas.natives:onnxruntime_native",
+        ("onnx", "onnxruntime"),
+        "atlas-onnx",
+    ),
     "paddle-native": ("attnspec.backends.atlas.natives:paddle_native", ("paddle",), "atlas-paddle"),
 }

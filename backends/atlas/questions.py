@@ -31,8 +31,11 @@ Case = tuple  # (q, k, v, options) as float32 NumPy
 
 def _qkv(hq=2, hkv=2, n=3, m=4, dk=4, dv=4, seed=0):
     r = np.random.default_rng(seed)
-    return (r.standard_normal((1, hq, n, dk)), r.standard_normal((1, hkv, m, dk)),
-            r.standard_normal((1, hkv, m, dv)))
+    return (
+        r.standard_normal((1, hq, n, dk)),
+        r.standard_normal((1, hkv, m, dk)),
+        r.standard_normal((1, hkv, m, dv)),
+    )
 
 
 def _empty_row_mask() -> Case:
@@ -54,6 +57,7 @@ def _nan_hidden(which: str) -> Callable[[], Case]:
         q, k, v = _qkv()
         (k if which == "k" else v)[..., 3, :] = np.nan  # key 3 is hidden from every row
         return q, k, v, {"mask": np.arange(4) < 3}
+
     return case
 
 
@@ -61,6 +65,7 @@ def _causal(n: int, m: int, align: str) -> Callable[[], Case]:
     def case() -> Case:
         q, k, v = _qkv(n=n, m=m)
         return q, k, v, {"causal": align}
+
     return case
 
 
@@ -112,7 +117,9 @@ def _causal_floor() -> Case:
     q, k, v = _qkv(n=3, m=3)
     k[..., :, 0] = 0.0
     k[..., 0, :] = np.eye(4)[0]  # key 0 is e0; keys 1 and 2 are orthogonal to it
-    q[..., 0, :] = -6e4 * np.eye(4)[0]  # query 0's one visible logit: -6e4 / sqrt(4) = -3e4; the hidden two: 0
+    q[..., 0, :] = (
+        -6e4 * np.eye(4)[0]
+    )  # query 0's one visible logit: -6e4 / sqrt(4) = -3e4; the hidden two: 0
     return q, k, v, {"causal": "flag"}
 
 
@@ -152,7 +159,9 @@ def _golden(case: Case, **override):
 def _close(a, b) -> bool:
     # float32 inputs through a float32 kernel against the float64 golden: within 1e-4 relative is
     # "the same answer"; a categorical label, not a conformance verdict (the suite judges those)
-    return a.shape == b.shape and bool(np.all(np.isclose(a, b, rtol=1e-4, atol=1e-4) | (np.isnan(a) & np.isnan(b))))
+    return a.shape == b.shape and bool(
+        np.all(np.isclose(a, b, rtol=1e-4, atol=1e-4) | (np.isnan(a) & np.isnan(b)))
+    )
 
 
 def _row_answer(out, case: Case, row: int = 1) -> str:
@@ -251,8 +260,14 @@ QUESTIONS = [
     Question("nan_hidden_value", "NaN in a masked value", _nan_hidden("v"), _leak, "ignored"),
     # the framework's own causal flag, called alone: what alignment does it mean? (the spec names
     # both, so there is no wrong answer, only a documented one; NaN rows or "neither" are wrong)
-    Question("causal_flag_n_lt_m", "its causal flag, n < m", _causal(2, 5, "flag"), _alignment, "",
-             "the framework's causal argument alone"),
+    Question(
+        "causal_flag_n_lt_m",
+        "its causal flag, n < m",
+        _causal(2, 5, "flag"),
+        _alignment,
+        "",
+        "the framework's causal argument alone",
+    ),
     Question("causal_flag_n_gt_m", "its causal flag, n > m", _causal(5, 3, "flag"), _alignment, ""),
     Question("window", "window (1, 0), n < m", _window, _window_anchor, "at i (spec)"),
     Question("gqa_order", "GQA head order", _gqa, _gqa_order, "h // G"),
@@ -260,9 +275,21 @@ QUESTIONS = [
     Question("bias_and_mask", "bias with mask", _bias_and_mask, _matches, "as the spec"),
     Question("kv_lengths", "key lengths", _kv_lengths, _matches, "as the spec"),
     Question("weights", "returned weights", _weights, _weights_answer, "returned, as the spec"),
-    Question("finite_floor", "visible logits at finfo.min, a key masked", _finite_floor, _floor_answer, "as the spec"),
-    Question("causal_floor", "its causal flag, a visible logit at -3e4", _causal_floor, _causal_floor_answer,
-             "as the spec", "the framework's causal argument alone, n = m"),
+    Question(
+        "finite_floor",
+        "visible logits at finfo.min, a key masked",
+        _finite_floor,
+        _floor_answer,
+        "as the spec",
+    ),
+    Question(
+        "causal_floor",
+        "its causal flag, a visible logit at -3e4",
+        _causal_floor,
+        _causal_floor_answer,
+        "as the spec",
+        "the framework's causal argument alone, n = m",
+    ),
     Question("zero_batch", "a batch of 0, with a mask", _zero_batch, _matches, "as the spec"),
     Question("float64", "float64 in, what comes out", _plain, lambda out, case: "", "float64, as the spec"),
     # a scale float32 cannot hold (ONNX's attributes are float32): does the result keep float64's precision?
@@ -304,26 +331,42 @@ def ask(backend: Backend, question: Question, dtype: str = "float32") -> dict[st
     if question.id in FLOAT64_QUESTIONS:
         dtype = "float64"
         if dtype not in getattr(backend, "dtypes", (dtype,)):
-            return {"id": question.id, "title": question.title, "answer": "n/a: no float64 here",
-                    "spec": question.spec, "reproducer": ""}
+            return {
+                "id": question.id,
+                "title": question.title,
+                "answer": "n/a: no float64 here",
+                "spec": question.spec,
+                "reproducer": "",
+            }
     case = question.case()
     q, k, v, opts = case
     if opts.get("causal") == "flag":
         convention = getattr(backend, "convention", None)
-        flag = convention.causal_flag if convention is not None else "upper_left"  # torch-/jax-native: is_causal
+        flag = (
+            convention.causal_flag if convention is not None else "upper_left"
+        )  # torch-/jax-native: is_causal
         if flag is None:  # a question the spec answers cannot be asked: n/a, not a difference
             answer = "n/a: no causal flag" if question.spec else "no causal flag"
-            return {"id": question.id, "title": question.title, "answer": answer, "spec": question.spec,
-                    "reproducer": ""}
+            return {
+                "id": question.id,
+                "title": question.title,
+                "answer": answer,
+                "spec": question.spec,
+                "reproducer": "",
+            }
         opts = {**opts, "causal": flag}
     q, k, v = (x.astype(dtype).astype(np.float64) for x in (q, k, v))  # the values the backend sees
     case = (q, k, v, opts)
     if isinstance(backend, FunctionBackend):  # the backends that record their calls (record_calls)
         backend.record_calls, backend.last_call = True, None
-    conv = {name: backend.asarray(x, dtype if x.dtype.kind == "f" else None) if isinstance(x, np.ndarray) else x
-            for name, x in opts.items()}
+    conv = {
+        name: backend.asarray(x, dtype if x.dtype.kind == "f" else None) if isinstance(x, np.ndarray) else x
+        for name, x in opts.items()
+    }
     try:
-        result = backend.sdpa(backend.asarray(q, dtype), backend.asarray(k, dtype), backend.asarray(v, dtype), **conv)
+        result = backend.sdpa(
+            backend.asarray(q, dtype), backend.asarray(k, dtype), backend.asarray(v, dtype), **conv
+        )
     except Unsupported as e:
         answer = f"n/a: {_short(e)}"
     except Exception as e:  # a refusal is an answer
@@ -331,8 +374,13 @@ def ask(backend: Backend, question: Question, dtype: str = "float32") -> dict[st
     else:
         if question.id in FLOAT64_QUESTIONS:
             repro = reproducer(backend) if getattr(backend, "last_call", None) else ""
-            return {"id": question.id, "title": question.title, "answer": _float64(backend, result, case),
-                    "spec": question.spec, "reproducer": repro}
+            return {
+                "id": question.id,
+                "title": question.title,
+                "answer": _float64(backend, result, case),
+                "spec": question.spec,
+                "reproducer": repro,
+            }
         if isinstance(result, tuple):
             result = tuple(backend.to_numpy(r).astype(np.float64) for r in result)
             out = result[0]
@@ -340,8 +388,13 @@ def ask(backend: Backend, question: Question, dtype: str = "float32") -> dict[st
             out = result = backend.to_numpy(result).astype(np.float64)
         answer = question.classify(result if question.id == "weights" else out, case)
     snippet = reproducer(backend) if getattr(backend, "last_call", None) is not None else ""
-    return {"id": question.id, "title": question.title, "answer": answer, "spec": question.spec,
-            "reproducer": snippet}
+    return {
+        "id": question.id,
+        "title": question.title,
+        "answer": answer,
+        "spec": question.spec,
+        "reproducer": snippet,
+    }
 
 
 def _short(e: Exception) -> str:
@@ -351,16 +404,29 @@ def _short(e: Exception) -> str:
 
 # -- reproducers: the recorded call as standalone code -------------------------------------------
 
+
 def _literal(backend, x) -> str:
     a = backend.to_numpy(x)
     dtype = a.dtype.name
-    body = np.array2string(a.astype(np.float64) if a.dtype.kind == "f" else a, separator=", ", threshold=10**6,
-                           max_line_width=10**6, floatmode="unique").replace("nan", "np.nan").replace("inf", "np.inf")
+    body = (
+        np.array2string(
+            a.astype(np.float64) if a.dtype.kind == "f" else a,
+            separator=", ",
+            threshold=10**6,
+            max_line_width=10**6,
+            floatmode="unique",
+        )
+        .replace("nan", "np.nan")
+        .replace("inf", "np.inf")
+    )
     np_expr = f"np.array({body}, dtype={'ml_dtypes.bfloat16' if dtype == 'bfloat16' else 'np.' + dtype})"
     lib = backend.arrays.name
     if lib == "torch":
-        return f"torch.from_numpy({np_expr}.astype(np.float32)).to(torch.bfloat16)" if dtype == "bfloat16" \
+        return (
+            f"torch.from_numpy({np_expr}.astype(np.float32)).to(torch.bfloat16)"
+            if dtype == "bfloat16"
             else f"torch.from_numpy({np_expr})"
+        )
     if lib == "jax":
         return f"jnp.asarray({np_expr})"
     if lib == "mlx":
@@ -376,8 +442,14 @@ def _literal(backend, x) -> str:
     return np_expr
 
 
-_IMPORTS = {"torch": "import torch", "jax": "import jax.numpy as jnp", "mlx": "import mlx.core as mx",
-            "tinygrad": "from tinygrad import Tensor", "paddle": "import paddle", "numpy": ""}
+_IMPORTS = {
+    "torch": "import torch",
+    "jax": "import jax.numpy as jnp",
+    "mlx": "import mlx.core as mx",
+    "tinygrad": "from tinygrad import Tensor",
+    "paddle": "import paddle",
+    "numpy": "",
+}
 
 
 def _value(backend, x) -> str:
@@ -415,8 +487,10 @@ def run(name: str) -> dict[str, Any]:
     if hasattr(backend, "describe"):
         describe = backend.describe()
     else:  # a built-in native backend: its class says what it calls
-        describe = {"function": ((type(backend).__doc__ or "").strip().splitlines() or [""])[0],
-                    "convention": f"built-in ({type(backend).__module__})"}
+        describe = {
+            "function": ((type(backend).__doc__ or "").strip().splitlines() or [""])[0],
+            "convention": f"built-in ({type(backend).__module__})",
+        }
     return {"schema": "attnspec.atlas/1", "backend": name, "implementation": describe, "answers": answers}
 
 
@@ -430,8 +504,9 @@ def _atlas_versions(name: str) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attnspec.backends.atlas.questions",
-                                 description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m attnspec.backends.atlas.questions", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("backend")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -448,4 +523,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -58,34 +58,69 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="attnspec", description="Check attention implementations against "
-                                 "attnspec's executable specification.")
+    ap = argparse.ArgumentParser(
+        prog="attnspec",
+        description="Check attention implementations against attnspec's executable specification.",
+    )
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
-    check = sub.add_parser("check", help="probe and run the conformance suite on one implementation",
-                           description=__doc__.split("\n\n")[2])
+    check = sub.add_parser(
+        "check",
+        help="probe and run the conformance suite on one implementation",
+        description=__doc__.split("\n\n")[2],
+    )
     check.add_argument("target", help="MODULE:FUNCTION (with --convention), a backend NAME, or MODULE:Class")
-    check.add_argument("--convention", default=None,
-                       help="how to call a plain function: torch_sdpa, flash, jax, tutorial, ..., or "
-                            "MODULE:ATTRIBUTE naming a Convention of your own")
-    check.add_argument("--canonical", action="store_true",
-                       help="give the function canonical inputs: q, k, v always (B, H, L, D), masks full-size "
-                            "(B, H, n, m); for libraries that take only 4-D arrays")
-    check.add_argument("--arrays", default=None, help="the array library the function takes "
-                       "(default: the convention's; numpy, torch, jax, mlx, tinygrad)")
-    check.add_argument("--profile", default="dev", choices=PROFILES,
-                       help="dev (default: about a minute), ci (100 examples a property), thorough")
-    check.add_argument("--dtype", action="append", choices=DTYPES + FP8_DTYPES, default=None,
-                       help="check only these dtypes (repeatable; default all four floats and both FP8 "
-                            "storage dtypes of sdpa_fp8)")
-    check.add_argument("--fp8-p-precision", default="float32", choices=("float32", "float8_e4m3fn"),
-                       help="the P precision the function claims on FP8 inputs (a convention that passes "
-                            "descales): float8_e4m3fn for a kernel that rounds P as FlashAttention-3 does")
+    check.add_argument(
+        "--convention",
+        default=None,
+        help="how to call a plain function: torch_sdpa, flash, jax, tutorial, ..., or "
+        "MODULE:ATTRIBUTE naming a Convention of your own",
+    )
+    check.add_argument(
+        "--canonical",
+        action="store_true",
+        help="give the function canonical inputs: q, k, v always (B, H, L, D), masks full-size "
+        "(B, H, n, m); for libraries that take only 4-D arrays",
+    )
+    check.add_argument(
+        "--arrays",
+        default=None,
+        help="the array library the function takes "
+        "(default: the convention's; numpy, torch, jax, mlx, tinygrad)",
+    )
+    check.add_argument(
+        "--profile",
+        default="dev",
+        choices=PROFILES,
+        help="dev (default: about a minute), ci (100 examples a property), thorough",
+    )
+    check.add_argument(
+        "--dtype",
+        action="append",
+        choices=DTYPES + FP8_DTYPES,
+        default=None,
+        help="check only these dtypes (repeatable; default all four floats and both FP8 "
+        "storage dtypes of sdpa_fp8)",
+    )
+    check.add_argument(
+        "--fp8-p-precision",
+        default="float32",
+        choices=("float32", "float8_e4m3fn"),
+        help="the P precision the function claims on FP8 inputs (a convention that passes "
+        "descales): float8_e4m3fn for a kernel that rounds P as FlashAttention-3 does",
+    )
     check.add_argument("--device", default=None, help="device (default: the array library's first)")
-    check.add_argument("--out", default="attnspec-report", help="output directory (default ./attnspec-report)")
-    check.add_argument("--case-timeout", type=float, default=120.0,
-                       help="seconds without progress before a case counts as hung (default 120)")
-    check.add_argument("-k", dest="keyword", default=None,
-                       help="only the properties matching this pytest -k expression")
+    check.add_argument(
+        "--out", default="attnspec-report", help="output directory (default ./attnspec-report)"
+    )
+    check.add_argument(
+        "--case-timeout",
+        type=float,
+        default=120.0,
+        help="seconds without progress before a case counts as hung (default 120)",
+    )
+    check.add_argument(
+        "-k", dest="keyword", default=None, help="only the properties matching this pytest -k expression"
+    )
     check.set_defaults(run=_check)
     backends = sub.add_parser("backends", help="list every known backend, installed or not and why")
     backends.set_defaults(run=_backends)
@@ -99,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
 
 # -- check ----------------------------------------------------------------------------------
 
+
 def _target(args: argparse.Namespace) -> tuple[str, bool, Any]:
     """(the target string the suite's child process loads, whether it is a plain function, and the
     backend already built for a named one: a function's is built after the probe)."""
@@ -109,8 +145,10 @@ def _target(args: argparse.Namespace) -> tuple[str, bool, Any]:
     if args.convention is None:
         if args.arrays or args.canonical or args.fp8_p_precision != "float32":
             flag = "--arrays" if args.arrays else "--canonical" if args.canonical else "--fp8-p-precision"
-            raise UsageError(f"{flag} applies to a function checked with --convention (a backend class states "
-                             "its own fp8_p_precision)")
+            raise UsageError(
+                f"{flag} applies to a function checked with --convention (a backend class states "
+                "its own fp8_p_precision)"
+            )
         if "@" in target:
             return _absolute(target), True, None
         try:
@@ -160,12 +198,16 @@ def _check(args: argparse.Namespace) -> int:
 
     # MODULE:FUNCTION resolves from here, as `python -m` does, but after the installed packages:
     # a folder here named like one (a clone called attnspec) cannot shadow it, here or in a child
-    os.environ[TARGET_PATH_ENV] = os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get(TARGET_PATH_ENV)])])
+    os.environ[TARGET_PATH_ENV] = os.pathsep.join(
+        [os.getcwd(), *filter(None, [os.environ.get(TARGET_PATH_ENV)])]
+    )
     spec, is_function, backend = _target(args)
     out = Path(args.out)
     if _inside_package(out):
-        raise UsageError(f"--out={str(out)!r} is inside the installed attnspec package or the repo's reports/: "
-                         "choose another directory")
+        raise UsageError(
+            f"--out={str(out)!r} is inside the installed attnspec package or the repo's reports/: "
+            "choose another directory"
+        )
     (out / "results").mkdir(parents=True, exist_ok=True)
     env: dict[str, str] = {}
     t0 = time.time()
@@ -182,10 +224,12 @@ def _check(args: argparse.Namespace) -> int:
         env["ATTNSPEC_TOUR"] = "1"  # every feature of every property once, besides the drawn cases
         not_ok = [r for r in caps.results if r.status != "ok"]
         by_convention = [r.need for r in not_ok if r.status == "convention"]
-        print(f"attnspec check: probe done in {time.time() - t0:.0f} s: "
-              f"{sum(r.status == 'ok' for r in caps.results)} of {len(caps.results)} probes returned"
-              + (f"; not expressible by the convention: {', '.join(by_convention)}" if by_convention else ""),
-              file=sys.stderr)
+        print(
+            f"attnspec check: probe done in {time.time() - t0:.0f} s: "
+            f"{sum(r.status == 'ok' for r in caps.results)} of {len(caps.results)} probes returned"
+            + (f"; not expressible by the convention: {', '.join(by_convention)}" if by_convention else ""),
+            file=sys.stderr,
+        )
         for r in not_ok:  # what the function said when it refused: often a bug of the wrapper
             if r.status != "convention" and r.reason != NO_DTYPE:
                 what = f"dtype {r.dtype}" if r.need == "dtype" else r.need
@@ -199,8 +243,18 @@ def _check(args: argparse.Namespace) -> int:
     if args.keyword:
         pytest_args += ["-k", args.keyword]
     try:
-        results = run_suite(spec, backend, device, args.profile, results_path, args.case_timeout, pytest_args,
-                            device_given=args.device is not None, env=env, log_tail=False)
+        results = run_suite(
+            spec,
+            backend,
+            device,
+            args.profile,
+            results_path,
+            args.case_timeout,
+            pytest_args,
+            device_given=args.device is not None,
+            env=env,
+            log_tail=False,
+        )
     except Interrupted as e:
         return 128 + e.signum
     except ChildSetupError as e:
@@ -224,22 +278,29 @@ def _check(args: argparse.Namespace) -> int:
     for line in missing:
         print(f"NOT RUN {line}", file=sys.stderr)
     if missing and not s["bad"]:
-        print("attnspec check: a verdict of conformance needs every dtype asked for and every need the "
-              "convention can express to run; narrow --dtype, fix the refusals above, or declare what the "
-              "function lacks with Convention.extend(refuse=...) (docs/guide/check.md, 'Extending a convention')",
-              file=sys.stderr)
+        print(
+            "attnspec check: a verdict of conformance needs every dtype asked for and every need the "
+            "convention can express to run; narrow --dtype, fix the refusals above, or declare what the "
+            "function lacks with Convention.extend(refuse=...) (docs/guide/check.md, 'Extending a convention')",
+            file=sys.stderr,
+        )
     verdict = "FAILS" if s["bad"] else "INCOMPLETE" if missing else "CONFORMS"
     if verdict == "CONFORMS" and args.keyword:
         verdict += f" (on the properties selected by -k {args.keyword!r} only)"
     refused_dtypes = {d: e.get("reason", "") for d, e in cov.get("dtypes", {}).items() if not e.get("ran")}
     if refused_dtypes and not args.dtype:
-        print(f"dtypes not run: {', '.join(refused_dtypes)} (the probe found the function refusing them; "
-              "--dtype asks for them explicitly)", file=sys.stderr)
+        print(
+            f"dtypes not run: {', '.join(refused_dtypes)} (the probe found the function refusing them; "
+            "--dtype asks for them explicitly)",
+            file=sys.stderr,
+        )
     # the version of the semantics the verdict is about (spec/CHANGELOG.md), once
     from attnspec.spec.clauses import SPEC_VERSION
 
-    print(f"\n{verdict}: {s['text']}\nspec: {SPEC_VERSION}\nreport: {out / 'index.md'}\nresults: {results_path}",
-          file=sys.stderr)
+    print(
+        f"\n{verdict}: {s['text']}\nspec: {SPEC_VERSION}\nreport: {out / 'index.md'}\nresults: {results_path}",
+        file=sys.stderr,
+    )
     return 1 if s["bad"] or missing else 0
 
 
@@ -269,8 +330,13 @@ def coverage_text(cov: dict[str, Any]) -> str:
     lines = []
     called = {f: c for f, c in fns.items() if c["called"]}
     never = sorted(f for f, c in fns.items() if not c["called"])
-    lines.append("coverage: " + (", ".join(f"{f} called in {c['called']} cases" for f, c in sorted(called.items()))
-                                 or "the function was never called to a verdict"))
+    lines.append(
+        "coverage: "
+        + (
+            ", ".join(f"{f} called in {c['called']} cases" for f, c in sorted(called.items()))
+            or "the function was never called to a verdict"
+        )
+    )
     if never:
         lines.append(f"  never called: {', '.join(never)}")
     needs = cov.get("needs")
@@ -305,8 +371,10 @@ def render_reports(out: Path) -> None:
         with contextlib.redirect_stdout(io.StringIO()):
             render(["--results", str(out / "results"), "--out", str(out), "--no-plots"])
     except ImportError as e:  # the report extra is optional: the JSON and the reproducers remain
-        print(f"attnspec check: the Markdown report was not rendered ({e}; pip install 'attnspec[report]')",
-              file=sys.stderr)
+        print(
+            f"attnspec check: the Markdown report was not rendered ({e}; pip install 'attnspec[report]')",
+            file=sys.stderr,
+        )
 
 
 def feature_table(results: dict[str, Any]) -> str:
@@ -315,8 +383,10 @@ def feature_table(results: dict[str, Any]) -> str:
     cells: dict[tuple[str, str], dict[str, Any]] = {}
     for r in results["rows"]:
         feature = r["feature"] if r["function"] == "sdpa" else f"{r['function']}:{r['feature']}"
-        c = cells.setdefault((feature, r["dtype"]), {"run": 0, "passed": 0, "bad": 0, "unsupported": 0,
-                                                     "deviation": 0, "budget": None})
+        c = cells.setdefault(
+            (feature, r["dtype"]),
+            {"run": 0, "passed": 0, "bad": 0, "unsupported": 0, "deviation": 0, "budget": None},
+        )
         c["run"] += r["run"]
         c["passed"] += r["passed"]
         c["bad"] += r["failed"] + r.get("crashed", 0) + r.get("timeout", 0)
@@ -325,8 +395,10 @@ def feature_table(results: dict[str, Any]) -> str:
         if r.get("max_budget_used") is not None:
             c["budget"] = max(c["budget"] or 0.0, r["max_budget_used"])
     # a function with no case run to a verdict is one line, not a row per feature
-    unsupported_fns = sorted({r["function"] for r in results["rows"]} - {
-        r["function"] for r in results["rows"] if r["run"] > r["unsupported"]})
+    unsupported_fns = sorted(
+        {r["function"] for r in results["rows"]}
+        - {r["function"] for r in results["rows"] if r["run"] > r["unsupported"]}
+    )
     features = sorted({f for f, _ in cells if f.split(":")[0] not in unsupported_fns or ":" not in f})
     if "sdpa" in unsupported_fns:
         features = [f for f in features if ":" in f]
@@ -353,8 +425,10 @@ def feature_table(results: dict[str, Any]) -> str:
     rows = [["feature", *cols]] + [[f, *(cell(cells.get((f, d))) for d in cols)] for f in features]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     text = "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
-    legend = ("cells: passed/run (+n declared deviations, (n unsup.) declined) and bWORST, the worst budget used "
-              "(error / allowed error, 1 = the edge); FAIL failed+crashed+hung/run")
+    legend = (
+        "cells: passed/run (+n declared deviations, (n unsup.) declined) and bWORST, the worst budget used "
+        "(error / allowed error, 1 = the edge); FAIL failed+crashed+hung/run"
+    )
     if unsupported_fns:
         legend += "\nunsupported throughout (no row above): " + ", ".join(unsupported_fns)
     return text + "\n" + legend
@@ -386,7 +460,9 @@ def failure_lines(results: dict[str, Any], repro_dir: Path) -> list[str]:
                 name = f"{written:02d}-{function}-{f.get('feature')}-{f.get('property')}-{f.get('dtype')}.py"
                 path = repro_dir / name
                 repro_dir.mkdir(parents=True, exist_ok=True)
-                body = "\n".join(line[4:] if line.startswith("    ") else line for line in snippet.splitlines())
+                body = "\n".join(
+                    line[4:] if line.startswith("    ") else line for line in snippet.splitlines()
+                )
                 path.write_text(f"# {head.splitlines()[0] if head else f.get('cause')}\n{body}\n")
                 paths.append(path)
 
@@ -397,12 +473,15 @@ def failure_lines(results: dict[str, Any], repro_dir: Path) -> list[str]:
         fn = "" if function == "sdpa" else f"{function}:"
         count = f"{len(group)} failure{'s' * (len(group) > 1)}"
         count += f", {len(paths)} reproducers" if len(paths) > 1 else ""
-        lines.append(f"FAIL {fn}{listed('feature')} ({listed('dtype')}; {listed('property')}; {count}): "
-                     f"{group[0]['cause']}; {where}")
+        lines.append(
+            f"FAIL {fn}{listed('feature')} ({listed('dtype')}; {listed('property')}; {count}): "
+            f"{group[0]['cause']}; {where}"
+        )
     return lines
 
 
 # -- backends, conventions ------------------------------------------------------------------
+
 
 def _backends(args: argparse.Namespace) -> int:
     import attnspec.backends as ab

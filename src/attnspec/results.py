@@ -64,9 +64,24 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
 
 
 # -- environment shared by every results JSON ---------------------------------------------------
-FRAMEWORKS = ("numpy", "ml_dtypes", "torch", "jax", "jaxlib", "array-api-compat", "array-api-strict",
-              "cupy-cuda12x", "cupy-cuda13x", "hypothesis", "mlx", "tinygrad", "keras", "flax",
-              "transformers", "reformer-pytorch")
+FRAMEWORKS = (
+    "numpy",
+    "ml_dtypes",
+    "torch",
+    "jax",
+    "jaxlib",
+    "array-api-compat",
+    "array-api-strict",
+    "cupy-cuda12x",
+    "cupy-cuda13x",
+    "hypothesis",
+    "mlx",
+    "tinygrad",
+    "keras",
+    "flax",
+    "transformers",
+    "reformer-pytorch",
+)
 #: the entry of `framework_versions` that holds the spec's version
 SPEC_KEY = "attnspec.spec"
 
@@ -98,10 +113,17 @@ def git_state() -> dict[str, Any]:
     if commit is None:
         try:
             git = ["git", "-C", str(Path(__file__).resolve().parent)]
-            commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True, timeout=10, check=True).stdout.strip()
-            dirty = bool(subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
-                                        capture_output=True, text=True, timeout=10).stdout.strip())
+            commit = subprocess.run(
+                [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+            ).stdout.strip()
+            dirty = bool(
+                subprocess.run(
+                    [*git, "status", "--porcelain", "--untracked-files=no"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                ).stdout.strip()
+            )
         except (OSError, subprocess.SubprocessError):
             commit, dirty = "unknown", None
     else:

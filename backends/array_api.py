@@ -140,6 +140,14 @@ class ArrayAPIBackend(Backend):
         array = cast(Any, x)  # an array API array: array_api_compat's check is untyped, it cannot narrow x
         return ArrayInfo(tuple(array.shape), self.dtype_name(x))
 
+    def _namespace(self, fn: str, q, k, v, mask, bias):
+        """(the array namespace of one call's arrays, q's device); refused when they mix namespaces."""
+        try:
+            xp = self._compat.array_namespace(*(x for x in (q, k, v, mask, bias) if x is not None))
+        except TypeError as e:
+            raise SpecError(f"{fn}: q, k, v, mask and bias must come from one array namespace ({e})") from None
+        return xp, self._compat.device(q)
+
     def _lengths_to_numpy(self, x):
         if self._compat.is_array_api_obj(x) and not isinstance(x, np.ndarray):
             return self.to_numpy(x)
@@ -161,11 +169,7 @@ class ArrayAPIBackend(Backend):
         variants = variant_keywords(locals())
         p = validate(fn, self._info, self._lengths_to_numpy, q, k, v, mask, bias, causal, window,
                      scale, q_lengths, kv_lengths, **variants)
-        try:
-            xp = self._compat.array_namespace(*(x for x in (q, k, v, mask, bias) if x is not None))
-        except TypeError as e:
-            raise SpecError(f"{fn}: q, k, v, mask and bias must come from one array namespace ({e})") from None
-        device = self._compat.device(q)
+        xp, device = self._namespace(fn, q, k, v, mask, bias)
         if is_empty(p):
             return _xp_core.empty(xp, p, q.dtype, device, return_weights, sinks)
         nonfinite_v = not bool(xp.all(xp.isfinite(v)))
@@ -215,11 +219,7 @@ class ArrayAPIBackend(Backend):
                      scale, q_lengths, kv_lengths, **variants)
         self.refuse_variants("sdpa_blocked", {**variants, "causal": causal})
         bq, bk = check_block("block_q", block_q, fn), check_block("block_k", block_k, fn)
-        try:
-            xp = self._compat.array_namespace(*(x for x in (q, k, v, mask, bias) if x is not None))
-        except TypeError as e:
-            raise SpecError(f"{fn}: q, k, v, mask and bias must come from one array namespace ({e})") from None
-        device = self._compat.device(q)
+        xp, device = self._namespace(fn, q, k, v, mask, bias)
         if is_empty(p):
             return _xp_core.empty(xp, p, q.dtype, device, return_weights)
         out, weights = _xp_blocked.attention_blocked(

@@ -9,14 +9,9 @@ import pytest
 # tests/mutants.py is imported by name, both here and by the suite subprocesses it starts
 sys.path.insert(0, str(Path(__file__).parent))
 
+from tutorial_seeds import TUTORIAL_SEEDS  # this folder, on the path above
+
 HERE = Path(__file__).parent
-SEEDS = HERE.parent / "examples" / "tutorial" / "seed_attention.py"
-#: the tutorials' three functions, as a new user checks them: name -> the function
-TUTORIAL_SEEDS = {
-    "fill_neg_inf": f"{SEEDS}:fill_neg_inf",
-    "fill_neg_1e9_nan_to_num": f"{SEEDS}:fill_neg_1e9_nan_to_num",
-    "fill_neg_1e9": f"{SEEDS}:fill_neg_1e9",
-}
 
 
 @pytest.fixture(scope="session")

@@ -172,7 +172,7 @@ def test_every_relative_link_in_the_repository_resolves(build):
     for name in tracked.stdout.split():
         page = ROOT / name
         for target in build.repo_links.targets(page.read_text(encoding="utf-8")):
-            split = build.repo_links._split(target)
+            split = build.repo_links.split_link(target)
             if split is None or not split[0]:
                 continue
             path = (page.parent / split[0]).resolve()

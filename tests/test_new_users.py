@@ -21,7 +21,6 @@ import pytest
 from attnspec.conformance.causes import CAUSE_PREFIXES
 
 HERE = Path(__file__).parent
-SEEDS = HERE.parent / "examples" / "tutorial" / "seed_attention.py"
 
 #: the causes a failure's first line may give (conformance/causes.py, conftest's raised, the
 #: suite's dtype/shape/device checks)
@@ -34,13 +33,16 @@ CAUSES = (
 
 # every dtype for the seeds: the tutorial convention has no bias, so the corner cases (which use
 # one) are unsupported there and their mask-only twins run instead
-TUTORIAL = ("--convention", "tutorial")
 F32 = ("--dtype", "float32")
-#: name -> (target and options, the modules it needs, the cause its failures must include)
+#: the seeds' runs are the session's (tests/conftest.py: ``--convention tutorial``, float32 and
+#: float16, shared with tests/test_check.py): name -> the tutorial seed
+SHARED = {"seeds_000_001": "fill_neg_inf", "seed_003": "fill_neg_1e9_nan_to_num", "seed_004": "fill_neg_1e9"}
+#: name -> (target and options, None for a shared run; the modules it needs; the cause its
+#: failures must include)
 SUBJECTS = {
-    "seeds_000_001": ((f"{SEEDS}:fill_neg_inf", *TUTORIAL), ("torch",), "got NaN"),
-    "seed_003": ((f"{SEEDS}:fill_neg_1e9_nan_to_num", *TUTORIAL), ("torch",), "got mean(V)"),
-    "seed_004": ((f"{SEEDS}:fill_neg_1e9", *TUTORIAL), ("torch",), "got mean(V)"),
+    "seeds_000_001": (None, ("torch",), "got NaN"),
+    "seed_003": (None, ("torch",), "got mean(V)"),
+    "seed_004": (None, ("torch",), "got mean(V)"),
     "mlx": (("check_subjects_natives:mlx", *F32), ("mlx",), "got NaN"),
     "tinygrad": (("check_subjects_natives:tinygrad", *F32), ("tinygrad",), "got NaN"),
     "keras_jax": (
@@ -72,10 +74,6 @@ def _check(args: tuple[str, ...], out: Path) -> subprocess.CompletedProcess:
         timeout=900,
         cwd=HERE,
     )
-
-
-#: the seeds' runs are the session's (tests/conftest.py, shared with tests/test_check.py)
-SHARED = {"seeds_000_001": "fill_neg_inf", "seed_003": "fill_neg_1e9_nan_to_num", "seed_004": "fill_neg_1e9"}
 
 
 @pytest.fixture(scope="module")
@@ -121,16 +119,16 @@ def test_each_failure_names_its_cause_first_and_its_reproducer_runs(runs, name):
             assert ran.stdout.strip() not in ("0.0", ""), (repro.name, ran.stdout)
 
 
-def test_seed_003_fails_on_empty_rows_in_float32_alone(tmp_path):
+def test_seed_003_fails_on_empty_rows_in_float32_alone(runs):
     """In float32 the dev profile draws no row without keys for a function with no bias; the
     mask-only corner (conformance/corners.py) draws one, so seed 003 fails matches_golden there,
-    with the cause first."""
+    with the cause first (read from the session's float32 and float16 run: its float32 failures)."""
     if missing := _missing(("torch",)):
         pytest.skip(f"not installed: {', '.join(missing)}")
-    proc = _check((f"{SEEDS}:fill_neg_1e9_nan_to_num", *TUTORIAL, *F32), tmp_path)
+    proc, out = runs["seed_003"]
     assert proc.returncode == 1, proc.stderr[-3000:]
-    (path,) = (tmp_path / "results").glob("conformance-*.json")
-    failures = json.loads(path.read_text())["failures"]
+    (path,) = (out / "results").glob("conformance-*.json")
+    failures = [f for f in json.loads(path.read_text())["failures"] if f["dtype"] == "float32"]
     empty = [f for f in failures if f["feature"] == "corner_empty_rows_mask_only"]
     assert len(empty) == 1 and empty[0]["property"] == "matches_golden", failures
     first = empty[0]["message"].splitlines()[0].split(": ", 1)[1]

@@ -81,7 +81,7 @@ def targets(text: str) -> list[str]:
     return found
 
 
-def _split(target: str) -> tuple[str, str] | None:
+def split_link(target: str) -> tuple[str, str] | None:
     """(path, #fragment) of a relative link; None for a URL, an anchor, an absolute path."""
     if not target or target.startswith(("#", "/")) or re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):
         return None
@@ -111,7 +111,7 @@ class Links:
     def resolve(self, from_src_uri: str, target: str) -> str | None:
         """The repository path ``target`` points at from the page at ``from_src_uri``, when it is
         a file outside docs/ that exists (or a folder with a README.md); else None."""
-        split = _split(target)
+        split = split_link(target)
         if split is None or not split[0]:
             return None
         base = posixpath.dirname(repo_path(from_src_uri))
@@ -153,7 +153,7 @@ class Links:
 
     def _docs_folder(self, src: str, target: str) -> None:
         """A repository page's link to a folder of docs/ with no index page: list its pages."""
-        split = _split(target)
+        split = split_link(target)
         if not src.startswith(PREFIX) or split is None or not split[0]:
             return
         path = posixpath.normpath(posixpath.join(posixpath.dirname(repo_path(src)), split[0]))
@@ -168,7 +168,7 @@ class Links:
         in_repo = src_uri.startswith(PREFIX)
 
         def fix_target(target: str) -> str:
-            split = _split(target)
+            split = split_link(target)
             if split is None or not split[0]:
                 return target
             path = posixpath.normpath(posixpath.join(posixpath.dirname(repo_path(src_uri)), split[0]))

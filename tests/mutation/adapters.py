@@ -96,18 +96,19 @@ FLASH_KEYWORDS = {
 }
 
 
-def _flash_keywords(fn, keywords):
-    """(causal, window_size, softcap, alibi_slopes, softmax_scale) of a call; another keyword is
-    refused as Python refuses it."""
+def _keywords(fn, keywords, defaults=FLASH_KEYWORDS):
+    """The call's values of ``defaults``' keywords, in its order (FlashAttention's: causal,
+    window_size, softcap, alibi_slopes, softmax_scale); another keyword is refused as Python
+    refuses it."""
     for name in keywords:
-        if name not in FLASH_KEYWORDS:
+        if name not in defaults:
             raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}")
-    return tuple(keywords.get(name, default) for name, default in FLASH_KEYWORDS.items())
+    return tuple(keywords.get(name, default) for name, default in defaults.items())
 
 
 def flash_ok(q, k, v, return_attn_probs=False, **keywords):
     """flash_attn_func: q, k, v (B, L, H, d)."""
-    keys = _flash_keywords("flash_ok", keywords)
+    keys = _keywords("flash_ok", keywords)
     result = _each_sequence(q, lambda b: (k[b], v[b], k.shape[1]), v.shape[-1], *keys, return_attn_probs)
     return (*result, None) if return_attn_probs else result
 
@@ -119,7 +120,7 @@ def flash_kvcache_ok(q, k_cache, v_cache, cache_seqlens=None, return_softmax_lse
         length = k_cache.shape[1] if cache_seqlens is None else int(cache_seqlens[b])
         return k_cache[b, :length], v_cache[b, :length], length
 
-    keys = _flash_keywords("flash_kvcache_ok", keywords)
+    keys = _keywords("flash_kvcache_ok", keywords)
     return _each_sequence(q, sequence, v_cache.shape[-1], *keys, return_softmax_lse)
 
 
@@ -143,7 +144,7 @@ def flash_varlen_ok(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_attn_probs=False, **keywords
 ):
     """flash_attn_varlen_func: sequences packed along the first axis, bounded by cu_seqlens."""
-    causal, window_size, softcap, alibi_slopes, softmax_scale = _flash_keywords("flash_varlen_ok", keywords)
+    causal, window_size, softcap, alibi_slopes, softmax_scale = _keywords("flash_varlen_ok", keywords)
     cu_q, cu_k = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
     # FlashAttention sizes its grid by the maxima and picks its decode path when max_seqlen_q is 1:
     # they must be the batch's longest sequences
@@ -188,16 +189,15 @@ def flash_kvcache_paged_ok(
         length = int(cache_seqlens[b])
         return _gather(k_cache, block_table[b], length), _gather(v_cache, block_table[b], length), length
 
-    keys = _flash_keywords("flash_kvcache_paged_ok", keywords)
+    keys = _keywords("flash_kvcache_paged_ok", keywords)
     return _each_sequence(q, sequence, v_cache.shape[-1], *keys, return_softmax_lse)
 
 
 def vllm_paged_ok(query, key_cache, value_cache, query_lens, kv_lens, block_tables, scale, **keywords):
     """ref_paged_attn: queries packed by query_lens, pools read through block_tables, always causal."""
-    unknown = sorted(set(keywords) - {"sliding_window", "soft_cap"})
-    if unknown:
-        raise TypeError(f"vllm_paged_ok() got an unexpected keyword argument {unknown[0]!r}")
-    sliding_window, soft_cap = keywords.get("sliding_window"), keywords.get("soft_cap")
+    sliding_window, soft_cap = _keywords(
+        "vllm_paged_ok", keywords, {"sliding_window": None, "soft_cap": None}
+    )
     out = np.zeros((query.shape[0], query.shape[1], value_cache.shape[-1]), query.dtype)
     start = 0
     for b, (nq, nk) in enumerate(zip(query_lens, kv_lens)):

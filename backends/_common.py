@@ -1,4 +1,5 @@
-"""Pieces every adapter needs: validating framework arrays, structural visibility, dtype names.
+"""Pieces every adapter needs: structural visibility, per-sequence rules, dtype names. (A call is
+checked by the public `attnspec.backends.authoring.plan_sdpa`, through `Backend.library`.)
 
 Shape letters as in `attnspec.spec.sdpa`: ``batch`` the broadcast leading dims, Hq / Hkv heads,
 n queries, m keys, dk / dv head dims.
@@ -12,51 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from attnspec.errors import SpecError
 from attnspec.spec.dtypes import NUMPY_DTYPES, compute_dtype_name, numpy_dtype  # noqa: F401  (re-exported)
-from attnspec.spec.options import VARIANT_ARRAYS, VARIANT_KEYWORDS
-from attnspec.spec.validate import ArrayInfo, SDPAPlan, validate_sdpa
+from attnspec.spec.options import VARIANT_KEYWORDS
+from attnspec.spec.validate import ArrayInfo, SDPAPlan
 
 InfoFn = Callable[[str, str, Any], ArrayInfo]
-
-
-def validate(
-    fn: str,
-    info: InfoFn,
-    lengths_to_numpy: Callable[[Any], Any],
-    q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
-    **variants: Any,
-) -> SDPAPlan:
-    """`validate_sdpa` on framework arrays: the spec's checks, so the spec's messages.
-
-    ``info(fn, name, x)`` returns the ArrayInfo of one framework array, or raises SpecError when
-    ``x`` is not one (nothing is converted silently). Lengths are small and checked by value, so
-    ``lengths_to_numpy`` turns framework integer arrays into NumPy and passes anything else on
-    for the validator to judge. ``variants`` are the keywords of issue #15 (softcap,
-    alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask, dropout_p, return_lse);
-    their arrays are checked by shape and dtype like q's.
-    """
-    arrays = {name: None if variants.get(name) is None else info(fn, name, variants[name])
-              for name in VARIANT_ARRAYS}
-    return validate_sdpa(
-        fn,
-        info(fn, "q", q),
-        info(fn, "k", k),
-        info(fn, "v", v),
-        mask=None if mask is None else info(fn, "mask", mask),
-        bias=None if bias is None else info(fn, "bias", bias),
-        causal=causal,
-        window=window,
-        scale=scale,
-        q_lengths=lengths_to_numpy(q_lengths),
-        kv_lengths=lengths_to_numpy(kv_lengths),
-        softcap=variants.get("softcap"),
-        dropout_p=variants.get("dropout_p"),
-        return_lse=variants.get("return_lse", False),
-        **arrays,
-    )
-
-
 
 
 def variant_keywords(scope: dict[str, Any]) -> dict[str, Any]:
@@ -101,10 +62,6 @@ def alibi_distance(p: SDPAPlan, q_ids: np.ndarray | None, kv_ids: np.ndarray | N
     anchor = plan_anchor(p, q_ids, kv_ids)  # (n,) or (..., n)
     dist = np.abs(anchor[..., :, None] - np.arange(p.m)).astype(np.float64)  # (..., n, m)
     return dist[..., None, :, :]  # (..., 1, n, m)
-
-
-def refuse(fn: str, name: str, x: object, expected: str) -> SpecError:
-    return SpecError(f"{fn}: {name} must be a {expected}, got {type(x).__module__}.{type(x).__name__}")
 
 
 def is_empty(p: SDPAPlan) -> bool:

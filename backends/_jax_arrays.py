@@ -20,13 +20,12 @@ import numpy as np
 from attnspec.backends import _vjp
 from attnspec.backends._common import (
     lengths_column,
-    refuse,
     to_reference,
     visibility,
     with_mask_and_bias,
 )
 from attnspec.backends.base import Backend, MHAArrays
-from attnspec.spec.validate import ArrayInfo, SDPAPlan
+from attnspec.spec.validate import SDPAPlan
 
 
 def use_compilation_cache() -> str | None:
@@ -94,10 +93,10 @@ class JaxArrays(_vjp.Autodiff, Backend):
             "jax_enable_x64": jax.config.jax_enable_x64,
         }
 
-    def _info(self, fn: str, name: str, x: object) -> ArrayInfo:
-        if not isinstance(x, jax.Array):
-            raise refuse(fn, name, x, "jax.Array")
-        return ArrayInfo(tuple(x.shape), self.dtype_name(x))
+    array_type = "jax.Array"
+
+    def is_array(self, x: object) -> bool:
+        return isinstance(x, jax.Array)
 
     _engine = "jax"  # sdpa_vjp, mha_vjp, lsh_attention_vjp: attnspec.backends._vjp.Autodiff
 

@@ -24,10 +24,9 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnspec.backends import _lsh_xp, _mha
-from attnspec.backends._common import validate, variant_keywords
+from attnspec.backends._common import variant_keywords
 from attnspec.backends.base import Backend, MHAArrays
 from attnspec.errors import SpecError
-from attnspec.spec.validate import ArrayInfo
 
 #: vjp -> the forward method it differentiates
 FORWARD = {"sdpa_vjp": "sdpa", "mha_vjp": "mha", "lsh_attention_vjp": "lsh_attention"}
@@ -220,20 +219,12 @@ class Autodiff(_AutodiffBase):
 
     _engine: ClassVar[str]
 
-    if TYPE_CHECKING:  # each arrays class defines it (a Backend has none)
-        def _info(self, fn: str, name: str, x: object) -> ArrayInfo: ...
-
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         cls.implements = with_forwards(cls.implements)  # no vjp without its forward
 
     def supports(self, feature: str, **case) -> list[str]:
         return refusals(self, feature, super().supports(feature, **case))
-
-    def _plan(self, fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, **variants):
-        """The spec's checks of one sdpa call on this backend's arrays (`SDPAPlan`)."""
-        return validate(fn, self._info, _lengths_to_numpy(self), q, k, v, mask, bias, causal,
-                        window, scale, q_lengths, kv_lengths, **variants)
 
     def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
                  scale=None, q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Any, cast
 
 import ml_dtypes
 import numpy as np
@@ -30,9 +29,7 @@ from attnspec.backends._common import (
     fold_per_sequence,
     is_empty,
     lengths_column,
-    refuse,
     to_reference,
-    validate,
     variant_keywords,
     visibility,
     with_mask_and_bias,
@@ -42,7 +39,7 @@ from attnspec.errors import SpecError
 from attnspec.spec.blocked import check_block
 from attnspec.spec.options import take, with_options
 from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS
-from attnspec.spec.validate import ArrayInfo, SDPAPlan
+from attnspec.spec.validate import SDPAPlan
 
 __all__ = ["ArrayAPIBackend", "ArrayAPICupy", "ArrayAPINumpy", "ArrayAPIStrict", "ArrayAPITorch"]
 
@@ -103,6 +100,8 @@ class ArrayAPIBackend(Backend):
         return self._xp.astype(a, getattr(self._xp, name)) if name in _NARROW else a
 
     def to_numpy(self, x) -> np.ndarray:
+        if isinstance(x, np.ndarray):  # already on the host (lengths a caller gave as NumPy)
+            return x
         xp = self._compat.array_namespace(x)
         name = self.dtype_name(x)
         if name in _NARROW:
@@ -134,11 +133,10 @@ class ArrayAPIBackend(Backend):
         return reasons
 
     # -- sdpa -------------------------------------------------------------------------------
-    def _info(self, fn: str, name: str, x: object) -> ArrayInfo:
-        if not self._compat.is_array_api_obj(x):
-            raise refuse(fn, name, x, "array API array")
-        array = cast(Any, x)  # an array API array: array_api_compat's check is untyped, it cannot narrow x
-        return ArrayInfo(tuple(array.shape), self.dtype_name(x))
+    array_type = "array API array"
+
+    def is_array(self, x: object) -> bool:
+        return bool(self._compat.is_array_api_obj(x))
 
     def _namespace(self, fn: str, q, k, v, mask, bias):
         """(the array namespace of one call's arrays, q's device); refused when they mix namespaces."""
@@ -167,8 +165,7 @@ class ArrayAPIBackend(Backend):
              return_weights=False, return_lse=False):
         fn = f"{self.name}.sdpa"
         variants = variant_keywords(locals())
-        p = validate(fn, self._info, self._lengths_to_numpy, q, k, v, mask, bias, causal, window,
-                     scale, q_lengths, kv_lengths, **variants)
+        p = self._plan(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, **variants)
         xp, device = self._namespace(fn, q, k, v, mask, bias)
         if is_empty(p):
             return _xp_core.empty(xp, p, q.dtype, device, return_weights, sinks)
@@ -215,8 +212,7 @@ class ArrayAPIBackend(Backend):
                      return_weights=False, return_lse=False, block_q=256, block_k=512):
         fn = f"{self.name}.sdpa_blocked"
         variants = variant_keywords(locals())
-        p = validate(fn, self._info, self._lengths_to_numpy, q, k, v, mask, bias, causal, window,
-                     scale, q_lengths, kv_lengths, **variants)
+        p = self._plan(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, **variants)
         self.refuse_variants("sdpa_blocked", {**variants, "causal": causal})
         bq, bk = check_block("block_q", block_q, fn), check_block("block_k", block_k, fn)
         xp, device = self._namespace(fn, q, k, v, mask, bias)

@@ -25,8 +25,16 @@ import numpy as np
 
 from attnspec.backends._common import to_reference
 from attnspec.errors import SpecError
+from attnspec.spec.validate import ArrayInfo
 
-__all__ = ["ArrayLibrary", "array_libraries", "array_library", "library_of", "register_array_library"]
+__all__ = [
+    "ArrayLibrary",
+    "BackendArrays",
+    "array_libraries",
+    "array_library",
+    "library_of",
+    "register_array_library",
+]
 
 
 class ArrayLibrary:
@@ -35,9 +43,23 @@ class ArrayLibrary:
     name: str = "numpy"
     #: the top-level module whose arrays this library handles (``type(x).__module__`` prefix)
     module: str = "numpy"
+    #: the arrays `is_array` accepts, as a refusal names them ("torch.Tensor")
+    array_type: str = "numpy.ndarray"
 
     def is_array(self, x: object) -> bool:
         return isinstance(x, np.ndarray)
+
+    def info(self, fn: str, name: str, x: Any) -> ArrayInfo:
+        """The shape and dtype of argument ``name`` of ``fn``, one of this library's arrays.
+
+        Raises:
+            SpecError: ``x`` is not one of them (nothing is converted silently).
+        """
+        if not self.is_array(x):
+            raise SpecError(
+                f"{fn}: {name} must be a {self.array_type}, got {type(x).__module__}.{type(x).__name__}"
+            )
+        return ArrayInfo(tuple(int(s) for s in x.shape), self.dtype_name(x))
 
     def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> Any:
         return np.array(to_reference(x, dtype))  # a copy
@@ -127,8 +149,23 @@ class _BackendHooks:
         return dict(self._hooks.numerics_policy())
 
 
+class BackendArrays(_BackendHooks, ArrayLibrary):
+    """A built-in backend's own arrays, through its hooks (``asarray``, ``to_numpy``, ``is_array``,
+    ``array_type``...): what `attnspec.backends.authoring.plan_sdpa` checks its calls against, as
+    it checks any author's."""
+
+    def __init__(self, backend: Any) -> None:
+        self._hooks = backend
+        self.name = self.module = backend.name
+        self.array_type = backend.array_type
+
+    def is_array(self, x: object) -> bool:
+        return bool(self._hooks.is_array(x))
+
+
 class TorchLibrary(_TensorMethods, _BackendHooks, ArrayLibrary):
     name = module = "torch"
+    array_type = "torch.Tensor"
 
     def __init__(self) -> None:
         import torch
@@ -143,6 +180,7 @@ class TorchLibrary(_TensorMethods, _BackendHooks, ArrayLibrary):
 
 class JaxLibrary(_BackendHooks, ArrayLibrary):
     name = module = "jax"
+    array_type = "jax.Array"
 
     def __init__(self, x64: bool = True) -> None:
         """``x64=False`` leaves JAX's 64-bit mode as it is (off by default): for code that breaks
@@ -162,6 +200,7 @@ class MlxLibrary(ArrayLibrary):
     """MLX arrays (``pip install 'mlx[cpu]'`` on Linux). bfloat16 travels through float32."""
 
     name = module = "mlx"
+    array_type = "mlx.core.array"
 
     def __init__(self) -> None:
         import mlx.core as mx
@@ -196,6 +235,7 @@ class TinygradLibrary(_TensorMethods, ArrayLibrary):
     """tinygrad Tensors on their default device. bfloat16 travels through float32."""
 
     name = module = "tinygrad"
+    array_type = "tinygrad.Tensor"
 
     def __init__(self) -> None:
         import tinygrad

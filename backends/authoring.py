@@ -76,10 +76,7 @@ def plan_sdpa(fn: str, q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = 
     lib = array_library(library) if library is not None else _library(fn, "q", q)
 
     def info(name: str, x: Any) -> ArrayInfo:
-        if not lib.is_array(x):
-            raise SpecError(f"{fn}: {name} must be a {lib.name} array, got {type(x).__module__}."
-                            f"{type(x).__name__}")
-        return ArrayInfo(tuple(int(s) for s in x.shape), lib.dtype_name(x))
+        return lib.info(fn, name, x)
 
     def lengths(x: object) -> object:
         return lib.to_numpy(x) if lib.is_array(x) else x

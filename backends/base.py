@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from attnspec.spec.fp8 import FP8_DTYPES
+from attnspec.spec.mha_params import ParamSizes
 from attnspec.spec.options import VARIANT_FEATURES
 from attnspec.spec.validate import FLOAT_DTYPES
 
@@ -89,7 +90,7 @@ class Unsupported(NotImplementedError):
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class MHAArrays:
+class MHAArrays(ParamSizes):
     """`attnspec.spec.MHAParams` on a backend's own arrays (made by `Backend.asparams`).
 
     Same fields and layout as MHAParams (torch.nn.Linear's (out_features, in_features)); a missing
@@ -105,22 +106,6 @@ class MHAArrays:
     b_v: Any = None
     w_o: Any
     b_o: Any = None
-
-    @property
-    def embed_dim(self) -> int:
-        return int(self.w_q.shape[0])
-
-    @property
-    def kdim(self) -> int:
-        return int(self.w_k.shape[1])
-
-    @property
-    def vdim(self) -> int:
-        return int(self.w_v.shape[1])
-
-    @property
-    def kv_dim(self) -> int:
-        return int(self.w_k.shape[0])
 
 
 class Backend:
@@ -156,6 +141,43 @@ class Backend:
             )
 
     # -- arrays -----------------------------------------------------------------------------
+    #: the arrays `is_array` accepts, as a refusal names them ("torch.Tensor")
+    array_type: str = "array"
+
+    def is_array(self, x: Any) -> bool:
+        """Whether ``x`` is one of this backend's arrays. The built-ins say, so that `library`
+        checks their calls; a backend that never uses `library` need not."""
+        raise NotImplementedError(f"{self.name} does not say which arrays are its own (is_array)")
+
+    @property
+    def library(self) -> Any:
+        """This backend's arrays as an `attnspec.backends.arrays.ArrayLibrary`, for the public
+        authoring API (``plan_sdpa(..., library=backend.library)``): the built-ins check their
+        calls with it, as any author's function is checked."""
+        from attnspec.backends.arrays import BackendArrays
+
+        return BackendArrays(self)
+
+    def _plan(self, fn: str, q: Any, k: Any, v: Any, mask: Any, bias: Any, causal: Any, window: Any,
+              scale: Any, q_lengths: Any, kv_lengths: Any, **variants: Any) -> Any:
+        """The spec's checks of one sdpa call on this backend's arrays (an `SDPAPlan`), by the
+        public `attnspec.backends.authoring.plan_sdpa`; ``variants`` are the variant keywords."""
+        return self._plan_of(fn, q, k, v, dict(mask=mask, bias=bias, causal=causal, window=window, scale=scale,
+                                               q_lengths=q_lengths, kv_lengths=kv_lengths, **variants))
+
+    def _plan_of(self, fn: str, q: Any, k: Any, v: Any, options: dict[str, Any]) -> Any:
+        """`_plan` of a call whose keywords are one dict (as `attnspec.spec.options.take` gives
+        them; ``return_weights``, the caller's to act on, is left out)."""
+        from attnspec.backends.authoring import plan_sdpa
+
+        return plan_sdpa(fn, q, k, v, library=self.library,
+                         **{name: x for name, x in options.items() if name != "return_weights"})
+
+    def _info(self, fn: str, name: str, x: Any) -> Any:
+        """The `ArrayInfo` of argument ``name`` of ``fn``, or SpecError when it is not one of
+        this backend's arrays."""
+        return self.library.info(fn, name, x)
+
     def devices(self) -> list[str]:
         return ["cpu"]
 

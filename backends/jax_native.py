@@ -72,22 +72,9 @@ class JaxNativeBackend(JaxArrays):
     @with_options()
     def sdpa(self, q, k, v, **options):
         o = take("jax-native.sdpa", options)
+        p = self._plan_of("jax-native.sdpa", q, k, v, o)
         mask, bias, causal, return_weights = o["mask"], o["bias"], o["causal"], o["return_weights"]
         variants = variant_keywords(o)
-        p = self._plan(
-            "jax-native.sdpa",
-            q,
-            k,
-            v,
-            mask,
-            bias,
-            causal,
-            o["window"],
-            o["scale"],
-            o["q_lengths"],
-            o["kv_lengths"],
-            **variants,
-        )
         # jax.nn.dot_product_attention has no softcap, ALiBi, sinks, segment ids, lengths-aligned
         # causal or dropout argument: a native backend measures, so it refuses rather than emulates them
         self.refuse_variants("sdpa", {**variants, "causal": causal})

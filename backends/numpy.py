@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from attnspec.backends import _mha
-from attnspec.backends._common import refuse, to_reference
+from attnspec.backends._common import to_reference
+from attnspec.backends.arrays import ArrayLibrary
 from attnspec.backends.base import VARIANT_FEATURES, Backend, MHAArrays
 from attnspec.spec.blocked import blocked_core, check_block
 from attnspec.spec.fp8 import FP8_DTYPES, FP8_NUMPY, finish_fp8, golden_fp8, plan_fp8
@@ -21,26 +22,15 @@ from attnspec.spec.grads_mha import mha_vjp as spec_mha_vjp
 from attnspec.spec.lsh import lsh_attention as spec_lsh_attention
 from attnspec.spec.lsh import validate_lsh
 from attnspec.spec.mha import MHAParams, mha
-from attnspec.spec.options import ARRAY_NAMES, VALUE_NAMES, VARIANT_ARRAYS, take, with_options
+from attnspec.spec.options import take, with_options
 from attnspec.spec.sdpa import golden
-from attnspec.spec.validate import ArrayInfo, SDPAExtras, validate_sdpa
+from attnspec.spec.validate import SDPAExtras
 
 __all__ = ["NumpyBackend"]
 
 
-def _info(fn: str, name: str, x: object) -> ArrayInfo:
-    if not isinstance(x, np.ndarray):
-        raise refuse(fn, name, x, "numpy.ndarray")
-    return ArrayInfo(tuple(x.shape), x.dtype.name)
-
-
-def _plan(fn: str, q, k, v, o: dict):
-    """The plan of a call, its keywords as `attnspec.spec.options.take` gives them (arrays must be
-    NumPy's: `_info` refuses anything else, naming the argument)."""
-    arrays = {name: None if o[name] is None else _info(fn, name, o[name]) for name in ARRAY_NAMES}
-    plan = validate_sdpa(fn, _info(fn, "q", q), _info(fn, "k", k), _info(fn, "v", v), **arrays,
-                         **{name: o[name] for name in VALUE_NAMES}, return_lse=o.get("return_lse", False))
-    return plan, SDPAExtras(*(o[name] for name in VARIANT_ARRAYS))
+_NUMPY = ArrayLibrary()
+_info = _NUMPY.info  # refuses anything but a NumPy array, naming the argument
 
 
 class NumpyBackend(Backend):
@@ -48,6 +38,10 @@ class NumpyBackend(Backend):
 
     name = "numpy"
     variants = frozenset(VARIANT_FEATURES)
+    array_type = _NUMPY.array_type
+
+    def is_array(self, x: object) -> bool:
+        return _NUMPY.is_array(x)
 
     def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> np.ndarray:
         if dtype in FP8_DTYPES:  # ml_dtypes' cast: out of e4m3fn's range gives NaN, not 448
@@ -60,14 +54,14 @@ class NumpyBackend(Backend):
     @with_options()
     def sdpa(self, q, k, v, **options):
         o = take("numpy.sdpa", options)
-        plan, extras = _plan("numpy.sdpa", q, k, v, o)
+        plan, extras = self._plan_of("numpy.sdpa", q, k, v, o), SDPAExtras.of(o)
         return golden(plan, q, k, v, o["mask"], o["bias"], o["return_weights"], extras)  # tiled for large inputs
 
     @with_options(after=("block_q", "block_k"))
     def sdpa_blocked(self, q, k, v, *, block_q=256, block_k=512, **options):
         fn = "numpy.sdpa_blocked"
         o = take(fn, options)
-        plan, extras = _plan(fn, q, k, v, o)
+        plan, extras = self._plan_of(fn, q, k, v, o), SDPAExtras.of(o)
         bq, bk = check_block("block_q", block_q, fn), check_block("block_k", block_k, fn)
         return blocked_core(plan, q, k, v, o["mask"], o["bias"], o["return_weights"], bq, bk, extras=extras)
 

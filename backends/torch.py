@@ -42,7 +42,6 @@ from attnspec.backends._common import (
     is_empty,
     lengths_column,
     per_sequence_rules,
-    refuse,
     spec_visibility,
     to_reference,
     variant_keywords,
@@ -103,10 +102,10 @@ class TorchArrays(_vjp.Autodiff, Backend):
     def numerics_policy(self) -> dict[str, object]:
         return torch_numerics_policy()
 
-    def _info(self, fn: str, name: str, x: object) -> ArrayInfo:
-        if not isinstance(x, torch.Tensor):
-            raise refuse(fn, name, x, "torch.Tensor")
-        return ArrayInfo(tuple(x.shape), self.dtype_name(x))
+    array_type = "torch.Tensor"
+
+    def is_array(self, x: object) -> bool:
+        return isinstance(x, torch.Tensor)
 
     _engine = "torch"  # sdpa_vjp, mha_vjp, lsh_attention_vjp: attnspec.backends._vjp.Autodiff
 

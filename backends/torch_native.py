@@ -56,11 +56,10 @@ class TorchNativeBackend(TorchArrays):
     @with_options()
     def sdpa(self, q, k, v, **options):
         o = take("torch-native.sdpa", options)
-        mask, bias, causal, return_weights = o["mask"], o["bias"], o["causal"], o["return_weights"]
         variants = variant_keywords(o)
         drawn_p = drawn_dropout_p("torch-native.sdpa", variants)  # validated; torch draws the mask
-        p = self._plan("torch-native.sdpa", q, k, v, mask, bias, causal, o["window"], o["scale"], o["q_lengths"],
-                       o["kv_lengths"], **variants)
+        p = self._plan_of("torch-native.sdpa", q, k, v, o)
+        mask, bias, causal, return_weights = o["mask"], o["bias"], o["causal"], o["return_weights"]
         # torch's F.scaled_dot_product_attention has no softcap, ALiBi, sinks, logsumexp, segment
         # ids or lengths-aligned causal argument, and takes no given dropout mask: a native
         # backend measures, so it refuses rather than emulates them

@@ -9,17 +9,47 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from attnspec.errors import SpecError
 from attnspec.spec.validate import FLOAT_DTYPES, ArrayInfo, is_int, numpy_info
 
-__all__ = ["MHAParams", "ParamDims", "check_param_infos"]
+__all__ = ["MHAParams", "ParamDims", "ParamSizes", "check_param_infos"]
+
+
+class ParamSizes:
+    """The layer's sizes, read from its weights' shapes (torch.nn.Linear's (out_features,
+    in_features) layout): shared by `MHAParams` and a backend's arrays of them."""
+
+    w_q: Any
+    w_k: Any
+    w_v: Any
+
+    @property
+    def embed_dim(self) -> int:
+        """E: query features, query projection size and output features."""
+        return int(self.w_q.shape[0])
+
+    @property
+    def kdim(self) -> int:
+        """Key input features."""
+        return int(self.w_k.shape[1])
+
+    @property
+    def vdim(self) -> int:
+        """Value input features."""
+        return int(self.w_v.shape[1])
+
+    @property
+    def kv_dim(self) -> int:
+        """P = num_kv_heads * head_dim: the size keys and values are projected to."""
+        return int(self.w_k.shape[0])
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class MHAParams:
+class MHAParams(ParamSizes):
     """The parameters of one multi-head attention layer, as NumPy arrays.
 
     Weights use torch.nn.Linear's (out_features, in_features) layout: w_q (E, E), w_k (P, kdim),
@@ -40,26 +70,6 @@ class MHAParams:
 
     def __post_init__(self) -> None:
         check_param_infos("MHAParams", lambda name: _param_info("MHAParams", name, getattr(self, name)))
-
-    @property
-    def embed_dim(self) -> int:
-        """E: query features, query projection size and output features."""
-        return self.w_q.shape[0]
-
-    @property
-    def kdim(self) -> int:
-        """Key input features."""
-        return self.w_k.shape[1]
-
-    @property
-    def vdim(self) -> int:
-        """Value input features."""
-        return self.w_v.shape[1]
-
-    @property
-    def kv_dim(self) -> int:
-        """P = num_kv_heads * head_dim: the size keys and values are projected to."""
-        return self.w_k.shape[0]
 
     @classmethod
     def init(

@@ -55,7 +55,7 @@ from attnspec.spec.mha import (
     plan_mha_numpy,
     split_heads,
 )
-from attnspec.spec.options import NAMES, VARIANT_ARRAYS
+from attnspec.spec.options import NAMES
 from attnspec.spec.sdpa import attention_core, sdpa
 from attnspec.spec.tolerance import _NP, K, _logit_scale, compare, eps, logit_scale, visibility_view
 from attnspec.spec.validate import SDPAExtras
@@ -82,7 +82,7 @@ class MHAGolden:
 
 
 def _extras(options: dict[str, Any]) -> SDPAExtras:
-    return SDPAExtras(*(options.get(name) for name in VARIANT_ARRAYS))
+    return SDPAExtras.of(options)
 
 
 def reference_mha(query, key, value, params: MHAParams, *, num_heads: int, **options: Any):

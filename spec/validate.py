@@ -109,6 +109,11 @@ class SDPAExtras:
     def segments(self) -> bool:
         return self.q_segment_ids is not None
 
+    @classmethod
+    def of(cls, options: dict[str, Any]) -> SDPAExtras:
+        """The variants' arrays of a call's keywords (those missing are None)."""
+        return cls(*(options.get(name) for name in VARIANT_ARRAYS))
+
 
 NO_EXTRAS = SDPAExtras()
 
@@ -425,4 +430,4 @@ def plan_options(
         **values,
         return_lse=o.get("return_lse", False),
     )
-    return plan, SDPAExtras(*(o[name] for name in VARIANT_ARRAYS))
+    return plan, SDPAExtras.of(o)

@@ -19,6 +19,7 @@ gets."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -68,3 +69,24 @@ def run_all(
             for name, (target, keyword) in targets.items()
         }
         return {name: (f.result(), tmp / f"{name}.json") for name, f in futures.items()}
+
+
+Run = tuple[subprocess.CompletedProcess, Path]
+
+
+def passed(run: Run, function: str | None = None, cases: int = 0) -> list[dict]:
+    """A control's result rows (of ``function`` only, when given), once its run exited 0, no row
+    failed and more than ``cases`` cases passed (the properties really ran)."""
+    proc, path = run
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rows = [r for r in json.loads(path.read_text())["rows"] if function in (None, r["function"])]
+    assert not any(r["failed"] for r in rows)
+    assert sum(r["passed"] for r in rows) > cases, f"{sum(r['passed'] for r in rows)} cases passed"
+    return rows
+
+
+def caught(run: Run, name: str) -> dict:
+    """A mutant's results JSON, once its run exited 1 (a run the mutant survived shows its output)."""
+    proc, path = run
+    assert proc.returncode == 1, f"{name} survived the suite:\n{proc.stdout[-2000:]}"
+    return json.loads(path.read_text())

@@ -5,15 +5,11 @@ correct one passes (`attnspec check`, the ``tutorial`` convention on NumPy array
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
+from check_runs import check_all, results_of
 
 from attnspec.backends.compare import sdpa_golden
 from attnspec.conformance.corners import (
@@ -60,46 +56,15 @@ def test_the_twin_is_a_valid_case_with_exact_floor_logits(dtype):
         assert (case.k[..., 0][np.broadcast_to(~vis[:, :, r], case.k.shape[:-1])] == 0).all()
 
 
-def check(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(
-        [sys.executable, "-m", "attnspec", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=HERE,
-    )
-
-
 SUBJECTS = ("correct", "fill_minus_1e4", "fill_minus_1e6")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("floor")
-
-    def one(name):
-        out = tmp / name
-        proc = check(
-            "check",
-            f"check_subjects_floor.py:{name}",
-            "--convention",
-            "tutorial",
-            "--arrays",
-            "numpy",
-            "--dtype",
-            "float32",
-            "-k",
-            "matches_golden",
-            "--out",
-            str(out),
-        )
-        (path,) = (out / "results").glob("conformance-*.json")
-        return proc, json.loads(path.read_text())
-
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        return dict(zip(SUBJECTS, pool.map(one, SUBJECTS)))
+    args = ("--convention", "tutorial", "--arrays", "numpy", "--dtype", "float32", "-k", "matches_golden")
+    runs = {name: (f"check_subjects_floor.py:{name}", *args) for name in SUBJECTS}
+    done = check_all(tmp_path_factory.mktemp("floor"), runs, workers=3, timeout=600)
+    return {name: (proc, results_of(out)) for name, (proc, out) in done.items()}
 
 
 def _floor_rows(results):

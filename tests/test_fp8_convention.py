@@ -8,15 +8,12 @@ FP8 property alone), five runs in two threads (about a minute each).
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
+from check_runs import check_all
 
 from attnspec.backends import from_function
 from attnspec.backends.conventions import get_convention
@@ -32,38 +29,18 @@ RUNS = {
     "p_e4m3": ("p_e4m3", ()),
     "p_e4m3_claimed": ("p_e4m3", ("--fp8-p-precision", "float8_e4m3fn")),
 }
-#: what each failing run's FAIL line must say
-CAUSES = {
-    "forget_descale": "golden with q_descale and k_descale left out of the softmax scale",
-    "descale_twice": "golden with v_descale applied twice",
-    "p_e4m3": "within the budget of P rounded to e4m3",
-}
-
-
-def _run(name: str, out: Path) -> subprocess.CompletedProcess:
-    fn, extra = RUNS[name]
-    cmd = [
-        sys.executable,
-        "-m",
-        "attnspec",
-        "check",
-        f"{EXAMPLE}:{fn}",
-        "--convention",
-        CONVENTION,
-        "-k",
-        "test_fp8",
-        "--out",
-        str(out / name),
-        *extra,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=dict(os.environ))
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fp8check")
-    with ThreadPoolExecutor(2) as pool:
-        return dict(zip(RUNS, pool.map(lambda n: _run(n, out), RUNS)))
+    args = {
+        name: (f"{EXAMPLE}:{fn}", "--convention", CONVENTION, "-k", "test_fp8", *extra)
+        for name, (fn, extra) in RUNS.items()
+    }
+    return {
+        name: proc
+        for name, (proc, _) in check_all(tmp_path_factory.mktemp("fp8check"), args, cwd=ROOT).items()
+    }
 
 
 @pytest.mark.parametrize("name", ["control", "p_e4m3_claimed"])
@@ -74,6 +51,14 @@ def test_conforms(runs, name):
     # the FP8 property ran, and its cases count their sdpa needs too (gqa, windows, lse...)
     assert re.search(r"needs run \(\d+ of 28\), cases each: .*\bfp8 [1-9]", proc.stderr), proc.stderr[-2000:]
     assert "fp8_kv_cache" in proc.stderr.split("not expressible", 1)[1]  # FA3 takes an FP8 q
+
+
+#: what each failing run's FAIL line must say
+CAUSES = {
+    "forget_descale": "golden with q_descale and k_descale left out of the softmax scale",
+    "descale_twice": "golden with v_descale applied twice",
+    "p_e4m3": "within the budget of P rounded to e4m3",
+}
 
 
 @pytest.mark.parametrize("name", sorted(CAUSES))

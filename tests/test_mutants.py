@@ -22,7 +22,7 @@ from mutants import (
     fill_caught_in,
     variant_run,
 )
-from suite_runs import run_all, run_suite
+from suite_runs import caught, passed, run_all, run_suite
 
 #: a drawn feature -> the corner case that exercises the same rule
 CORNER_OF = {
@@ -68,11 +68,7 @@ def test_unshrunk_runs_name_the_same_features_as_shrunk_ones(tmp_path):
 
 
 def test_control_passes(suite_runs):
-    proc, path = suite_runs["control"]
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    rows = json.loads(path.read_text())["rows"]
-    assert sum(r["passed"] for r in rows) > 200  # the suite really ran cases
-    assert not any(r["failed"] for r in rows)
+    rows = passed(suite_runs["control"], cases=200)  # the suite really ran cases
     # every property a mutant must fail ran on the control, and passed
     ran = {r["property"] for r in rows if r["function"] == "sdpa" and r["passed"]}
     assert {p for props in KILLED_BY.values() for p in props} <= ran, sorted(ran)
@@ -80,9 +76,8 @@ def test_control_passes(suite_runs):
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS) + sorted(VARIANT_MUTANTS))
 def test_mutant_is_caught_and_feature_named(suite_runs, mutant):
-    proc, path = suite_runs[mutant]
-    assert proc.returncode == 1, f"mutant {mutant} survived the suite:\n{proc.stdout[-2000:]}"
-    results = json.loads(path.read_text())
+    proc = suite_runs[mutant][0]
+    results = caught(suite_runs[mutant], f"mutant {mutant}")
     failed_features = {r["feature"] for r in results["rows"] if r["failed"]}
     expected = {**MUTANTS, **VARIANT_MUTANTS}[mutant][1]
     # the corner built for that feature (conformance/corners.py) runs first and may be the one named
@@ -103,13 +98,12 @@ def test_finite_fill_is_caught_in_every_dtype_it_reaches(suite_runs, mutant):
     """A backend that masks with a finite fill, even with empty rows zeroed and hidden values
     zeroed, fails matches_golden on the corner case in every dtype whose finfo.min lies at or
     below its fill (derived in mutants.fill_caught_in), and the message names the cause."""
-    proc, path = suite_runs[mutant]
-    assert proc.returncode == 1, f"mutant {mutant} survived the suite:\n{proc.stdout[-2000:]}"
-    rows = json.loads(path.read_text())["rows"]
-    caught = {
+    proc = suite_runs[mutant][0]
+    rows = caught(suite_runs[mutant], f"mutant {mutant}")["rows"]
+    caught_in = {
         r["dtype"]
         for r in rows
         if r["failed"] and r["property"] == "matches_golden" and r["feature"] == "corner_finite_floor"
     }
-    assert caught == fill_caught_in(mutant)
+    assert caught_in == fill_caught_in(mutant)
     assert "hidden keys took weight there, as under a finite mask fill" in proc.stdout

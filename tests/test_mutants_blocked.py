@@ -8,11 +8,9 @@ test_mutants already covers).
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from mutants_blocked import MUTANTS_BLOCKED
-from suite_runs import run_all
+from suite_runs import caught, passed, run_all
 
 
 @pytest.fixture(scope="module")
@@ -26,18 +24,13 @@ def suite_runs(tmp_path_factory):
 
 
 def test_control_passes(suite_runs):
-    proc, path = suite_runs["control"]
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    rows = [r for r in json.loads(path.read_text())["rows"] if r["function"] == "sdpa_blocked"]
-    assert sum(r["passed"] for r in rows) > 50  # the blocked properties really ran cases
-    assert not any(r["failed"] for r in rows)
+    passed(suite_runs["control"], "sdpa_blocked", cases=50)  # the blocked properties really ran cases
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS_BLOCKED))
 def test_mutant_is_caught_and_feature_named(suite_runs, mutant):
-    proc, path = suite_runs[mutant]
-    assert proc.returncode == 1, f"mutant {mutant} survived the suite:\n{proc.stdout[-2000:]}"
-    results = json.loads(path.read_text())
+    proc = suite_runs[mutant][0]
+    results = caught(suite_runs[mutant], f"mutant {mutant}")
     failed = {(r["function"], r["feature"]) for r in results["rows"] if r["failed"]}
     expected = MUTANTS_BLOCKED[mutant][1]
     assert ("sdpa_blocked", expected) in failed, f"{mutant}: failures {sorted(failed)} miss {expected}"

@@ -7,11 +7,9 @@ Each backend runs the real suite (``pytest --pyargs attnspec.conformance -k ...`
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from mutants_grads import GRAD_MUTANTS, MHA_LSH_MUTANTS, VARIANT_GRAD_MUTANTS
-from suite_runs import run_all
+from suite_runs import caught, passed, run_all
 
 SDPA_VJP = "grads and not mha_vjp and not lsh_attention_vjp"  # test_grads.py's properties
 MHA_LSH_VJP = "mha_vjp or lsh_attention_vjp"  # test_grads_mha_lsh.py's
@@ -29,23 +27,20 @@ def grad_runs(tmp_path_factory):
     return run_all(tmp, targets, fail_fast=True)
 
 
-def _vjp_rows(path, function: str = "sdpa_vjp"):
-    return [r for r in json.loads(path.read_text())["rows"] if r["function"] == function]
+def _vjp_rows(results: dict, function: str = "sdpa_vjp"):
+    return [r for r in results["rows"] if r["function"] == function]
 
 
 def test_control_passes(grad_runs):
-    proc, path = grad_runs["control"]
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    rows = _vjp_rows(path)
-    assert sum(r["passed"] for r in rows) > 150  # the gradient properties really ran cases
-    assert not any(r["failed"] for r in rows)
+    passed(grad_runs["control"], "sdpa_vjp", cases=150)  # the gradient properties really ran cases
 
 
 @pytest.mark.parametrize("mutant", sorted(GRAD_MUTANTS))
 def test_grad_mutant_is_caught_and_property_named(grad_runs, mutant):
-    proc, path = grad_runs[mutant]
-    assert proc.returncode == 1, f"grad mutant {mutant} survived the suite:\n{proc.stdout[-2000:]}"
-    failed = {r["property"] for r in _vjp_rows(path) if r["failed"]}
+    proc = grad_runs[mutant][0]
+    failed = {
+        r["property"] for r in _vjp_rows(caught(grad_runs[mutant], f"grad mutant {mutant}")) if r["failed"]
+    }
     expected = GRAD_MUTANTS[mutant]
     assert expected in failed, f"{mutant}: failing properties {sorted(failed)} miss {expected}"
     assert f"sdpa_vjp {expected}" in proc.stdout  # the message names function and property
@@ -53,8 +48,7 @@ def test_grad_mutant_is_caught_and_property_named(grad_runs, mutant):
 
 
 def test_mha_lsh_control_passes(grad_runs):
-    proc, path = grad_runs["control_all"]
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    all_rows = passed(grad_runs["control_all"])
     for function, properties in (
         (
             "mha_vjp",
@@ -62,18 +56,17 @@ def test_mha_lsh_control_passes(grad_runs):
         ),
         ("lsh_attention_vjp", {"matches_golden", "padded_zero_and_finite", "deterministic"}),
     ):
-        rows = _vjp_rows(path, function)
+        rows = [r for r in all_rows if r["function"] == function]
         assert {r["property"] for r in rows} == properties
         assert sum(r["passed"] for r in rows) >= 10 * len(properties)  # the properties really ran cases
-        assert not any(r["failed"] for r in rows)
 
 
 @pytest.mark.parametrize("mutant", sorted(MHA_LSH_MUTANTS))
 def test_mha_lsh_mutant_is_caught_and_property_named(grad_runs, mutant):
-    proc, path = grad_runs[mutant]
+    proc = grad_runs[mutant][0]
     function, expected = MHA_LSH_MUTANTS[mutant]
-    assert proc.returncode == 1, f"grad mutant {mutant} survived the suite:\n{proc.stdout[-2000:]}"
-    failed = {r["property"] for r in _vjp_rows(path, function) if r["failed"]}
+    results = caught(grad_runs[mutant], f"grad mutant {mutant}")
+    failed = {r["property"] for r in _vjp_rows(results, function) if r["failed"]}
     assert expected in failed, f"{mutant}: failing properties {sorted(failed)} miss {expected}"
     assert "deterministic" not in failed  # the mutant is wrong, not flaky
     assert f"{function} {expected}" in proc.stdout  # the message names function and property
@@ -97,20 +90,21 @@ def variant_grad_runs(tmp_path_factory):
 
 
 def test_variant_grad_control_passes(variant_grad_runs):
-    proc, path = variant_grad_runs["control"]
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    rows = [r for r in _vjp_rows(path) if r["property"] == "variants_match_golden"]
-    assert not any(r["failed"] for r in rows)
+    rows = [
+        r
+        for r in passed(variant_grad_runs["control"], "sdpa_vjp")
+        if r["property"] == "variants_match_golden"
+    ]
     for feature in VARIANT_OF.values():  # the control's softcap and sinks backward really ran
         assert sum(r["passed"] for r in rows if r["feature"] == feature) >= 4, feature
 
 
 @pytest.mark.parametrize("mutant", sorted(VARIANT_GRAD_MUTANTS))
 def test_variant_grad_mutant_is_caught_and_feature_named(variant_grad_runs, mutant):
-    proc, path = variant_grad_runs[mutant]
+    proc = variant_grad_runs[mutant][0]
     expected, feature = VARIANT_GRAD_MUTANTS[mutant], VARIANT_OF[mutant]
-    assert proc.returncode == 1, f"grad mutant {mutant} survived the suite:\n{proc.stdout[-2000:]}"
-    failed = {(r["property"], r["feature"], r["dtype"]) for r in _vjp_rows(path) if r["failed"]}
+    results = caught(variant_grad_runs[mutant], f"grad mutant {mutant}")
+    failed = {(r["property"], r["feature"], r["dtype"]) for r in _vjp_rows(results) if r["failed"]}
     assert {(expected, feature, d) for d in ("float32", "float64")} <= failed, sorted(failed)
     assert f"sdpa_vjp {expected}: feature={feature}" in proc.stdout  # function, property, feature
     assert "reproduce with" in proc.stdout

@@ -7,12 +7,9 @@ subprocess with the quick ``dev`` profile, as a backend author would run it.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from mutants_lsh import MUTANTS
-from suite_runs import run_all
+from suite_runs import caught, passed, run_all
 
 
 @pytest.fixture(scope="module")
@@ -22,16 +19,8 @@ def suite_runs(tmp_path_factory):
     return run_all(tmp, {name: (t, "test_lsh") for name, t in targets.items()}, timeout=900, fail_fast=True)
 
 
-def _lsh_rows(path: Path) -> list[dict]:
-    return [r for r in json.loads(path.read_text())["rows"] if r["function"] == "lsh_attention"]
-
-
 def test_control_passes(suite_runs):
-    proc, path = suite_runs["control"]
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    rows = _lsh_rows(path)
-    assert sum(r["passed"] for r in rows) > 150  # the properties really ran cases
-    assert not any(r["failed"] for r in rows)
+    rows = passed(suite_runs["control"], "lsh_attention", cases=150)  # the properties really ran cases
     props = {r["property"] for r in rows if r["passed"]}
     assert {
         "matches_golden",
@@ -46,8 +35,8 @@ def test_control_passes(suite_runs):
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
 def test_mutant_is_caught_by_its_properties(suite_runs, mutant):
-    proc, path = suite_runs[mutant]
-    assert proc.returncode == 1, f"mutant {mutant} survived the LSH properties:\n{proc.stdout[-2000:]}"
+    proc = suite_runs[mutant][0]
+    results = caught(suite_runs[mutant], f"mutant {mutant}")
     failed_tests = {
         line.split("::")[1].split("[")[0]
         for line in proc.stdout.splitlines()
@@ -55,5 +44,5 @@ def test_mutant_is_caught_by_its_properties(suite_runs, mutant):
     }
     missing = set(MUTANTS[mutant]) - failed_tests
     assert not missing, f"{mutant}: failing tests {sorted(failed_tests)} miss {sorted(missing)}"
-    assert any(r["failed"] for r in _lsh_rows(path))
+    assert any(r["failed"] for r in results["rows"] if r["function"] == "lsh_attention")
     assert "reproduce with:" in proc.stdout and "b.lsh_attention(" in proc.stdout

@@ -13,7 +13,7 @@ import json
 
 import pytest
 from mutants_serving import SERVING_MUTANTS
-from suite_runs import run_all
+from suite_runs import caught, passed, run_all
 
 from attnspec.conformance.serving_cases import SERVING_FEATURES
 
@@ -37,9 +37,7 @@ def suite_runs(tmp_path_factory):
 
 
 def test_control_passes_the_serving_property(suite_runs):
-    proc, path = suite_runs["control"]
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    rows = json.loads(path.read_text())["rows"]
+    rows = passed(suite_runs["control"])
     features = {r["feature"] for r in rows if r["passed"]}
     missing = set(SERVING_FEATURES) - features  # every serving feature ran and passed
     assert not missing, sorted(missing)
@@ -48,9 +46,8 @@ def test_control_passes_the_serving_property(suite_runs):
 
 @pytest.mark.parametrize("bug", sorted(SERVING_MUTANTS))
 def test_serving_mutant_is_caught_with_its_feature(suite_runs, bug):
-    proc, path = suite_runs[bug]
-    assert proc.returncode == 1, f"{bug} survived the serving property:\n{proc.stdout[-2000:]}"
-    results = json.loads(path.read_text())
+    proc = suite_runs[bug][0]
+    results = caught(suite_runs[bug], bug)
     failed = {r["feature"] for r in results["rows"] if r["failed"]}
     assert failed & set(SERVING_MUTANTS[bug]), f"{bug}: failures {sorted(failed)}"
     assert "reproduce with:" in proc.stdout

@@ -13,10 +13,10 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from check_runs import check_all
 
 from attnspec.conformance.causes import CAUSE_PREFIXES
 
@@ -57,23 +57,15 @@ def _missing(modules: tuple[str, ...]) -> list[str]:
     return [m for m in modules if importlib.util.find_spec(m) is None]
 
 
+KERAS = {"KERAS_BACKEND": "jax"}  # the keras subject runs on JAX
+
+
 def _env() -> dict[str, str]:
     return {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-        "KERAS_BACKEND": "jax",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+        **KERAS,
     }
-
-
-def _check(args: tuple[str, ...], out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "attnspec", "check", *args, "-k", "matches_golden", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=900,
-        cwd=HERE,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +76,11 @@ def runs(tmp_path_factory, tutorial_seed_checks):
         for name, (args, modules, _) in SUBJECTS.items()
         if not _missing(modules) and name not in SHARED
     }
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(_check, args, tmp / name) for name, args in todo.items()}
-        done = {name: (f.result(), tmp / name) for name, f in futures.items()}
+    done = check_all(
+        tmp,
+        {name: (*args, "-k", "matches_golden") for name, args in todo.items()},
+        envs=dict.fromkeys(todo, KERAS),
+    )
     return {**done, **{name: tutorial_seed_checks[seed] for name, seed in SHARED.items()}}
 
 

@@ -10,7 +10,6 @@ cause named.
 from __future__ import annotations
 
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ ROOT = Path(__file__).parent.parent
 EXAMPLE = ROOT / "examples" / "paged" / "paged_attention.py"
 sys.path.insert(0, str(EXAMPLE.parent))
 import paged_attention as pa  # noqa: E402
-from test_check import check  # noqa: E402
+from check_runs import check_all  # noqa: E402
 
 
 # -- the paging ------------------------------------------------------------------------------------
@@ -146,24 +145,15 @@ UNSHRUNK = {"ATTNSPEC_SHRINK": "0"}
 
 @pytest.fixture(scope="module")
 def paged_runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("check_paged")
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {
-            name: pool.submit(
-                check,
-                "check",
-                f"{EXAMPLE}:{fn}",
-                "--convention",
-                conv,
-                "--dtype",
-                "float32",
-                "--out",
-                str(tmp / name),
-                env=None if name in ("flash", "vllm") else UNSHRUNK,
-            )
-            for name, (fn, conv) in RUNS.items()
-        }
-        return {name: f.result() for name, f in futures.items()}
+    runs = {
+        name: (f"{EXAMPLE}:{fn}", "--convention", conv, "--dtype", "float32")
+        for name, (fn, conv) in RUNS.items()
+    }
+    envs = {name: UNSHRUNK for name in RUNS if name not in ("flash", "vllm")}
+    return {
+        name: proc
+        for name, (proc, _) in check_all(tmp_path_factory.mktemp("check_paged"), runs, 4, envs).items()
+    }
 
 
 def _fail_lines(proc) -> list[str]:

@@ -9,15 +9,11 @@ written in Python (a `Deviation` object) still declares one too."""
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
 import runpy
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from check_runs import check_all, results_of
 
 import attnspec.backends as registry
 from attnspec.backends.deviations import BUILTIN_SOURCE, DEVIATIONS, Deviation, declared_for
@@ -97,32 +93,6 @@ def test_a_backend_shares_a_builtin_frameworks_deviations_or_declares_them_wrong
         declared_for("not-data", NotData())
 
 
-def check(target: str, out: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "attnspec",
-            "check",
-            target,
-            "-k",
-            "matches_golden",
-            "--dtype",
-            "float32",
-            "--dtype",
-            "float64",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd=HERE,
-    )
-
-
 RUNS = {
     "declared": "example-nan-rows",
     "undeclared": "plugin_subjects:UndeclaredNanRows",
@@ -132,15 +102,10 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("plugin-deviations")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(check, target, tmp / name) for name, target in RUNS.items()}
-        return {name: (f.result(), tmp / name) for name, f in futures.items()}
-
-
-def results_of(out: Path) -> dict:
-    (path,) = (out / "results").glob("conformance-*.json")
-    return json.loads(path.read_text())
+    args = ("-k", "matches_golden", "--dtype", "float32", "--dtype", "float64")
+    return check_all(
+        tmp_path_factory.mktemp("plugin-deviations"), {name: (t, *args) for name, t in RUNS.items()}
+    )
 
 
 def test_a_declared_deviation_is_observed_and_the_run_conforms(runs):

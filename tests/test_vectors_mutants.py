@@ -17,14 +17,6 @@ from suite_runs import run_all
 
 from attnspec.conformance.vectors import export, load, run, verify
 
-#: mutant -> the clause its failures must name (a rule-specific cause) in the suite and the bundle
-SAME_CLAUSE = {
-    "empty_rows_mean": "sdpa.empty_row",
-    "gqa_modulo": "sdpa.gqa",
-    "fill_minus_1e9": "sdpa.empty_row",
-    "finite_fill_minus_1e4": "sdpa.visibility",
-}
-
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
@@ -56,6 +48,15 @@ def test_mutant_fails_through_the_bundle(bundles, tmp_path, mutant):
     for f in results["failures"]:
         assert f["clauses"], f"{mutant}: a failure names no clause: {f['message'].splitlines()[0]}"
         assert "[clause" in f["message"].splitlines()[0]
+
+
+#: mutant -> the clause its failures must name (a rule-specific cause) in the suite and the bundle
+SAME_CLAUSE = {
+    "empty_rows_mean": "sdpa.empty_row",
+    "gqa_modulo": "sdpa.gqa",
+    "fill_minus_1e9": "sdpa.empty_row",
+    "finite_fill_minus_1e4": "sdpa.visibility",
+}
 
 
 @pytest.fixture(scope="module")

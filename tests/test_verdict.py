@@ -7,13 +7,12 @@ subject, coverage stated, and the probe's friction gone. Each test here failed o
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import check_runs
 import pytest
 
 HERE = Path(__file__).parent
@@ -25,14 +24,8 @@ SUBJECTS = "check_subjects_verdict"
 COMMAND = [str(Path(sys.executable).with_name("attnspec"))]
 
 
-def check(*args: str, cwd: Path = HERE, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
-    }
-    return subprocess.run(
-        [*COMMAND, "check", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd
-    )
+def check(*args: str, cwd: Path = HERE) -> subprocess.CompletedProcess:
+    return check_runs.check("check", *args, cwd=cwd, command=COMMAND)
 
 
 def results_in(out: Path) -> dict[str, dict]:
@@ -73,10 +66,7 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("verdict")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(check, *args, "--out", str(tmp / name)) for name, args in RUNS.items()}
-        return {name: (f.result(), tmp / name) for name, f in futures.items()}
+    return check_runs.check_all(tmp_path_factory.mktemp("verdict"), RUNS, command=COMMAND)
 
 
 def test_a_function_that_cannot_be_called_is_not_conformant(runs):

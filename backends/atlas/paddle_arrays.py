@@ -21,6 +21,7 @@ class PaddleLibrary(ArrayLibrary):
     """paddle Tensors on the CPU. bfloat16 travels through float32, which holds it exactly."""
 
     name = module = "paddle"
+    array_type = "paddle.Tensor"
 
     def __init__(self) -> None:
         import paddle

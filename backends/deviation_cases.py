@@ -42,18 +42,20 @@ def nan_key_behind_neg_inf_bias() -> Case:
     return q, k, v, {"bias": np.where(np.arange(5) < 4, 0.0, -np.inf).astype(np.float32)}
 
 
+def with_empty_row(q, k, v, by: str) -> Case:
+    """``(q, k, v)`` with query 1 seeing no key, hidden ``by`` a boolean "mask" or a -inf "bias"
+    row (in q's dtype). The atlas asks the same question (`attnspec.backends.atlas.questions`)."""
+    sees = np.ones((q.shape[-2], k.shape[-2]), bool)
+    sees[1] = False  # query 1 sees no key
+    return q, k, v, {"mask": sees} if by == "mask" else {"bias": np.where(sees, 0.0, -np.inf).astype(q.dtype)}
+
+
 def empty_row_by_mask() -> Case:
-    q, k, v = qkv()
-    mask = np.ones((3, 5), bool)
-    mask[1] = False  # query 1 sees no key
-    return q, k, v, {"mask": mask}
+    return with_empty_row(*qkv(), by="mask")
 
 
 def empty_row_by_bias() -> Case:
-    q, k, v = qkv()
-    bias = np.zeros((3, 5), np.float32)
-    bias[1] = -np.inf
-    return q, k, v, {"bias": bias}
+    return with_empty_row(*qkv(), by="bias")
 
 
 def floor_row() -> Case:

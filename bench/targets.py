@@ -37,6 +37,24 @@ def _missing(rows: Rows, skipped: dict[tuple, str], *cases: Case) -> str | None:
     return None
 
 
+def _unmeasured(why: str) -> dict[str, Any]:
+    return {"value": None, "met": None, "detail": why}
+
+
+def _measured(*cases: Case) -> Callable[[Callable], Callable]:
+    """A target's check, run only when every one of ``cases`` was measured (else its value is
+    None, and the detail says why)."""
+
+    def wrap(check: Callable) -> Callable:
+        def checked(rows: Rows, skipped, target: float) -> dict[str, Any]:
+            why = _missing(rows, skipped, *cases)
+            return _unmeasured(why) if why else check(rows, skipped, target)
+
+        return checked
+
+    return wrap
+
+
 def _verdict(value: float, target: float, higher_is_better: bool, unit: str = "") -> tuple[bool, str]:
     met = value >= target if higher_is_better else value <= target
     if met:
@@ -46,14 +64,12 @@ def _verdict(value: float, target: float, higher_is_better: bool, unit: str = ""
 
 
 def _share_target(case: Case) -> Callable:
+    @_measured(case)
     def check(rows: Rows, skipped, target: float) -> dict[str, Any]:
-        why = _missing(rows, skipped, case)
-        if why:
-            return {"value": None, "met": None, "detail": why}
         row = rows[case.key]
         share = row["share_of_matmul"]
         if share is None:
-            return {"value": None, "met": None, "detail": f"no {case.dtype} matmul rate was measured"}
+            return _unmeasured(f"no {case.dtype} matmul rate was measured")
         met, verdict = _verdict(share, target, True)
         detail = (
             f"{verdict}; B={case.B} H={case.H} n={case.n} d={case.d} {case.dtype}: "
@@ -68,10 +84,8 @@ def _share_target(case: Case) -> Callable:
 
 
 def _overhead_target(adapter: Case, native: Case) -> Callable:
+    @_measured(adapter, native)
     def check(rows: Rows, skipped, limit: float) -> dict[str, Any]:
-        why = _missing(rows, skipped, adapter, native)
-        if why:
-            return {"value": None, "met": None, "detail": why}
         a, b = rows[adapter.key]["median_s"], rows[native.key]["median_s"]
         value = a / b - 1
         met, verdict = _verdict(100 * value, 100 * limit, False, " %")
@@ -85,14 +99,12 @@ def _overhead_target(adapter: Case, native: Case) -> Callable:
 
 
 def _blocked_memory_target(case: Case) -> Callable:
+    @_measured(case)
     def check(rows: Rows, skipped, fraction: float) -> dict[str, Any]:
-        why = _missing(rows, skipped, case)
-        if why:
-            return {"value": None, "met": None, "detail": why}
         row = rows[case.key]
         naive = case.n * case.m * 8
         if row["peak_mem_bytes"] is None:
-            return {"value": None, "met": None, "detail": f"peak memory not measured: {row['mem_method']}"}
+            return _unmeasured(f"peak memory not measured: {row['mem_method']}")
         value = row["peak_mem_bytes"] / naive
         met, verdict = _verdict(value, fraction, False)
         detail = (
@@ -107,10 +119,10 @@ def _blocked_memory_target(case: Case) -> Callable:
 def _speedup_target(fast: Case, slow: Case) -> Callable:
     def check(rows: Rows, skipped, factor: float) -> dict[str, Any]:
         if fast.key not in rows and "does not implement" in skipped.get(fast.key, ""):
-            return {"value": None, "met": None, "detail": f"not available: {skipped[fast.key]}"}
+            return _unmeasured(f"not available: {skipped[fast.key]}")
         why = _missing(rows, skipped, fast, slow)
         if why:
-            return {"value": None, "met": None, "detail": why}
+            return _unmeasured(why)
         f, s = rows[fast.key]["median_s"], rows[slow.key]["median_s"]
         value = s / f
         met, verdict = _verdict(value, factor, True, "x")

@@ -21,7 +21,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 __all__ = [
     "CLAUSES",
@@ -47,126 +53,15 @@ class Clause:
     where: str  # the section or decision of spec/README.md that states it
 
 
-def _clauses(*rows: tuple[str, str, str]) -> dict[str, Clause]:
-    return {cid: Clause(cid, title, where) for cid, title, where in rows}
+def _load(path: Path) -> dict[str, list[str]]:
+    """The clause table (spec/clauses.toml: ``id = [title, where]``, in the semantics page's order)."""
+    return tomllib.loads(path.read_text(encoding="utf-8"))
 
 
-CLAUSES: dict[str, Clause] = _clauses(
-    # sdpa: the definition and its decisions (spec/README.md, "Decisions")
-    ("sdpa.definition", "softmax over the visible keys of scale * q.k, weights times v", "sdpa"),
-    (
-        "sdpa.visibility",
-        "a hidden key is absent: weight exactly 0, whatever its logit or fill",
-        "sdpa, visibility table",
-    ),
-    (
-        "sdpa.mask",
-        "a boolean mask is True where a key may be attended, broadcast to (..., Hq, n, m)",
-        "sdpa, visibility table",
-    ),
-    ("sdpa.empty_row", "a query row with no visible key outputs 0 (weights 0)", "decision 1"),
-    ("sdpa.hidden_nonfinite", "NaN or inf in a hidden key or value never reaches an output", "decision 2"),
-    ("sdpa.visible_nonfinite", "NaN or inf in a visible input propagates (IEEE)", "decision 3"),
-    ("sdpa.causal.upper_left", "causal upper-left: key j visible from query i iff j <= i", "decision 4"),
-    ("sdpa.causal.lower_right", "causal lower-right: j <= i + m - n", "decision 4"),
-    ("sdpa.causal.lower_right_lengths", "causal on each sequence's actual lengths", "decision 17"),
-    (
-        "sdpa.window",
-        "window (left, right) around the causal anchor, counting keys besides the query's own",
-        "decisions 5, 19",
-    ),
-    ("sdpa.gqa", "query head h reads kv head h // (Hq // Hkv)", "decision 6"),
-    ("sdpa.scale", "scale multiplies q.k; default 1 / sqrt(dk)", "decision 7"),
-    ("sdpa.bias", "an additive bias; -inf in it hides the key exactly as a mask does", "decision 8"),
-    (
-        "sdpa.lengths",
-        "kv_lengths hide keys j >= length; q_lengths empty rows i >= length",
-        "sdpa, visibility table",
-    ),
-    ("sdpa.broadcast", "leading batch dims broadcast; rank 2 is one head", "sdpa, shapes"),
-    (
-        "sdpa.output_dtype",
-        "outputs in the inputs' dtype (lse float32, float64 for float64), on their device",
-        "decisions 9, 10, 15",
-    ),
-    ("sdpa.zero_sizes", "n = 0 gives an empty output, m = 0 zeros", "decision 11"),
-    ("sdpa.softcap", "softcap * tanh(t / softcap) before bias, ALiBi and masking", "decision 12"),
-    ("sdpa.alibi", "-slope_h * |i' - j| with the causal/window anchor", "decision 13"),
-    (
-        "sdpa.sinks",
-        "one extra logit per head in the denominator, zero value, not in the weights",
-        "decision 14",
-    ),
-    ("sdpa.lse", "lse = log(sum exp(s) + exp(sink)); -inf for an empty row without a sink", "decision 15"),
-    ("sdpa.segments", "visible only when segment ids are equal and >= 0", "decision 16"),
-    ("sdpa.dropout", "weights * keep / (1 - p) with the given mask; lse unchanged", "decision 18"),
-    ("sdpa.weights", "returned weights: the softmax (after dropout), rows sum to 1 or to 0", "sdpa"),
-    ("sdpa.bad_input", "bad input raises SpecError naming the argument", "Bad input"),
-    ("sdpa.tiled", "sdpa_blocked equals sdpa, tile by tile", "sdpa_blocked"),
-    ("sdpa.deterministic", "two identical calls give bit-identical results", "conformance"),
-    # FP8 inputs (spec/README.md, "sdpa_fp8")
-    (
-        "sdpa_fp8.definition",
-        "sdpa's float64 golden on the dequantised inputs, rounded once to out_dtype",
-        "sdpa_fp8",
-    ),
-    (
-        "sdpa_fp8.descale",
-        "x_hat = x * descale, exactly; q's descale indexed by kv head h // G",
-        "sdpa_fp8",
-    ),
-    ("sdpa_fp8.out_dtype", "out in out_dtype (default bfloat16 for FP8 q); lse float32", "sdpa_fp8"),
-    # gradients
-    ("sdpa_vjp.definition", "the analytic backward of out (dq, dk, dv, dbias, dsinks)", "sdpa_vjp"),
-    ("sdpa_vjp.empty_row", "rows with no visible key give zero, finite gradients", "sdpa_vjp"),
-    ("sdpa_vjp.hidden_keys", "hidden keys get exactly zero dk and dv", "sdpa_vjp"),
-    ("sdpa_vjp.variants", "softcap's derivative, dropout's factor, the sinks' gradient", "sdpa_vjp"),
-    # mha
-    ("mha.definition", "project, split heads, sdpa per head, merge, output projection", "mha"),
-    ("mha.empty_row", "a row with no visible key gives b_o", "mha"),
-    ("mha.kv_heads", "grouped kv heads map like sdpa's GQA", "mha"),
-    ("mha.variants", "every sdpa variant passes through unchanged", "mha"),
-    ("mha_vjp.definition", "gradients of inputs and parameters; d_b_k exactly 0", "mha_vjp"),
-    # lsh
-    (
-        "lsh.definition",
-        "Reformer shared-QK attention with the given rotations, step by step",
-        "lsh_attention",
-    ),
-    (
-        "lsh.rounds",
-        "rounds combine by their logsumexp; one round of 2C keys is full attention",
-        "lsh_attention",
-    ),
-    ("lsh.dedup", "dedup=True is an exact softmax over the union of a query's windows", "lsh_attention"),
-    ("lsh.causal", "with causal=True, values at later positions never reach earlier rows", "lsh_attention"),
-    (
-        "lsh.padding",
-        "positions >= kv_length change neither buckets nor outputs; padded rows 0",
-        "lsh_attention",
-    ),
-    (
-        "lsh_vjp.definition",
-        "gradients with buckets constant; padded positions get exactly 0",
-        "lsh_attention_vjp",
-    ),
-    # judging
-    (
-        "tolerance.rule",
-        "|result - golden| <= 4 * err_ref + eps * V * (1 + sqrt(m) + 2 sqrt(dk) L)",
-        "The tolerance rule",
-    ),
-    (
-        "tolerance.fp8",
-        "FP8: 4 * err_ref(float32, P as claimed) + eps(out) * V + eps(f32) * V * (sqrt(m) + 2 sqrt(dk) L + 1)",
-        "sdpa_fp8",
-    ),
-    (
-        "tolerance.nonfinite",
-        "a non-finite expected element must match exactly (NaN for NaN, same-signed inf)",
-        "The tolerance rule",
-    ),
-)
+CLAUSES: dict[str, Clause] = {
+    cid: Clause(cid, title, where)
+    for cid, (title, where) in _load(Path(__file__).with_name("clauses.toml")).items()
+}
 
 
 def clause(cid: str) -> Clause:

@@ -19,33 +19,18 @@ from attnspec.spec.validate import FLOAT_DTYPES, ArrayInfo, is_int, numpy_info
 __all__ = ["MHAParams", "ParamDims", "ParamSizes", "check_param_infos"]
 
 
+def _size(weight: str, axis: int, doc: str) -> Any:
+    return property(lambda self: int(getattr(self, weight).shape[axis]), doc=doc)
+
+
 class ParamSizes:
     """The layer's sizes, read from its weights' shapes (torch.nn.Linear's (out_features,
     in_features) layout): shared by `MHAParams` and a backend's arrays of them."""
 
-    w_q: Any
-    w_k: Any
-    w_v: Any
-
-    @property
-    def embed_dim(self) -> int:
-        """E: query features, query projection size and output features."""
-        return int(self.w_q.shape[0])
-
-    @property
-    def kdim(self) -> int:
-        """Key input features."""
-        return int(self.w_k.shape[1])
-
-    @property
-    def vdim(self) -> int:
-        """Value input features."""
-        return int(self.w_v.shape[1])
-
-    @property
-    def kv_dim(self) -> int:
-        """P = num_kv_heads * head_dim: the size keys and values are projected to."""
-        return int(self.w_k.shape[0])
+    embed_dim = _size("w_q", 0, "E: query features, query projection size and output features.")
+    kdim = _size("w_k", 1, "Key input features.")
+    vdim = _size("w_v", 1, "Value input features.")
+    kv_dim = _size("w_k", 0, "P = num_kv_heads * head_dim: the size keys and values are projected to.")
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

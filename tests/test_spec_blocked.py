@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from spec_calls import gqa_call, gqa_strategies
 
 from attnspec import SpecError
 from attnspec.spec import sdpa
@@ -97,29 +98,17 @@ def test_awkward_sizes(n, m, rule):
 
 @settings(max_examples=60, deadline=None)
 @given(
-    batch=st.lists(st.integers(1, 2), max_size=2).map(tuple),
-    hkv=st.integers(1, 2),
-    group=st.integers(1, 3),
-    n=st.integers(0, 9),
-    m=st.integers(0, 9),
-    dk=st.integers(1, 4),
-    dv=st.integers(0, 3),
-    causal=st.sampled_from([None, "upper_left", "lower_right"]),
-    window=st.none() | st.tuples(st.integers(0, 3), st.integers(0, 3)),
+    **gqa_strategies(n=(0, 9), m=(0, 9)),
     block_q=st.integers(1, 6),
     block_k=st.integers(1, 6),
     with_lengths=st.booleans(),
     with_bias=st.booleans(),
-    seed=st.integers(0, 2**16),
 )
 def test_equals_sdpa_hypothesis(
     batch, hkv, group, n, m, dk, dv, causal, window, block_q, block_k, with_lengths, with_bias, seed
 ):
-    r = np.random.default_rng(seed)
-    q = r.standard_normal((*batch, hkv * group, n, dk))
-    k = r.standard_normal((*batch, hkv, m, dk))
-    v = r.standard_normal((*batch, hkv, m, dv))
-    kw = {"mask": r.random((n, m)) < 0.7, "causal": causal, "window": window}
+    r, q, k, v, mask = gqa_call(batch, hkv, group, n, m, dk, dv, seed)
+    kw = {"mask": mask, "causal": causal, "window": window}
     if with_lengths:
         kw["q_lengths"] = r.integers(0, n + 1, batch)
         kw["kv_lengths"] = r.integers(0, m + 1, batch)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from spec_calls import gqa_call, gqa_strategies
 
 from attnspec import SpecError
 from attnspec.spec import causal_mask, sdpa, window_mask
@@ -139,26 +140,14 @@ def test_vjp_matches_finite_differences(case):
 
 @settings(max_examples=30, deadline=None)
 @given(
-    batch=st.lists(st.integers(1, 2), max_size=1).map(tuple),
-    hkv=st.integers(1, 2),
-    group=st.integers(1, 2),
-    n=st.integers(1, 3),
-    m=st.integers(1, 4),
-    dk=st.integers(1, 3),
-    dv=st.integers(1, 2),
-    causal=st.sampled_from([None, "upper_left", "lower_right"]),
-    window=st.none() | st.tuples(st.integers(0, 2), st.integers(0, 2)),
+    **gqa_strategies(batch_dims=1, group=2, n=(1, 3), m=(1, 4), dk=3, dv=(1, 2), window=2),
     with_bias=st.booleans(),
-    seed=st.integers(0, 2**16),
 )
 def test_vjp_matches_finite_differences_hypothesis(
     batch, hkv, group, n, m, dk, dv, causal, window, with_bias, seed
 ):
-    r = np.random.default_rng(seed)
-    q = r.standard_normal((*batch, hkv * group, n, dk))
-    k = r.standard_normal((*batch, hkv, m, dk))
-    v = r.standard_normal((*batch, hkv, m, dv))
-    options = {"mask": r.random((n, m)) < 0.7, "causal": causal, "window": window}
+    r, q, k, v, mask = gqa_call(batch, hkv, group, n, m, dk, dv, seed)
+    options = {"mask": mask, "causal": causal, "window": window}
     if with_bias:
         options["bias"] = r.standard_normal((hkv * group, 1, m))
     assert_matches_fd(q, k, v, **options)

@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
+from spec_calls import gqa_call, gqa_strategies
 
 from attnspec import SpecError
 from attnspec.spec import (
@@ -79,24 +79,9 @@ def test_vectorized_equals_loops(feature):
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    batch=st.lists(st.integers(1, 2), max_size=2).map(tuple),
-    hkv=st.integers(1, 2),
-    group=st.integers(1, 3),
-    n=st.integers(0, 5),
-    m=st.integers(0, 5),
-    dk=st.integers(1, 4),
-    dv=st.integers(0, 3),
-    causal=st.sampled_from([None, "upper_left", "lower_right"]),
-    window=st.none() | st.tuples(st.integers(0, 3), st.integers(0, 3)),
-    seed=st.integers(0, 2**16),
-)
+@given(**gqa_strategies())
 def test_vectorized_equals_loops_hypothesis(batch, hkv, group, n, m, dk, dv, causal, window, seed):
-    r = np.random.default_rng(seed)
-    q = r.standard_normal((*batch, hkv * group, n, dk))
-    k = r.standard_normal((*batch, hkv, m, dk))
-    v = r.standard_normal((*batch, hkv, m, dv))
-    mask = r.random((n, m)) < 0.7
+    _, q, k, v, mask = gqa_call(batch, hkv, group, n, m, dk, dv, seed)
     assert_loops_agree(q, k, v, mask=mask, causal=causal, window=window)
 
 

@@ -21,30 +21,28 @@ FUNCTIONS = ("sdpa_vjp", "mha", "lsh_attention")
 #: mutant -> (function, backend factory, the property that must fail, a clause its failures must name): every
 #: mutant of the three modules; those the suite catches with a metamorphic property (mha's split_wrong_axis,
 #: kv_heads_modulo) break the golden comparison too
+GRAD_BUGS = {
+    "no_scale": ("matches_golden", "sdpa_vjp.definition"),
+    "masked_key_leak": ("masked_keys_get_zero", "sdpa_vjp.hidden_keys"),
+    "nan_empty_rows": ("empty_rows_zero_and_finite", "sdpa_vjp.empty_row"),
+    "softcap_grad_dropped": ("variants_match_golden", "sdpa_vjp.variants"),
+    "sinks_no_grad": ("variants_match_golden", "sdpa_vjp.variants"),
+}
+MHA_BUGS = {
+    "split_wrong_axis": ("matches_golden", "mha.definition"),
+    "no_out_proj": ("matches_golden", "mha.definition"),
+    "kv_heads_modulo": ("matches_golden", "mha.definition"),
+    "drops_softcap": ("variants_match_golden", "mha.variants"),
+}
+LSH_BUGS = dict.fromkeys(ML.MUTANTS, ("matches_golden", "lsh.definition"))
 MUTANTS = {
-    **{
-        f"grads:{bug}": ("sdpa_vjp", MG.make(bug), prop, clause)
-        for bug, (prop, clause) in {
-            "no_scale": ("matches_golden", "sdpa_vjp.definition"),
-            "masked_key_leak": ("masked_keys_get_zero", "sdpa_vjp.hidden_keys"),
-            "nan_empty_rows": ("empty_rows_zero_and_finite", "sdpa_vjp.empty_row"),
-            "softcap_grad_dropped": ("variants_match_golden", "sdpa_vjp.variants"),
-            "sinks_no_grad": ("variants_match_golden", "sdpa_vjp.variants"),
-        }.items()
-    },
-    **{
-        f"mha:{bug}": ("mha", MM.make(bug), prop, clause)
-        for bug, (prop, clause) in {
-            "split_wrong_axis": ("matches_golden", "mha.definition"),
-            "no_out_proj": ("matches_golden", "mha.definition"),
-            "kv_heads_modulo": ("matches_golden", "mha.definition"),
-            "drops_softcap": ("variants_match_golden", "mha.variants"),
-        }.items()
-    },
-    **{
-        f"lsh:{bug}": ("lsh_attention", ML.make(bug), "matches_golden", "lsh.definition")
-        for bug in ML.MUTANTS
-    },
+    f"{family}:{bug}": (function, module.make(bug), prop, clause)
+    for family, function, module, bugs in (
+        ("grads", "sdpa_vjp", MG, GRAD_BUGS),
+        ("mha", "mha", MM, MHA_BUGS),
+        ("lsh", "lsh_attention", ML, LSH_BUGS),
+    )
+    for bug, (prop, clause) in bugs.items()
 }
 CONTROLS = {"sdpa_vjp": MG.control, "mha": MM.control, "lsh_attention": ML.control}
 

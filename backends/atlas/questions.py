@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from attnspec.backends.base import Backend, Unsupported
+from attnspec.backends.deviation_cases import with_empty_row
 from attnspec.backends.function import FunctionBackend
 from attnspec.spec import sdpa
 
@@ -38,18 +39,8 @@ def _qkv(hq=2, hkv=2, n=3, m=4, dk=4, dv=4, seed=0):
     )
 
 
-def _empty_row_mask() -> Case:
-    q, k, v = _qkv()
-    mask = np.ones((3, 4), bool)
-    mask[1] = False  # query 1 sees no key
-    return q, k, v, {"mask": mask}
-
-
-def _empty_row_bias() -> Case:
-    q, k, v = _qkv()
-    bias = np.zeros((3, 4))
-    bias[1] = -np.inf
-    return q, k, v, {"bias": bias}
+def _empty_row(by: str) -> Callable[[], Case]:
+    return lambda: with_empty_row(*_qkv(), by=by)
 
 
 def _nan_hidden(which: str) -> Callable[[], Case]:
@@ -254,8 +245,8 @@ def _scaled() -> Case:
 
 
 QUESTIONS = [
-    Question("empty_row_mask", "row with no visible key (bool mask)", _empty_row_mask, _row_answer, "0"),
-    Question("empty_row_bias", "row with no visible key (-inf bias)", _empty_row_bias, _row_answer, "0"),
+    Question("empty_row_mask", "row with no visible key (bool mask)", _empty_row("mask"), _row_answer, "0"),
+    Question("empty_row_bias", "row with no visible key (-inf bias)", _empty_row("bias"), _row_answer, "0"),
     Question("nan_hidden_key", "NaN in a masked key", _nan_hidden("k"), _leak, "ignored"),
     Question("nan_hidden_value", "NaN in a masked value", _nan_hidden("v"), _leak, "ignored"),
     # the framework's own causal flag, called alone: what alignment does it mean? (the spec names
@@ -420,27 +411,19 @@ def _literal(backend, x) -> str:
         .replace("inf", "np.inf")
     )
     np_expr = f"np.array({body}, dtype={'ml_dtypes.bfloat16' if dtype == 'bfloat16' else 'np.' + dtype})"
-    lib = backend.arrays.name
-    if lib == "torch":
-        return (
-            f"torch.from_numpy({np_expr}.astype(np.float32)).to(torch.bfloat16)"
-            if dtype == "bfloat16"
-            else f"torch.from_numpy({np_expr})"
-        )
-    if lib == "jax":
-        return f"jnp.asarray({np_expr})"
-    if lib == "mlx":
-        if dtype == "bfloat16":
-            return f"mx.array({np_expr}.astype(np.float32)).astype(mx.bfloat16)"
-        return f"mx.array({np_expr})"
-    if lib == "tinygrad":
-        return f"Tensor({np_expr})"
-    if lib == "paddle":
-        if dtype == "bfloat16":
-            return f"paddle.to_tensor({np_expr}.astype(np.float32)).astype('bfloat16')"
-        return f"paddle.to_tensor({np_expr})"
-    return np_expr
+    plain, bfloat16 = _FROM_NUMPY.get(backend.arrays.name, ("{x}", None))
+    return (bfloat16 if dtype == "bfloat16" and bfloat16 else plain).format(x=np_expr)
 
+
+#: array library -> how a reproducer builds its array from a NumPy expression {x}, and how a
+#: bfloat16 one (None: the same way)
+_FROM_NUMPY = {
+    "torch": ("torch.from_numpy({x})", "torch.from_numpy({x}.astype(np.float32)).to(torch.bfloat16)"),
+    "jax": ("jnp.asarray({x})", None),
+    "mlx": ("mx.array({x})", "mx.array({x}.astype(np.float32)).astype(mx.bfloat16)"),
+    "tinygrad": ("Tensor({x})", None),
+    "paddle": ("paddle.to_tensor({x})", "paddle.to_tensor({x}.astype(np.float32)).astype('bfloat16')"),
+}
 
 _IMPORTS = {
     "torch": "import torch",

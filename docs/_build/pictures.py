@@ -31,6 +31,12 @@ def _side_by_side(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, int, list[s
     return np.concatenate([a, b], axis=1), a.shape[1], ticks
 
 
+def _pair(a: np.ndarray, b: np.ndarray, caption: str, **options) -> Picture:
+    """Two weight grids side by side, each keeping its own column numbers, on 0 to 1."""
+    cells, split, ticks = _side_by_side(a, b)
+    return heat(cells, caption, "0", "1", split=split, col_ticks=ticks, **options)
+
+
 def _weights(q, k, **options) -> tuple[np.ndarray, np.ndarray]:
     """The first head's weights of ``spec.sdpa`` and which keys it sees."""
     v = np.zeros(k.shape[:-1] + (1,), k.dtype)
@@ -75,14 +81,10 @@ def _definition():
 @picture("sdpa.scale")
 def _scale():
     q, k, _ = qkv(n=2, m=3, d=4)
-    cells, split, ticks = _side_by_side(_weights(q, k)[0], _weights(q, k, scale=2.0)[0])
-    return heat(
-        cells,
+    return _pair(
+        _weights(q, k)[0],
+        _weights(q, k, scale=2.0)[0],
         "Left: the weights at the default scale 1/√dk = 0.5; right: at scale=2.0, sharper.",
-        "0",
-        "1",
-        split=split,
-        col_ticks=ticks,
     )
 
 
@@ -161,15 +163,11 @@ def _softcap():
     q = q * 4  # large logits, where the cap shows
     plain, _ = _weights(q, k, scale=1.0)
     capped, _ = _weights(q, k, scale=1.0, softcap=2.0)
-    cells, split, ticks = _side_by_side(plain, capped)
-    return heat(
-        cells,
+    return _pair(
+        plain,
+        capped,
         "Left: the weights of large logits without a cap; right: with softcap=2.0, logits in "
         "(-2, 2), so the weights are flatter.",
-        "0",
-        "1",
-        split=split,
-        col_ticks=ticks,
     )
 
 
@@ -353,54 +351,37 @@ def _tolerance_fp8():
 # -- mha ------------------------------------------------------------------------------------------
 
 
-def _mha_weights(**options) -> tuple[np.ndarray, int, list[str]]:
+def _mha_weights(**options) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
     p = params(4, kv=options.pop("kv", None))
     x = rng.standard_normal((3, 4)).round(1)
     _, w = spec.mha(x, x, x, p, num_heads=2, return_weights=True, **options)
-    return _side_by_side(np.asarray(w[0], np.float64), np.asarray(w[1], np.float64))
+    return np.asarray(w[0], np.float64), np.asarray(w[1], np.float64)
 
 
 @picture("mha.definition")
 def _mha_definition():
-    cells, split, ticks = _mha_weights()
-    return heat(
-        cells,
-        "The weights of head 0 (left) and head 1 (right): one sdpa per head.",
-        "0",
-        "1",
-        split=split,
-        col_ticks=ticks,
-    )
+    return _pair(*_mha_weights(), "The weights of head 0 (left) and head 1 (right): one sdpa per head.")
 
 
 @picture("mha.kv_heads")
 def _mha_kv_heads():
-    cells, split, ticks = _mha_weights(kv=2, num_kv_heads=1)
-    return heat(
-        cells,
+    return _pair(
+        *_mha_weights(kv=2, num_kv_heads=1),
         "The weights of query heads 0 and 1, which both read the one kv head: different queries, same keys.",
-        "0",
-        "1",
-        split=split,
-        col_ticks=ticks,
     )
 
 
 @picture("mha.variants")
 def _mha_variants():
-    cells, split, ticks = _mha_weights(
+    heads = _mha_weights(
         sinks=np.array([0.5, -0.5]), alibi_slopes=np.array([0.25, 1.0]), softcap=5.0, causal="upper_left"
     )
     vis = np.concatenate([spec.causal_mask(3, 3)] * 2, axis=1)
-    return heat(
-        cells,
+    return _pair(
+        *heads,
         "Heads 0 and 1 with sinks, ALiBi slopes (0.25, 1.0), softcap and causal: each head's sdpa keywords.",
-        "0",
-        "1",
         hidden=~vis,
-        split=split,
-        col_ticks=ticks,
     )
 
 

@@ -149,24 +149,22 @@ def index_page(docs, functions: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _dtype_row(first: list[str], mine: list[dict], dts: list[str]) -> list[str] | None:
+    """A results row: ``first``, a cell per dtype, the failed count; None when no case ran or
+    every one was refused."""
+    t = _counts(mine)
+    if t["unsupported"] == t["run"]:
+        return None
+    return [*first, *(_dtype_cell([r for r in mine if r["dtype"] == d]) for d in dts), str(_bad(t))]
+
+
 def _matrix(doc, page: str, functions: list[str]) -> str:
     dts = _dtypes(doc["rows"])
     rows = []
     for fn in functions:
-        mine = [r for r in doc["rows"] if r["function"] == fn]
-        if not mine:
-            continue
-        t = _counts(mine)
-        if t["unsupported"] == t["run"]:
-            rows.append([f"[`{fn}`]({rel(page, function_page(fn))})", *(["refused"] * len(dts)), "0"])
-            continue
-        rows.append(
-            [
-                f"[`{fn}`]({rel(page, function_page(fn))})",
-                *(_dtype_cell([r for r in mine if r["dtype"] == d]) for d in dts),
-                str(_bad(t)),
-            ]
-        )
+        link = f"[`{fn}`]({rel(page, function_page(fn))})"
+        if mine := [r for r in doc["rows"] if r["function"] == fn]:
+            rows.append(_dtype_row([link], mine, dts) or [link, *(["refused"] * len(dts)), "0"])
     return _table(["function", *dts, "failed"], rows)
 
 
@@ -326,21 +324,9 @@ def function_page_text(fn: str, docs) -> str:
     dts = _dtypes([r for _, r in entries])
     mrows = []
     for d in docs:
-        mine = [r for r in d["rows"] if r["function"] == fn]
-        if not mine:
-            continue
-        t = _counts(mine)
         link = f"[{d['backend']}]({rel(page, backend_page(d['backend']))})"
-        if t["unsupported"] == t["run"]:
-            continue
-        mrows.append(
-            [
-                link,
-                d["device"],
-                *(_dtype_cell([r for r in mine if r["dtype"] == dt]) for dt in dts),
-                str(_bad(t)),
-            ]
-        )
+        if row := _dtype_row([link, d["device"]], [r for r in d["rows"] if r["function"] == fn], dts):
+            mrows.append(row)
     refused = sorted(
         {
             f"{d['backend']} / {d['device']}"

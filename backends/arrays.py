@@ -46,8 +46,13 @@ class ArrayLibrary:
     #: the arrays `is_array` accepts, as a refusal names them ("torch.Tensor")
     array_type: str = "numpy.ndarray"
 
+    def __init__(self) -> None:
+        self._lib: Any = importlib.import_module(self.module)  # the framework, imported on first use
+
     def is_array(self, x: object) -> bool:
-        return isinstance(x, np.ndarray)
+        """Whether ``x`` is an instance of the class `array_type` names (imported by then)."""
+        module, _, cls = self.array_type.rpartition(".")
+        return isinstance(x, getattr(importlib.import_module(module), cls))
 
     def info(self, fn: str, name: str, x: Any) -> ArrayInfo:
         """The shape and dtype of argument ``name`` of ``fn``, one of this library's arrays.
@@ -168,14 +173,9 @@ class TorchLibrary(_TensorMethods, _BackendHooks, ArrayLibrary):
     array_type = "torch.Tensor"
 
     def __init__(self) -> None:
-        import torch
+        from attnspec.backends.torch import TorchArrays  # imports torch
 
-        from attnspec.backends.torch import TorchArrays
-
-        self._torch, self._hooks = torch, TorchArrays()
-
-    def is_array(self, x: object) -> bool:
-        return isinstance(x, self._torch.Tensor)
+        self._hooks = TorchArrays()
 
 
 class JaxLibrary(_BackendHooks, ArrayLibrary):
@@ -185,15 +185,11 @@ class JaxLibrary(_BackendHooks, ArrayLibrary):
     def __init__(self, x64: bool = True) -> None:
         """``x64=False`` leaves JAX's 64-bit mode as it is (off by default): for code that breaks
         under it, which is then measured as its users run it, without float64."""
-        import jax
         import jax.numpy as jnp
 
         from attnspec.backends.jax import JaxArrays
 
-        self._jax, self._ns, self._hooks = jax, jnp, JaxArrays(x64)
-
-    def is_array(self, x: object) -> bool:
-        return isinstance(x, self._jax.Array)
+        self._ns, self._hooks = jnp, JaxArrays(x64)
 
 
 class MlxLibrary(ArrayLibrary):
@@ -206,9 +202,6 @@ class MlxLibrary(ArrayLibrary):
         import mlx.core as mx
 
         self._mx = self._ns = mx
-
-    def is_array(self, x: object) -> bool:
-        return isinstance(x, self._mx.array)
 
     def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> Any:
         x = to_reference(x, dtype)
@@ -237,23 +230,15 @@ class TinygradLibrary(_TensorMethods, ArrayLibrary):
     name = module = "tinygrad"
     array_type = "tinygrad.Tensor"
 
-    def __init__(self) -> None:
-        import tinygrad
-
-        self._tg = tinygrad
-
-    def is_array(self, x: object) -> bool:
-        return isinstance(x, self._tg.Tensor)
-
     def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> Any:
         x = to_reference(x, dtype)
         if x.dtype == ml_dtypes.bfloat16:
-            return self._tg.Tensor(x.astype(np.float32)).cast(self._tg.dtypes.bfloat16).realize()
-        return self._tg.Tensor(np.array(x)).realize()
+            return self._lib.Tensor(x.astype(np.float32)).cast(self._lib.dtypes.bfloat16).realize()
+        return self._lib.Tensor(np.array(x)).realize()
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        if x.dtype == self._tg.dtypes.bfloat16:
-            return np.asarray(x.cast(self._tg.dtypes.float32).numpy()).astype(ml_dtypes.bfloat16)
+        if x.dtype == self._lib.dtypes.bfloat16:
+            return np.asarray(x.cast(self._lib.dtypes.float32).numpy()).astype(ml_dtypes.bfloat16)
         return np.asarray(x.numpy())
 
     def dtype_name(self, x: Any) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import ml_dtypes
 import numpy as np
@@ -33,8 +33,34 @@ SDPA_FEATURES = (
 )
 
 
+_Case = TypeVar("_Case", bound="DrawnCase")
+
+
+class DrawnCase:
+    """What every drawn case (a dataclass with feature, dtype, options) shares: the shapes of the
+    arrays it names (`ARRAYS`: (the name in messages, the attribute)), a one-line description
+    for messages and reproducers, and a copy with more options."""
+
+    ARRAYS: ClassVar[tuple[tuple[str, str], ...]]
+    feature: str
+    dtype: str
+    options: dict[str, Any]
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: getattr(self, attr).shape for name, attr in self.ARRAYS}
+
+    def describe(self) -> str:
+        shapes = " ".join(f"{name}{shape}" for name, shape in self.shapes.items())
+        return f"feature={self.feature} dtype={self.dtype} {shapes} {options_text(self.options)}".rstrip()
+
+    def with_options(self: _Case, **options: Any) -> _Case:
+        return replace(self, options={**self.options, **options})  # type: ignore[type-var]
+
+
 @dataclass
-class SDPACase:
+class SDPACase(DrawnCase):
+    ARRAYS = (("q", "q"), ("k", "k"), ("v", "v"))
     feature: str
     dtype: str
     q: np.ndarray
@@ -44,17 +70,6 @@ class SDPACase:
     tags: frozenset[str] = frozenset()
     seed: int = 0
 
-    @property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {"q": self.q.shape, "k": self.k.shape, "v": self.v.shape}
-
-    def describe(self) -> str:
-        opts = options_text(self.options)
-        return (f"feature={self.feature} dtype={self.dtype} q{self.q.shape} k{self.k.shape} "
-                f"v{self.v.shape} {opts}").rstrip()
-
-    def with_options(self, **options: Any) -> SDPACase:
-        return replace(self, options={**self.options, **options})
 
 
 def brief(v: Any) -> str:

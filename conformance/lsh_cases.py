@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from attnspec.conformance.hypothesis_helpers import DIMS, NP_DTYPES, array_source, options_text
+from attnspec.conformance.hypothesis_helpers import DIMS, NP_DTYPES, DrawnCase, array_source
 from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, lsh_attention, lsh_bucket_margins, lsh_rotations
 from attnspec.spec.tolerance import K, compare, eps
 
@@ -43,7 +43,8 @@ BUCKETS = (2, 4, 8)
 
 
 @dataclass
-class LSHCase:
+class LSHCase(DrawnCase):
+    ARRAYS = (("x", "x"), ("v", "v"), ("rotations", "rotations"))
     feature: str
     dtype: str
     x: np.ndarray
@@ -61,18 +62,6 @@ class LSHCase:
     @property
     def k(self) -> np.ndarray:
         return self.x
-
-    @property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {"x": self.x.shape, "v": self.v.shape, "rotations": self.rotations.shape}
-
-    def describe(self) -> str:
-        opts = options_text(self.options)
-        return (f"feature={self.feature} dtype={self.dtype} x{self.x.shape} v{self.v.shape} "
-                f"rotations{self.rotations.shape} {opts}").rstrip()
-
-    def with_options(self, **options: Any) -> LSHCase:
-        return replace(self, options={**self.options, **options})
 
     def repro(self, backend_name: str, device: str | None, **extra: Any) -> str:
         """A self-contained snippet that rebuilds the inputs and calls backend and golden."""

@@ -22,6 +22,7 @@ from attnspec.conformance.hypothesis_helpers import (
     NP_DTYPES,
     SIDES,
     VARIANT_CASE_FEATURES,
+    DrawnCase,
     array_source,
     draw_mask,
     draw_packing_and_dropout,
@@ -55,7 +56,7 @@ _SIDES = tuple(s for s in SIDES if s <= 13)  # projections make each side cost E
 
 
 @dataclass
-class MHACase:
+class MHACase(DrawnCase):
     feature: str
     dtype: str
     q: np.ndarray  # query (..., n, E)
@@ -86,9 +87,6 @@ class MHACase:
         return (f"feature={self.feature} dtype={self.dtype} query{self.q.shape} key{self.k.shape} "
                 f"value{self.v.shape} E={p.embed_dim} kdim={p.kdim} vdim={p.vdim} kv_dim={p.kv_dim} "
                 f"biases={biases} {opts}").rstrip()
-
-    def with_options(self, **options: Any) -> MHACase:
-        return replace(self, options={**self.options, **options})
 
     def asking_weights(self) -> MHACase:
         return replace(self, options={**self.options, "return_weights": True},

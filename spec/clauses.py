@@ -53,14 +53,15 @@ class Clause:
     where: str  # the section or decision of spec/README.md that states it
 
 
-def _load(path: Path) -> dict[str, list[str]]:
-    """The clause table (spec/clauses.toml: ``id = [title, where]``, in the semantics page's order)."""
+def _load(path: Path) -> dict[str, Any]:
+    """spec/clauses.toml: the clauses (``id = [title, where]``, in the semantics page's order) and
+    the clauses each property checks."""
     return tomllib.loads(path.read_text(encoding="utf-8"))
 
 
+_TABLE = _load(Path(__file__).with_name("clauses.toml"))
 CLAUSES: dict[str, Clause] = {
-    cid: Clause(cid, title, where)
-    for cid, (title, where) in _load(Path(__file__).with_name("clauses.toml")).items()
+    cid: Clause(cid, title, where) for cid, (title, where) in _TABLE["clauses"].items()
 }
 
 
@@ -74,65 +75,9 @@ def clause(cid: str) -> Clause:
 
 #: (function, property) -> the clauses the property checks on every case (the case adds its own)
 PROPERTY_CLAUSES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("sdpa", "matches_golden"): (
-        "sdpa.definition",
-        "tolerance.rule",
-        "tolerance.nonfinite",
-        "sdpa.output_dtype",
-    ),
-    ("sdpa", "weights_rows"): ("sdpa.weights", "sdpa.empty_row", "tolerance.rule"),
-    ("sdpa", "masked_keys_are_absent"): ("sdpa.visibility", "sdpa.hidden_nonfinite", "tolerance.rule"),
-    ("sdpa", "key_permutation"): ("sdpa.definition", "sdpa.visibility", "tolerance.rule"),
-    ("sdpa", "deterministic"): ("sdpa.deterministic",),
-    ("sdpa", "bad_input"): ("sdpa.bad_input",),
-    ("sdpa", "signature"): ("sdpa.bad_input",),
-    ("sdpa", "long"): ("sdpa.definition", "tolerance.rule"),
-    ("sdpa", "variants_match_golden"): (
-        "sdpa.definition",
-        "tolerance.rule",
-        "tolerance.nonfinite",
-        "sdpa.output_dtype",
-    ),
-    ("sdpa", "softcap_before_bias"): ("sdpa.softcap",),
-    ("sdpa", "alibi_anchor"): ("sdpa.alibi",),
-    ("sdpa", "sink_share"): ("sdpa.sinks",),
-    ("sdpa", "segment_permutation"): ("sdpa.segments",),
-    ("sdpa", "dropout_keep_all"): ("sdpa.dropout",),
-    ("sdpa", "dropout_drawn"): ("sdpa.dropout",),
-    ("sdpa_fp8", "matches_golden"): (
-        "sdpa_fp8.definition",
-        "sdpa_fp8.descale",
-        "sdpa_fp8.out_dtype",
-        "tolerance.fp8",
-    ),
-    ("sdpa_blocked", "matches_golden"): ("sdpa.tiled", "tolerance.rule"),
-    ("sdpa_blocked", "one_key_tiles"): ("sdpa.tiled", "tolerance.rule"),
-    ("sdpa_vjp", "matches_golden"): ("sdpa_vjp.definition", "tolerance.rule", "tolerance.nonfinite"),
-    ("sdpa_vjp", "variants_match_golden"): ("sdpa_vjp.definition", "sdpa_vjp.variants", "tolerance.rule"),
-    ("sdpa_vjp", "empty_rows_zero_and_finite"): ("sdpa_vjp.empty_row",),
-    ("sdpa_vjp", "masked_keys_get_zero"): ("sdpa_vjp.hidden_keys",),
-    ("sdpa_vjp", "deterministic"): ("sdpa.deterministic",),
-    ("mha", "matches_golden"): ("mha.definition", "tolerance.rule", "tolerance.nonfinite"),
-    ("mha", "variants_match_golden"): ("mha.definition", "mha.variants", "tolerance.rule"),
-    ("mha", "kv_head_mapping"): ("mha.kv_heads", "sdpa.gqa"),
-    ("mha", "head_split_merge"): ("mha.definition",),
-    ("mha", "deterministic"): ("sdpa.deterministic",),
-    ("mha", "bad_input"): ("sdpa.bad_input",),
-    ("mha_vjp", "matches_golden"): ("mha_vjp.definition", "tolerance.rule"),
-    ("mha_vjp", "empty_rows_zero_and_finite"): ("mha_vjp.definition", "sdpa_vjp.empty_row"),
-    ("mha_vjp", "masked_keys_get_zero"): ("mha_vjp.definition", "sdpa_vjp.hidden_keys"),
-    ("mha_vjp", "deterministic"): ("sdpa.deterministic",),
-    ("lsh_attention", "matches_golden"): ("lsh.definition", "tolerance.rule"),
-    ("lsh_attention", "one_round_is_full"): ("lsh.rounds",),
-    ("lsh_attention", "one_key_tiles"): ("lsh.definition",),
-    ("lsh_attention", "dedup_union"): ("lsh.dedup",),
-    ("lsh_attention", "causal_values"): ("lsh.causal",),
-    ("lsh_attention", "padded_absent"): ("lsh.padding",),
-    ("lsh_attention", "deterministic"): ("sdpa.deterministic",),
-    ("lsh_attention", "bad_input"): ("sdpa.bad_input",),
-    ("lsh_attention_vjp", "matches_golden"): ("lsh_vjp.definition", "tolerance.rule"),
-    ("lsh_attention_vjp", "padded_zero_and_finite"): ("lsh_vjp.definition", "lsh.padding"),
-    ("lsh_attention_vjp", "deterministic"): ("sdpa.deterministic",),
+    (function, prop): tuple(clauses)
+    for function, table in _TABLE["properties"].items()
+    for prop, clauses in table.items()
 }
 
 

@@ -212,22 +212,23 @@ def _np_dtype(name):
     return _NP[name]
 
 
-# mutant name -> (bug, a feature whose failure the suite must report)
-MUTANTS = {
-    "no_scale": ("no_scale", "plain"),
-    "scale_1_over_dk": ("scale_1_over_dk", "plain"),
-    "causal_off_by_one": ("causal_off_by_one", "causal_upper_left"),
+# mutant name -> (bug, a feature whose failure the suite must report): each mutant is its bug
+_FEATURE_OF = {
+    "no_scale": "plain",
+    "scale_1_over_dk": "plain",
+    "causal_off_by_one": "causal_upper_left",
     # found by mutation testing (#28): only the corner_window_edge corner shows it in dev
-    "window_right_plus_one": ("window_right_plus_one", "window"),
-    "wrong_alignment": ("wrong_alignment", "causal_lower_right"),
-    "fill_minus_1e9": ("fill_minus_1e9", "masked_nonfinite"),
-    "softmax_wrong_axis": ("softmax_wrong_axis", "plain"),
-    "gqa_modulo": ("gqa_modulo", "gqa"),
-    "empty_rows_mean": ("empty_rows_mean", "no_visible_rows"),
-    "bias_ignored": ("bias_ignored", "bias"),
-    "f32_accumulation": ("f32_accumulation", "plain"),
-    "no_renormalize": ("no_renormalize", "mask"),
+    "window_right_plus_one": "window",
+    "wrong_alignment": "causal_lower_right",
+    "fill_minus_1e9": "masked_nonfinite",
+    "softmax_wrong_axis": "plain",
+    "gqa_modulo": "gqa",
+    "empty_rows_mean": "no_visible_rows",
+    "bias_ignored": "bias",
+    "f32_accumulation": "plain",
+    "no_renormalize": "mask",
 }
+MUTANTS = {bug: (bug, feature) for bug, feature in _FEATURE_OF.items()}
 #: pytest -k of a `MUTANTS` run: sdpa's forward matches_golden (test_sdpa.py), the property that
 #: names each one's feature. The whole suite (all chapters) took 476 s of the kit's tests for these
 #: twelve, most of it Hypothesis shrinking the failures of properties that name no feature of theirs.

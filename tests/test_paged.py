@@ -126,15 +126,15 @@ def test_refusals_name_the_convention():
 
 
 # -- attnspec check --------------------------------------------------------------------------------
+#: run -> (the example's function, its convention): the two correct ones, then each one's three bugs
+CONVENTION = {"flash": "flash_kvcache_paged", "vllm": "vllm_paged"}
 RUNS = {
-    "flash": ("flash_style", "flash_kvcache_paged"),
-    "vllm": ("vllm_style", "vllm_paged"),
-    "flash_ignores_block_table": ("flash_ignores_block_table", "flash_kvcache_paged"),
-    "flash_reads_past_seqlens": ("flash_reads_past_seqlens", "flash_kvcache_paged"),
-    "flash_causal_on_padded": ("flash_causal_on_padded", "flash_kvcache_paged"),
-    "vllm_ignores_block_table": ("vllm_ignores_block_table", "vllm_paged"),
-    "vllm_reads_past_seqlens": ("vllm_reads_past_seqlens", "vllm_paged"),
-    "vllm_causal_on_padded": ("vllm_causal_on_padded", "vllm_paged"),
+    **{style: (f"{style}_style", conv) for style, conv in CONVENTION.items()},
+    **{
+        f"{style}_{bug}": (f"{style}_{bug}", conv)
+        for style, conv in CONVENTION.items()
+        for bug in ("ignores_block_table", "reads_past_seqlens", "causal_on_padded")
+    },
 }
 
 

@@ -21,28 +21,22 @@ FUNCTIONS = ("sdpa_vjp", "mha", "lsh_attention")
 #: mutant -> (function, backend factory, the property that must fail, a clause its failures must name): every
 #: mutant of the three modules; those the suite catches with a metamorphic property (mha's split_wrong_axis,
 #: kv_heads_modulo) break the golden comparison too
-GRAD_BUGS = {
-    "no_scale": ("matches_golden", "sdpa_vjp.definition"),
-    "masked_key_leak": ("masked_keys_get_zero", "sdpa_vjp.hidden_keys"),
-    "nan_empty_rows": ("empty_rows_zero_and_finite", "sdpa_vjp.empty_row"),
-    "softcap_grad_dropped": ("variants_match_golden", "sdpa_vjp.variants"),
-    "sinks_no_grad": ("variants_match_golden", "sdpa_vjp.variants"),
-}
-MHA_BUGS = {
-    "split_wrong_axis": ("matches_golden", "mha.definition"),
-    "no_out_proj": ("matches_golden", "mha.definition"),
-    "kv_heads_modulo": ("matches_golden", "mha.definition"),
-    "drops_softcap": ("variants_match_golden", "mha.variants"),
-}
-LSH_BUGS = dict.fromkeys(ML.MUTANTS, ("matches_golden", "lsh.definition"))
+BUGS = [
+    ("grads", "no_scale", "matches_golden", "sdpa_vjp.definition"),
+    ("grads", "masked_key_leak", "masked_keys_get_zero", "sdpa_vjp.hidden_keys"),
+    ("grads", "nan_empty_rows", "empty_rows_zero_and_finite", "sdpa_vjp.empty_row"),
+    ("grads", "softcap_grad_dropped", "variants_match_golden", "sdpa_vjp.variants"),
+    ("grads", "sinks_no_grad", "variants_match_golden", "sdpa_vjp.variants"),
+    ("mha", "split_wrong_axis", "matches_golden", "mha.definition"),
+    ("mha", "no_out_proj", "matches_golden", "mha.definition"),
+    ("mha", "kv_heads_modulo", "matches_golden", "mha.definition"),
+    ("mha", "drops_softcap", "variants_match_golden", "mha.variants"),
+    *(("lsh", bug, "matches_golden", "lsh.definition") for bug in ML.MUTANTS),
+]
+FAMILIES = {"grads": ("sdpa_vjp", MG), "mha": ("mha", MM), "lsh": ("lsh_attention", ML)}
 MUTANTS = {
-    f"{family}:{bug}": (function, module.make(bug), prop, clause)
-    for family, function, module, bugs in (
-        ("grads", "sdpa_vjp", MG, GRAD_BUGS),
-        ("mha", "mha", MM, MHA_BUGS),
-        ("lsh", "lsh_attention", ML, LSH_BUGS),
-    )
-    for bug, (prop, clause) in bugs.items()
+    f"{family}:{bug}": (FAMILIES[family][0], FAMILIES[family][1].make(bug), prop, clause)
+    for family, bug, prop, clause in BUGS
 }
 CONTROLS = {"sdpa_vjp": MG.control, "mha": MM.control, "lsh_attention": ML.control}
 

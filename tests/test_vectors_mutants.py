@@ -50,6 +50,13 @@ def test_mutant_fails_through_the_bundle(bundles, tmp_path, mutant):
         assert "[clause" in f["message"].splitlines()[0]
 
 
+@pytest.fixture(scope="module")
+def suite_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("suite")
+    targets = {m: (f"mutants:mutant_{m}", "test_sdpa and not bad_input") for m in SAME_CLAUSE}
+    return run_all(tmp, targets, shrink=False)
+
+
 #: mutant -> the clause its failures must name (a rule-specific cause) in the suite and the bundle
 SAME_CLAUSE = {
     "empty_rows_mean": "sdpa.empty_row",
@@ -57,13 +64,6 @@ SAME_CLAUSE = {
     "fill_minus_1e9": "sdpa.empty_row",
     "finite_fill_minus_1e4": "sdpa.visibility",
 }
-
-
-@pytest.fixture(scope="module")
-def suite_runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("suite")
-    targets = {m: (f"mutants:mutant_{m}", "test_sdpa and not bad_input") for m in SAME_CLAUSE}
-    return run_all(tmp, targets, shrink=False)
 
 
 @pytest.mark.parametrize("mutant", sorted(SAME_CLAUSE))

@@ -23,23 +23,15 @@ class PaddleLibrary(ArrayLibrary):
     name = module = "paddle"
     array_type = "paddle.Tensor"
 
-    def __init__(self) -> None:
-        import paddle
-
-        self._paddle = paddle
-
-    def is_array(self, x: object) -> bool:
-        return isinstance(x, self._paddle.Tensor)
-
     def asarray(self, x: np.ndarray, dtype: str | None = None, device: str | None = None) -> Any:
         x = to_reference(x, dtype)
-        place = self._paddle.CPUPlace()
+        place = self._lib.CPUPlace()
         if x.dtype == ml_dtypes.bfloat16:
-            return self._paddle.to_tensor(x.astype(np.float32), place=place).astype("bfloat16")
-        return self._paddle.to_tensor(np.array(x), place=place)
+            return self._lib.to_tensor(x.astype(np.float32), place=place).astype("bfloat16")
+        return self._lib.to_tensor(np.array(x), place=place)
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        if x.dtype == self._paddle.bfloat16:
+        if x.dtype == self._lib.bfloat16:
             return np.asarray(x.astype("float32").numpy()).astype(ml_dtypes.bfloat16)
         return np.asarray(x.numpy())
 
@@ -47,16 +39,16 @@ class PaddleLibrary(ArrayLibrary):
         return str(x.dtype).rsplit(".", 1)[-1]
 
     def permute(self, x: Any, axes: tuple[int, ...]) -> Any:
-        return self._paddle.transpose(x, list(axes))
+        return self._lib.transpose(x, list(axes))
 
     def reshape(self, x: Any, shape: tuple[int, ...]) -> Any:
-        return self._paddle.reshape(x, list(shape))
+        return self._lib.reshape(x, list(shape))
 
     def broadcast_to(self, x: Any, shape: tuple[int, ...]) -> Any:
-        return self._paddle.broadcast_to(x, list(shape))
+        return self._lib.broadcast_to(x, list(shape))
 
     def repeat(self, x: Any, repeats: int, axis: int) -> Any:
-        return self._paddle.repeat_interleave(x, repeats, axis=axis)
+        return self._lib.repeat_interleave(x, repeats, axis=axis)
 
 
 def register() -> None:

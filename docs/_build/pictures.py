@@ -398,20 +398,23 @@ _LSH_LEGEND = (
 )
 
 
+def _lsh_heat(w: np.ndarray, caption: str, **options) -> Picture:
+    """LSH weights on 0 to 1, a cell outside every window of its query left empty."""
+    return heat(
+        w, f"{_LSH_LEGEND}{caption}", "0", "1", hidden=w == 0, hidden_label="outside its windows", **options
+    )
+
+
 @picture("lsh.definition")
 def _lsh_definition():
     x, _ = lsh_inputs()
     rotations = spec.lsh_rotations(seed=0, d=4, n_hashes=1, n_buckets=4)
     _, buckets = spec.lsh_attention(x, np.eye(8), rotations=rotations, chunk_length=2, return_buckets=True)
     w = _lsh_weights(x, rotations=rotations, chunk_length=2)
-    return heat(
+    return _lsh_heat(
         w,
-        f"{_LSH_LEGEND}; the labels are position/bucket. A query attends the keys of its sorted chunk and "
+        "; the labels are position/bucket. A query attends the keys of its sorted chunk and "
         "the chunk before it, never itself while another key is there; empty cells: keys outside its window.",
-        "0",
-        "1",
-        hidden=w == 0,
-        hidden_label="outside its windows",
         rows="query i / bucket",
         cols="key j / bucket",
         row_ticks=[f"{i}/{b}" for i, b in enumerate(buckets[0])],
@@ -424,14 +427,8 @@ def _lsh_rounds():
     x, _ = lsh_inputs(length=4)
     rotations = spec.lsh_rotations(seed=0, d=4, n_hashes=1, n_buckets=2)
     w = _lsh_weights(x, rotations=rotations, chunk_length=2)
-    return heat(
-        w,
-        f"{_LSH_LEGEND}: one round whose 2C = 4 keys cover the sequence is full attention "
-        "without the self-key.",
-        "0",
-        "1",
-        hidden=w == 0,
-        hidden_label="outside its windows",
+    return _lsh_heat(
+        w, ": one round whose 2C = 4 keys cover the sequence is full attention without the self-key."
     )
 
 
@@ -442,14 +439,10 @@ def _lsh_dedup():
     plain = _lsh_weights(x, rotations=rotations, chunk_length=2)
     dedup = _lsh_weights(x, rotations=rotations, chunk_length=2, dedup=True)
     cells, split, ticks = _side_by_side(plain, dedup)
-    return heat(
+    return _lsh_heat(
         cells,
-        f"{_LSH_LEGEND}, 3 rounds: left plain, a key met in several windows weighs more; right dedup=True, "
+        ", 3 rounds: left plain, a key met in several windows weighs more; right dedup=True, "
         "the softmax over the union of the windows.",
-        "0",
-        "1",
-        hidden=cells == 0,
-        hidden_label="outside its windows",
         digits=1,
         split=split,
         col_ticks=ticks,
@@ -461,15 +454,7 @@ def _lsh_causal():
     x, _ = lsh_inputs()
     rotations = spec.lsh_rotations(seed=0, d=4, n_hashes=2, n_buckets=4)
     w = _lsh_weights(x, rotations=rotations, chunk_length=2, causal=True)
-    return heat(
-        w,
-        f"{_LSH_LEGEND}, causal=True: nothing right of the diagonal.",
-        "0",
-        "1",
-        hidden=w == 0,
-        hidden_label="outside its windows",
-        digits=1,
-    )
+    return _lsh_heat(w, ", causal=True: nothing right of the diagonal.", digits=1)
 
 
 @picture("lsh.padding")
@@ -477,14 +462,8 @@ def _lsh_padding():
     x, _ = lsh_inputs()
     rotations = spec.lsh_rotations(seed=0, d=4, n_hashes=2, n_buckets=4)
     w = _lsh_weights(x, rotations=rotations, chunk_length=2, kv_lengths=6)
-    return heat(
-        w,
-        f"{_LSH_LEGEND}, kv_lengths=6: positions 6 and 7 are neither attended nor attend (rows of 0).",
-        "0",
-        "1",
-        hidden=w == 0,
-        hidden_label="outside its windows",
-        digits=1,
+    return _lsh_heat(
+        w, ", kv_lengths=6: positions 6 and 7 are neither attended nor attend (rows of 0).", digits=1
     )
 
 

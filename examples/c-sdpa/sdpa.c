@@ -117,38 +117,25 @@ typedef struct {
 
 static void problem_free(problem *p)
 {
-    free(p->q);
-    free(p->k);
-    free(p->v);
-    free(p->bias);
-    free(p->slopes);
-    free(p->sinks);
-    free(p->q_len);
-    free(p->kv_len);
-    free(p->q_ids);
-    free(p->kv_ids);
-    free(p->out);
-    free(p->weights);
-    free(p->lse);
+    /* every buffer the problem owns: its inputs as read, then its outputs */
+    void *owned[] = {p->q, p->k, p->v, p->bias, p->slopes, p->sinks, p->q_len, p->kv_len,
+                     p->q_ids, p->kv_ids, p->out, p->weights, p->lse};
+    for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++)
+        free(owned[i]);
 }
 
-static double *as_f64(const st_tensor *t)
-{
-    double *x = malloc(t->count ? t->count * sizeof *x : 1);
-    size_t i;
-    if (x)
-        for (i = 0; i < t->count; i++) x[i] = st_get_f64(t, i);
-    return x;
-}
+/* A tensor's elements, converted to TYPE by GET, in a buffer of their own (NULL: out of memory). */
+#define ELEMENTS_AS(NAME, TYPE, GET)                                   \
+    static TYPE *NAME(const st_tensor *t)                              \
+    {                                                                  \
+        TYPE *x = malloc(t->count ? t->count * sizeof *x : 1);         \
+        if (x)                                                         \
+            for (size_t i = 0; i < t->count; i++) x[i] = GET(t, i);    \
+        return x;                                                      \
+    }
 
-static int64_t *as_i64(const st_tensor *t)
-{
-    int64_t *x = malloc(t->count ? t->count * sizeof *x : 1);
-    size_t i;
-    if (x)
-        for (i = 0; i < t->count; i++) x[i] = st_get_i64(t, i);
-    return x;
-}
+ELEMENTS_AS(as_f64, double, st_get_f64)
+ELEMENTS_AS(as_i64, int64_t, st_get_i64)
 
 /* A float from the metadata: the whole string must be a decimal float. */
 static int parse_double(const char *s, double *out)

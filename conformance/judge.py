@@ -3,7 +3,7 @@
 `judge_output` checks the output (and the weights and lse when the call returned them) for shape,
 dtype and device, compares each with the golden within the tolerance rule, and on a failure names
 the causes (`attnspec.conformance.causes`) and attaches the reproducer. The chapters
-(``test_sdpa.py``, ``test_variants.py``, ``test_long.py``, ``test_serving.py``) all call it;
+(``test_sdpa.py``, ``test_variants.py``, ``test_long.py``, ``test_serving.py``, ``test_blocked.py``) all call it;
 `plan_of` is the validated plan of a drawn case.
 
 The chapters import them under their former local names (``_judge_output``, ``_plan``): Hypothesis
@@ -48,6 +48,8 @@ def judge_output(backend, device, prop, case, result, golden_case=None, **extra)
                 for p in check_metadata(backend, lse, g.lse.shape, plan_of(case).lse_dtype, device)
             ]
             comparisons["lse"] = compare(backend.to_numpy(lse).astype(np.float64), g.lse, g.allowed_lse)
+    if case.options.get("return_weights") and weights is None:
+        problems.append("return_weights=True returned no weights")
     # weights returned unasked on a call too large for the golden to make them are not judged
     if weights is not None and g.weights is not None:
         assert g.allowed_w is not None  # made with the golden's weights

@@ -8,47 +8,27 @@ those of sdpa (`pytest_helpers.golden_for`); a backend runs its own ``sdpa_block
 
 from __future__ import annotations
 
-import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from attnspec.conformance.corners import with_corners
 from attnspec.conformance.hypothesis_helpers import sdpa_cases
+from attnspec.conformance.judge import judge_output
 from attnspec.conformance.pytest_helpers import (
     Verdict,
-    check_metadata,
-    failure_message,
-    golden_for,
     to_backend,
 )
 from attnspec.conformance.test_sdpa import DTYPES
-from attnspec.spec.tolerance import compare
 
 FN = "sdpa_blocked"
 BLOCKS = st.integers(1, 9)
 
 
 def judge_blocked(backend, device, prop, case, block_q: int, block_k: int) -> Verdict:
-    """Call ``backend.sdpa_blocked`` on the case and compare with the golden sdpa."""
+    """Call ``backend.sdpa_blocked`` on the case and judge it as sdpa's output (`judge_output`)."""
     (q, k, v), opts = to_backend(backend, case, device)
     result = backend.sdpa_blocked(q, k, v, **opts, block_q=block_q, block_k=block_k)
-    g = golden_for(case)
-    out, weights = result if isinstance(result, tuple) else (result, None)
-    problems = check_metadata(backend, out, g.out.shape, case.dtype, device)
-    comparisons = {"out": compare(backend.to_numpy(out).astype(np.float64), g.out, g.allowed_out)}
-    if case.options.get("return_weights"):
-        if weights is None:
-            problems.append("return_weights=True returned no weights")
-        else:
-            assert g.weights is not None and g.allowed_w is not None  # asked for, so the golden has them
-            problems += [p.replace("out.", "weights.") for p in
-                         check_metadata(backend, weights, g.weights.shape, case.dtype, device)]
-            comparisons["weights"] = compare(backend.to_numpy(weights).astype(np.float64), g.weights,
-                                             g.allowed_w)
-    if problems or not all(c.ok for c in comparisons.values()):
-        return Verdict("failed", comparisons, failure_message(
-            backend.name, prop, case, device, comparisons, problems, fn=FN, block_q=block_q, block_k=block_k))
-    return Verdict("passed", comparisons)
+    return judge_output(backend, device, prop, case, result, fn=FN, block_q=block_q, block_k=block_k)
 
 
 @DTYPES

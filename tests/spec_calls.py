@@ -33,6 +33,20 @@ def gqa_strategies(
     }
 
 
+def every_option(rng, n: int, m: int, window: tuple[int, int], q_lengths, kv_lengths) -> dict:
+    """Every sdpa option at once on (2, Hq, n, dk) queries: a mask hiding 20% of the keys, a bias,
+    causal lower-right, ``window``, the lengths (two batch elements), a scale of 0.7."""
+    return {
+        "mask": rng.random((2, 1, n, m)) < 0.8,
+        "bias": rng.standard_normal((n, m)),
+        "causal": "lower_right",
+        "window": window,
+        "kv_lengths": np.array(kv_lengths),
+        "q_lengths": np.array(q_lengths),
+        "scale": 0.7,
+    }
+
+
 def gqa_call(batch, hkv, group, n, m, dk, dv, seed):
     """(the seeded generator, q, k, v, a mask hiding 30% of the keys) for those drawn sizes."""
     r = np.random.default_rng(seed)

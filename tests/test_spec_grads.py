@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from spec_calls import gqa_call, gqa_strategies
+from spec_calls import every_option, gqa_call, gqa_strategies
 
 from attnspec import SpecError
 from attnspec.spec import causal_mask, sdpa, window_mask
@@ -119,15 +119,7 @@ FD_CASES = {
     "scale": (qkv(), {"scale": 0.5}),
     "everything": (
         qkv(hq=4, hkv=2, n=3, m=5),
-        {
-            "mask": rng.random((2, 1, 3, 5)) < 0.8,
-            "bias": rng.standard_normal((3, 5)),
-            "causal": "lower_right",
-            "window": (2, 1),
-            "kv_lengths": np.array([5, 4]),
-            "q_lengths": np.array([2, 3]),
-            "scale": 0.7,
-        },
+        every_option(rng, 3, 5, window=(2, 1), q_lengths=[2, 3], kv_lengths=[5, 4]),
     ),
 }
 

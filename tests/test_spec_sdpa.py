@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from spec_calls import gqa_call, gqa_strategies
+from spec_calls import every_option, gqa_call, gqa_strategies
 
 from attnspec import SpecError
 from attnspec.spec import (
@@ -61,15 +61,7 @@ FEATURES = {
     "kv_lengths": {"kv_lengths": np.array([3, 0])},
     "q_lengths": {"q_lengths": np.array([5, 2])},
     "scale": {"scale": 0.25},
-    "everything": {
-        "mask": rng.random((2, 1, 5, 7)) < 0.8,
-        "bias": rng.standard_normal((5, 7)),
-        "causal": "lower_right",
-        "window": (3, 1),
-        "kv_lengths": np.array([6, 4]),
-        "q_lengths": np.array([4, 5]),
-        "scale": 0.7,
-    },
+    "everything": every_option(rng, 5, 7, window=(3, 1), q_lengths=[4, 5], kv_lengths=[6, 4]),
 }
 
 

@@ -72,13 +72,22 @@ def is_empty(p: SDPAPlan) -> bool:
 
 def lengths_column(p: SDPAPlan) -> tuple[np.ndarray | None, np.ndarray | None]:
     """q_lengths and kv_lengths reshaped to (*batch, 1, 1, 1), ready to compare with positions."""
+
     def col(x):
         return None if x is None else np.ascontiguousarray(x).reshape(*p.batch, 1, 1, 1)
+
     return col(p.q_lengths), col(p.kv_lengths)
 
 
-def visibility(n: int, m: int, causal: str | None, window: tuple[int, int] | None,
-               q_len, kv_len, arange: Callable[[int], Any]):
+def visibility(
+    n: int,
+    m: int,
+    causal: str | None,
+    window: tuple[int, int] | None,
+    q_len,
+    kv_len,
+    arange: Callable[[int], Any],
+):
     """Structural visibility (causal, window, lengths) as a bool array, or None if all visible.
 
     Built from `arange`, indexing with None and comparison operators only, so torch, JAX and any

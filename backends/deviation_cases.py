@@ -42,7 +42,7 @@ def nan_key_behind_neg_inf_bias() -> Case:
     return q, k, v, {"bias": np.where(np.arange(5) < 4, 0.0, -np.inf).astype(np.float32)}
 
 
-def with_empty_row(q, k, v, by: str) -> Case:
+def with_empty_row(q, k, v, *, by: str) -> Case:
     """``(q, k, v)`` with query 1 seeing no key, hidden ``by`` a boolean "mask" or a -inf "bias"
     row (in q's dtype). The atlas asks the same question (`attnspec.backends.atlas.questions`)."""
     sees = np.ones((q.shape[-2], k.shape[-2]), bool)

@@ -36,8 +36,19 @@ from attnspec.conformance.hypothesis_helpers import DIMS, NP_DTYPES, DrawnCase, 
 from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, lsh_attention, lsh_bucket_margins, lsh_rotations
 from attnspec.spec.tolerance import K, compare, eps
 
-LSH_FEATURES = ("plain", "causal", "kv_lengths", "dedup", "ragged", "hashes", "scale", "rank2",
-                "batch_broadcast", "masked_nonfinite", "combined")
+LSH_FEATURES = (
+    "plain",
+    "causal",
+    "kv_lengths",
+    "dedup",
+    "ragged",
+    "hashes",
+    "scale",
+    "rank2",
+    "batch_broadcast",
+    "masked_nonfinite",
+    "combined",
+)
 CHUNKS = (1, 2, 4, 8)
 BUCKETS = (2, 4, 8)
 
@@ -67,25 +78,35 @@ class LSHCase(DrawnCase):
         """A self-contained snippet that rebuilds the inputs and calls backend and golden."""
         dt = "ml_dtypes.bfloat16" if self.dtype == "bfloat16" else f"np.{self.dtype}"
 
-        opts = [f"{k}={array_source(v, dt) if isinstance(v, np.ndarray) else repr(v)}"
-                for k, v in sorted({**self.options, **extra}.items())]
+        opts = [
+            f"{k}={array_source(v, dt) if isinstance(v, np.ndarray) else repr(v)}"
+            for k, v in sorted({**self.options, **extra}.items())
+        ]
         dev = f", device={device!r}" if device else ""
         call = ", ".join(["x", "v", "rotations=rotations", *opts])
-        bcall = ", ".join(["to(x)", "to(v)", "rotations=to(rotations)",
-                           *(f"{o.split('=')[0]}=to({o.split('=', 1)[1]})" for o in opts)])
-        return "\n".join([
-            "import numpy as np, ml_dtypes",
-            "import attnspec.spec",
-            "from attnspec.conformance.pytest_helpers import resolve_backend",
-            f"b = resolve_backend({backend_name!r})",
-            f"x = {array_source(self.x, dt)}",
-            f"v = {array_source(self.v, dt)}",
-            f"rotations = {array_source(self.rotations, 'np.float32')}",
-            f"golden = attnspec.spec.lsh_attention({call})",
-            f"to = lambda a: b.asarray(a{dev}) if isinstance(a, np.ndarray) else a",
-            f"out = b.lsh_attention({bcall})",
-            "print(np.abs(b.to_numpy(out).astype(float) - golden.astype(float)).max())",
-        ])
+        bcall = ", ".join(
+            [
+                "to(x)",
+                "to(v)",
+                "rotations=to(rotations)",
+                *(f"{o.split('=')[0]}=to({o.split('=', 1)[1]})" for o in opts),
+            ]
+        )
+        return "\n".join(
+            [
+                "import numpy as np, ml_dtypes",
+                "import attnspec.spec",
+                "from attnspec.conformance.pytest_helpers import resolve_backend",
+                f"b = resolve_backend({backend_name!r})",
+                f"x = {array_source(self.x, dt)}",
+                f"v = {array_source(self.v, dt)}",
+                f"rotations = {array_source(self.rotations, 'np.float32')}",
+                f"golden = attnspec.spec.lsh_attention({call})",
+                f"to = lambda a: b.asarray(a{dev}) if isinstance(a, np.ndarray) else a",
+                f"out = b.lsh_attention({bcall})",
+                "print(np.abs(b.to_numpy(out).astype(float) - golden.astype(float)).max())",
+            ]
+        )
 
 
 @st.composite
@@ -155,8 +176,13 @@ def golden(case: LSHCase, **extra: Any):
     """(out float64, buckets) of the spec, on the case's float64 inputs (before final rounding)."""
     o = {k: v for k, v in {**case.options, **extra}.items()}
     with np.errstate(invalid="ignore"):  # NaN x of absent positions, in the hash matmul
-        return lsh_attention(case.x.astype(np.float64), case.v.astype(np.float64), rotations=case.rotations,
-                             return_buckets=True, **o)
+        return lsh_attention(
+            case.x.astype(np.float64),
+            case.v.astype(np.float64),
+            rotations=case.rotations,
+            return_buckets=True,
+            **o,
+        )
 
 
 def lengths(case: LSHCase) -> np.ndarray:
@@ -256,9 +282,11 @@ class MarginReport:
 
     @property
     def text(self) -> str:
-        return (f"low-margin positions {int(self.low.sum())} of {self.low.size} (buckets not compared); "
-                f"batch elements excluded from the output comparison {int(self.excluded.sum())} of "
-                f"{self.excluded.size}")
+        return (
+            f"low-margin positions {int(self.low.sum())} of {self.low.size} (buckets not compared); "
+            f"batch elements excluded from the output comparison {int(self.excluded.sum())} of "
+            f"{self.excluded.size}"
+        )
 
 
 def margins(case: LSHCase) -> MarginReport:
@@ -310,7 +338,9 @@ class BadLSH:
 
     def build(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], dict[str, Any]]:
         rng = np.random.default_rng(0)
-        x, v, r = (rng.standard_normal(s).astype(dt) for s, dt in zip((self.x, self.v, self.rotations), self.dtypes))
+        x, v, r = (
+            rng.standard_normal(s).astype(dt) for s, dt in zip((self.x, self.v, self.rotations), self.dtypes)
+        )
         return (x, v, r), dict(self.options)
 
 
@@ -321,8 +351,11 @@ LSH_BAD_INPUTS: tuple[BadLSH, ...] = (
     BadLSH("v_rank_1", r"v\.ndim=1 must be >= 2", v=(3,)),
     BadLSH("v_length", r"v\.shape\[-2\]=9 must equal x\.shape\[-2\]=8", v=(2, 9, 3)),
     BadLSH("dtype_mismatch", r"x and v must share one dtype", dtypes=("float32", "float64", "float32")),
-    BadLSH("rotations_int", r"rotations\.dtype=int64 must be float32 or float64",
-           dtypes=("float32", "float32", "int64")),
+    BadLSH(
+        "rotations_int",
+        r"rotations\.dtype=int64 must be float32 or float64",
+        dtypes=("float32", "float32", "int64"),
+    ),
     BadLSH("rotations_rank_2", r"rotations\.ndim=2 must be 3", rotations=(4, 4)),
     BadLSH("rotations_d", r"rotations\.shape\[0\]=5 must equal x\.shape\[-1\]=4", rotations=(5, 2, 2)),
     BadLSH("no_buckets", r"n_buckets must be an even number >= 2", rotations=(4, 2, 0)),
@@ -333,9 +366,17 @@ LSH_BAD_INPUTS: tuple[BadLSH, ...] = (
     BadLSH("causal_str", r"causal='yes' must be a bool", options={"chunk_length": 4, "causal": "yes"}),
     BadLSH("dedup_int", r"dedup=1 must be a bool", options={"chunk_length": 4, "dedup": 1}),
     BadLSH("batch_mismatch", r"leading batch dims do not broadcast", v=(3, 8, 3)),
-    BadLSH("kv_lengths_over_L", r"kv_lengths must lie in \[0, L=8\]",
-           options={"chunk_length": 4, "kv_lengths": np.array([9, 2])}),
-    BadLSH("kv_lengths_shape", r"kv_lengths\.shape=\(3,\) must broadcast to the batch shape \(2,\)",
-           options={"chunk_length": 4, "kv_lengths": np.array([1, 2, 3])}),
-    BadLSH("scale_negative", r"scale=-1\.0 must be finite and > 0", options={"chunk_length": 4, "scale": -1.0}),
+    BadLSH(
+        "kv_lengths_over_L",
+        r"kv_lengths must lie in \[0, L=8\]",
+        options={"chunk_length": 4, "kv_lengths": np.array([9, 2])},
+    ),
+    BadLSH(
+        "kv_lengths_shape",
+        r"kv_lengths\.shape=\(3,\) must broadcast to the batch shape \(2,\)",
+        options={"chunk_length": 4, "kv_lengths": np.array([1, 2, 3])},
+    ),
+    BadLSH(
+        "scale_negative", r"scale=-1\.0 must be finite and > 0", options={"chunk_length": 4, "scale": -1.0}
+    ),
 )

@@ -19,14 +19,15 @@ clauses, so a kernel judged without Python reports failures in the same words.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:  # pragma: no cover
     import tomli as tomllib
 
 __all__ = [

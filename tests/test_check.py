@@ -27,14 +27,33 @@ HERE = Path(__file__).parent
 #: dtype costs a run about a minute on two cores.
 F32 = ("--dtype", "float32")
 RUNS = {
-    "correct": ("check_subjects:correct_torch_sdpa", "--convention", "torch_sdpa", *F32, "--dtype", "bfloat16"),
+    "correct": (
+        "check_subjects:correct_torch_sdpa",
+        "--convention",
+        "torch_sdpa",
+        *F32,
+        "--dtype",
+        "bfloat16",
+    ),
     "tiled_gqa": ("check_subjects:tiled_gqa_sdpa", "--convention", "torch_sdpa", *F32),
     "flash_numpy": ("check_subjects:flash_numpy", "--convention", "flash", "--arrays", "numpy", *F32),
-    "torch_raw": ("torch.nn.functional:scaled_dot_product_attention", "--convention", "torch_sdpa",
-                  "-k", "matches_golden or masked_keys"),
+    "torch_raw": (
+        "torch.nn.functional:scaled_dot_product_attention",
+        "--convention",
+        "torch_sdpa",
+        "-k",
+        "matches_golden or masked_keys",
+    ),
     "torch_declared": ("check_subjects:torch_sdpa_backend", *F32, "--dtype", "float64"),
-    "jax_declared": ("check_subjects:jax_sdpa_backend", "--dtype", "float32", "--dtype", "float64",
-                     "-k", "matches_golden or masked_keys"),
+    "jax_declared": (
+        "check_subjects:jax_sdpa_backend",
+        "--dtype",
+        "float32",
+        "--dtype",
+        "float64",
+        "-k",
+        "matches_golden or masked_keys",
+    ),
     "float32_only": ("check_subjects:float32_only", "--convention", "torch_sdpa", "-k", "matches_golden"),
 }
 
@@ -83,8 +102,9 @@ def test_tiled_gqa_fails_and_names_gqa(runs):
     assert repro.exists() and "resolve_backend" in repro.read_text()
 
 
-@pytest.mark.parametrize("run,got", [("fill_neg_1e9_nan_to_num", "mean(V)"), ("fill_neg_inf", "NaN"),
-                                     ("fill_neg_1e9", "mean(V)")])
+@pytest.mark.parametrize(
+    "run,got", [("fill_neg_1e9_nan_to_num", "mean(V)"), ("fill_neg_inf", "NaN"), ("fill_neg_1e9", "mean(V)")]
+)
 def test_each_seed_fails_naming_the_empty_row_rule(tutorial_seed_checks, run, got):
     proc, out = tutorial_seed_checks[run]  # tests/conftest.py: shared with tests/test_new_users.py
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -92,8 +112,9 @@ def test_each_seed_fails_naming_the_empty_row_rule(tutorial_seed_checks, run, go
     failing = failing_features(results)
     # every failing feature is named on a FAIL line (one line per distinct cause, its features listed)
     fail_lines = [line.split(" (")[0] for line in proc.stderr.splitlines() if line.startswith("FAIL ")]
-    assert failing and all(any(f in line.removeprefix("FAIL ").split(", ") for line in fail_lines)
-                           for f in failing), (failing, fail_lines)
+    assert failing and all(
+        any(f in line.removeprefix("FAIL ").split(", ") for line in fail_lines) for f in failing
+    ), (failing, fail_lines)
     # the first line of a message names the rule (another failure may come first: -1e9 does not
     # fit float16, which torch refuses with an overflow error)
     causes = [f["message"].splitlines()[0] for f in results["failures"]]
@@ -103,8 +124,14 @@ def test_each_seed_fails_naming_the_empty_row_rule(tutorial_seed_checks, run, go
 def test_a_reproducer_written_by_check_reproduces(tutorial_seed_checks):
     _, out = tutorial_seed_checks["fill_neg_inf"]
     repro = sorted((out / "repro").glob("*.py"))[0]
-    ran = subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, timeout=300, cwd=HERE,
-                         env={**os.environ, "PYTHONPATH": str(HERE)})
+    ran = subprocess.run(
+        [sys.executable, str(repro)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=HERE,
+        env={**os.environ, "PYTHONPATH": str(HERE)},
+    )
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.strip() not in ("0.0", "")  # it prints the max error against the golden: not zero
 
@@ -114,7 +141,9 @@ def test_flash_style_numpy_function_conforms_where_the_convention_reaches(runs):
     # nothing failed, but the function takes none of softcap, alibi_slopes, return_attn_probs, which
     # the flash convention passes: not a verdict of conformance until it declares them (#25)
     assert proc.returncode == 1 and "\nINCOMPLETE: " in proc.stderr, proc.stderr[-3000:]
-    assert all(f"NOT RUN {need}: refused by the function" in proc.stderr for need in ("softcap", "alibi", "lse"))
+    assert all(
+        f"NOT RUN {need}: refused by the function" in proc.stderr for need in ("softcap", "alibi", "lse")
+    )
     assert "unexpected keyword argument 'softcap'" in proc.stderr
     results = results_of(out)
     reasons = {r for row in results["rows"] for r in row["unsupported_reasons"]}
@@ -129,8 +158,9 @@ def test_torch_sdpa_raw_fails_only_where_torch_is_known_to_deviate(runs):
     results = results_of(out)
     # every failure is NaN/inf from hidden keys reaching rows (torch.masked-nonfinite-k/v)
     for f in results["failures"]:
-        assert "NaN/inf" in f["message"].splitlines()[0] or "got NaN" in f["message"].splitlines()[0], \
-            f["message"][:500]
+        assert "NaN/inf" in f["message"].splitlines()[0] or "got NaN" in f["message"].splitlines()[0], f[
+            "message"
+        ][:500]
 
 
 def test_torch_sdpa_with_torchs_declared_deviations_conforms(runs):
@@ -158,8 +188,11 @@ def test_probe_finds_refused_dtypes_and_the_suite_reports_them(runs):
     results = results_of(out)
     refused = {c["dtype"] for c in results["capabilities"] if c["need"] == "dtype" and c["status"] != "ok"}
     assert refused == {"float16", "bfloat16", "float64"}
-    row = next(r for r in results["rows"] if r["dtype"] == "float16" and r["function"] == "sdpa"
-               and r["property"] == "matches_golden")
+    row = next(
+        r
+        for r in results["rows"]
+        if r["dtype"] == "float16" and r["function"] == "sdpa" and r["property"] == "matches_golden"
+    )
     assert row["unsupported"] == row["run"]
     assert any("float32_only: got torch.float16" in reason for reason in row["unsupported_reasons"])
 
@@ -174,10 +207,21 @@ def test_a_function_that_crashes_or_hangs_is_recorded_and_the_run_completes(tmp_
     calls = tmp_path / "n_gt_m_calls"  # one byte per call with n > m, across the run's processes
     # sdpa's own forward properties: their cases take milliseconds, so 4 s without progress is a hang
     # (the serving and gradient properties' larger cases took over 4 s on a loaded machine: restarts)
-    proc = check("check", f"check_subjects:{fn}", "--convention", "torch_sdpa", "--dtype", "float32",
-                 "-k", "test_sdpa and (matches_golden or masked_keys)", "--case-timeout", "4",
-                 "--out", str(tmp_path / "out"),
-                 env={"CHECK_SUBJECTS_FAULTS": f"{calls}:{FAULTS}"})
+    proc = check(
+        "check",
+        f"check_subjects:{fn}",
+        "--convention",
+        "torch_sdpa",
+        "--dtype",
+        "float32",
+        "-k",
+        "test_sdpa and (matches_golden or masked_keys)",
+        "--case-timeout",
+        "4",
+        "--out",
+        str(tmp_path / "out"),
+        env={"CHECK_SUBJECTS_FAULTS": f"{calls}:{FAULTS}"},
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     rows = results_of(tmp_path / "out")["rows"]
     assert sum(r[status] for r in rows) >= 1, proc.stderr[-3000:]
@@ -186,14 +230,17 @@ def test_a_function_that_crashes_or_hangs_is_recorded_and_the_run_completes(tmp_
     assert calls.stat().st_size > FAULTS, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("args,says", [
-    (("no_such_module_xyz:fn", "--convention", "torch_sdpa"), "does not import"),
-    (("check_subjects:missing", "--convention", "torch_sdpa"), "has no attribute 'missing'"),
-    (("check_subjects:NOT_CALLABLE", "--convention", "torch_sdpa"), "not a callable"),
-    (("check_subjects:correct_torch_sdpa", "--convention", "nope"), "convention='nope' is not one of"),
-    (("no_such_backend",), "unknown backend 'no_such_backend'"),
-    (("check_subjects:correct_torch_sdpa",), "for a plain function, give --convention NAME"),
-])
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (("no_such_module_xyz:fn", "--convention", "torch_sdpa"), "does not import"),
+        (("check_subjects:missing", "--convention", "torch_sdpa"), "has no attribute 'missing'"),
+        (("check_subjects:NOT_CALLABLE", "--convention", "torch_sdpa"), "not a callable"),
+        (("check_subjects:correct_torch_sdpa", "--convention", "nope"), "convention='nope' is not one of"),
+        (("no_such_backend",), "unknown backend 'no_such_backend'"),
+        (("check_subjects:correct_torch_sdpa",), "for a plain function, give --convention NAME"),
+    ],
+)
 def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, says):
     proc = check("check", *args, "--out", str(tmp_path / "out"))
     assert proc.returncode == 2, proc.stderr
@@ -205,8 +252,14 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, says):
 def test_out_inside_the_package_is_refused(tmp_path):
     import attnspec.reports
 
-    proc = check("check", "check_subjects:correct_torch_sdpa", "--convention", "torch_sdpa",
-                 "--out", str(Path(attnspec.reports.__file__).parent / "x"))
+    proc = check(
+        "check",
+        "check_subjects:correct_torch_sdpa",
+        "--convention",
+        "torch_sdpa",
+        "--out",
+        str(Path(attnspec.reports.__file__).parent / "x"),
+    )
     assert proc.returncode == 2 and "inside the installed attnspec package" in proc.stderr
 
 
@@ -222,17 +275,33 @@ def test_backends_lists_every_builtin_installed_or_not():
 
 def test_a_reader_that_goes_away_gets_no_traceback():
     """`attnspec backends | head -1`: stdout's reader is gone before the table is written."""
-    code = ("import os, sys; r, w = os.pipe(); os.close(r); os.dup2(w, 1); "
-            "sys.stdout = os.fdopen(1, 'w', buffering=1); from attnspec.cli import main; "
-            "sys.exit(main(['backends']))")
+    code = (
+        "import os, sys; r, w = os.pipe(); os.close(r); os.dup2(w, 1); "
+        "sys.stdout = os.fdopen(1, 'w', buffering=1); from attnspec.cli import main; "
+        "sys.exit(main(['backends']))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=HERE)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, (
+        proc.stderr
+    )
 
 
 def test_a_drifted_signature_fails_its_own_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(HERE)}
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend",
-           "mutants:SignatureDrift", "-q", "-p", "no:cacheprovider", "-k", "test_signatures"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "attnspec.conformance",
+        "--attn-backend",
+        "mutants:SignatureDrift",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "test_signatures",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert proc.returncode == 1
     assert "dropout_p" in proc.stdout and "signature" in proc.stdout
@@ -242,6 +311,7 @@ def test_a_drifted_signature_fails_its_own_run(tmp_path):
 
 
 # -- the authoring helpers, in-process ------------------------------------------------------------
+
 
 def _plan(q, k, v, **opts):
     from attnspec.backends.authoring import plan_sdpa
@@ -254,7 +324,11 @@ def test_attend_mask_is_the_spec_visibility():
     from attnspec.spec import sdpa
 
     rng = np.random.default_rng(0)
-    q, k, v = rng.standard_normal((2, 4, 5, 8)), rng.standard_normal((2, 2, 7, 8)), rng.standard_normal((2, 2, 7, 8))
+    q, k, v = (
+        rng.standard_normal((2, 4, 5, 8)),
+        rng.standard_normal((2, 2, 7, 8)),
+        rng.standard_normal((2, 2, 7, 8)),
+    )
     mask = rng.random((5, 7)) < 0.8
     bias = np.where(rng.random((2, 4, 5, 7)) < 0.2, -np.inf, rng.standard_normal((2, 4, 5, 7)))
     opts = dict(causal="lower_right", window=(2, 1), kv_lengths=np.array([7, 4]), q_lengths=np.array([5, 3]))
@@ -322,7 +396,8 @@ def test_conventions_refuse_what_they_cannot_carry():
 
     lr = call_needs((1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 4), {"causal": "upper_left"})
     assert CONVENTIONS["flash"].refusals(lr) == [
-        "the flash convention's causal is lower-right: upper-left differs when n != m"]
+        "the flash convention's causal is lower-right: upper-left differs when n != m"
+    ]
     square = call_needs((1, 2, 5, 4), (1, 2, 5, 4), (1, 2, 5, 4), {"causal": "upper_left"})
     assert CONVENTIONS["flash"].refusals(square) == []
     biased = call_needs((3, 4), (5, 4), (5, 4), {"bias": np.zeros((3, 5))})
@@ -335,7 +410,10 @@ def test_readme_and_example_plugin_use_public_names_only():
     import re
 
     root = HERE.parent
-    texts = {"README.md": (root / "README.md").read_text(), "CONTRIBUTING.md": (root / "CONTRIBUTING.md").read_text()}
+    texts = {
+        "README.md": (root / "README.md").read_text(),
+        "CONTRIBUTING.md": (root / "CONTRIBUTING.md").read_text(),
+    }
     for path in (root / "docs").rglob("*.md"):
         texts[str(path.relative_to(root))] = path.read_text()
     for path in (root / "examples").rglob("*.py"):
@@ -366,15 +444,23 @@ FLASH_RUNS = {
 @pytest.fixture(scope="module")
 def flash_runs(tmp_path_factory):
     # float32 and float64: the NumPy references compute in the input's dtype (see RUNS on dtypes)
-    runs = {name: (fn, "--convention", conv, "--arrays", "numpy", *F32, "--dtype", "float64")
-            for name, (fn, conv) in FLASH_RUNS.items()}
+    runs = {
+        name: (fn, "--convention", conv, "--arrays", "numpy", *F32, "--dtype", "float64")
+        for name, (fn, conv) in FLASH_RUNS.items()
+    }
     return check_all(tmp_path_factory.mktemp("check_flash"), runs)
 
 
-@pytest.mark.parametrize("run, features", [
-    ("varlen", {"segments", "causal_lower_right_lengths", "q_lengths", "kv_lengths", "alibi", "softcap", "lse"}),
-    ("kvcache", {"causal_lower_right_lengths", "alibi", "softcap", "lse", "window_lower_right"}),
-])
+@pytest.mark.parametrize(
+    "run, features",
+    [
+        (
+            "varlen",
+            {"segments", "causal_lower_right_lengths", "q_lengths", "kv_lengths", "alibi", "softcap", "lse"},
+        ),
+        ("kvcache", {"causal_lower_right_lengths", "alibi", "softcap", "lse", "window_lower_right"}),
+    ],
+)
 def test_flash_varlen_and_kvcache_references_conform(flash_runs, run, features):
     proc, out = flash_runs[run]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -383,8 +469,9 @@ def test_flash_varlen_and_kvcache_references_conform(flash_runs, run, features):
     assert not any(r["failed"] or r["crashed"] for r in rows)
 
 
-@pytest.mark.parametrize("run, feature", [("varlen_upper_left", "causal_lower_right_lengths"),
-                                          ("kvcache_padded", "alibi")])
+@pytest.mark.parametrize(
+    "run, feature", [("varlen_upper_left", "causal_lower_right_lengths"), ("kvcache_padded", "alibi")]
+)
 def test_wrong_alignment_fails_check(flash_runs, run, feature):
     proc, out = flash_runs[run]
     assert proc.returncode == 1, proc.stdout[-3000:]
@@ -404,7 +491,9 @@ def test_flash_kvcache_aligns_on_cache_seqlens_as_issue_15_measured():
     v = np.eye(6)[None]  # (1, 6, 6): out[i] = weights[i]
     opts = dict(causal="lower_right_lengths", kv_lengths=np.array([4]))
     right = from_function(subjects.flash_kvcache_numpy, convention="flash_kvcache", arrays="numpy", name="kv")
-    padded = from_function(subjects.flash_kvcache_padded, convention="flash_kvcache", arrays="numpy", name="pad")
+    padded = from_function(
+        subjects.flash_kvcache_padded, convention="flash_kvcache", arrays="numpy", name="pad"
+    )
     got = right.sdpa(q[None], k[None], v[None], **opts)[0, 0]  # (2, 6)
     assert np.flatnonzero(got[0]).tolist() == [0, 1, 2] and np.flatnonzero(got[1]).tolist() == [0, 1, 2, 3]
     np.testing.assert_allclose(got, sdpa(q[None], k[None], v[None], **opts)[0, 0], rtol=0, atol=1e-15)
@@ -418,10 +507,20 @@ def test_flash_varlen_packs_segments_and_matches_the_spec():
     from attnspec.spec import sdpa, segment_ids_from_cu_seqlens
 
     rng = np.random.default_rng(16)
-    q, k, v = rng.standard_normal((4, 10, 8)), rng.standard_normal((2, 12, 8)), rng.standard_normal((2, 12, 8))
-    opts = dict(causal="lower_right_lengths", window=(3, 1), softcap=3.0, alibi_slopes=2.0 ** -np.arange(1, 5),
-                q_segment_ids=segment_ids_from_cu_seqlens([0, 3, 9], 10),  # row 9 is padding
-                kv_segment_ids=segment_ids_from_cu_seqlens([0, 4, 12], 12), return_lse=True)
+    q, k, v = (
+        rng.standard_normal((4, 10, 8)),
+        rng.standard_normal((2, 12, 8)),
+        rng.standard_normal((2, 12, 8)),
+    )
+    opts = dict(
+        causal="lower_right_lengths",
+        window=(3, 1),
+        softcap=3.0,
+        alibi_slopes=2.0 ** -np.arange(1, 5),
+        q_segment_ids=segment_ids_from_cu_seqlens([0, 3, 9], 10),  # row 9 is padding
+        kv_segment_ids=segment_ids_from_cu_seqlens([0, 4, 12], 12),
+        return_lse=True,
+    )
     be = from_function(subjects.flash_varlen_numpy, convention="flash_varlen", arrays="numpy", name="v")
     (out, lse), (g_out, g_lse) = be.sdpa(q, k, v, **opts), sdpa(q, k, v, **opts)
     np.testing.assert_allclose(out, g_out, rtol=0, atol=1e-12)  # float64: rounding order only
@@ -439,10 +538,16 @@ def test_flash_varlen_and_kvcache_refuse_other_alignments():
     for name in ("flash_varlen", "flash_kvcache"):
         conv = CONVENTIONS[name]
         assert conv.refusals(call_needs(*shapes, {"causal": "lower_right"})) == []
-        assert conv.refusals(call_needs(*shapes, {"causal": "lower_right_lengths", "kv_lengths": np.array([4])})) == []
+        assert (
+            conv.refusals(call_needs(*shapes, {"causal": "lower_right_lengths", "kv_lengths": np.array([4])}))
+            == []
+        )
         refused = conv.refusals(call_needs(*shapes, {"causal": "lower_right", "kv_lengths": np.array([4])}))
-        assert refused == [f"the {name} convention anchors causal, window and ALiBi at i + sk - sq of each "
-                           "sequence's actual lengths (causal='lower_right_lengths'): the spec's "
-                           "causal_lower_right differs here"]
+        assert refused == [
+            f"the {name} convention anchors causal, window and ALiBi at i + sk - sq of each "
+            "sequence's actual lengths (causal='lower_right_lengths'): the spec's "
+            "causal_lower_right differs here"
+        ]
         assert f"the {name} convention has no mask argument" in conv.refusals(
-            call_needs(*shapes, {"mask": np.ones((3, 5), bool)}))
+            call_needs(*shapes, {"mask": np.ones((3, 5), bool)})
+        )

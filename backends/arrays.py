@@ -38,7 +38,10 @@ __all__ = [
 
 
 class ArrayLibrary:
-    """One framework's arrays as attnspec needs them. Subclasses override what differs from NumPy."""
+    """One framework's arrays as attnspec needs them. Subclasses name the framework (``name``,
+    ``module``: imported when the library is built, as ``self._lib``) and its array class
+    (``array_type``, which `is_array` checks and a refusal names), and override what differs from
+    NumPy (``asarray``, ``to_numpy``, ``dtype_name``...)."""
 
     name: str = "numpy"
     #: the top-level module whose arrays this library handles (``type(x).__module__`` prefix)

@@ -58,7 +58,7 @@ class TorchNativeBackend(TorchArrays):
         o = take("torch-native.sdpa", options)
         variants = variant_keywords(o)
         drawn_p = drawn_dropout_p("torch-native.sdpa", variants)  # validated; torch draws the mask
-        p = self._plan_of("torch-native.sdpa", q, k, v, o)
+        p = self._plan_of("torch-native.sdpa", q, k, v, {**o, **variants})  # variants: p taken out when drawn
         mask, bias, causal, return_weights = o["mask"], o["bias"], o["causal"], o["return_weights"]
         # torch's F.scaled_dot_product_attention has no softcap, ALiBi, sinks, logsumexp, segment
         # ids or lengths-aligned causal argument, and takes no given dropout mask: a native

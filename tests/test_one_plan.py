@@ -51,3 +51,12 @@ def test_a_refusal_reads_the_same_on_every_builtin(name):
     with pytest.raises(SpecError) as theirs:
         authoring.plan_sdpa("mine.sdpa", q, [[0.0]], q, library=backend.library)
     assert str(theirs.value).removeprefix("mine.sdpa: ") == str(info.value).removeprefix(f"{name}.sdpa: ")
+
+
+@pytest.mark.parametrize("name", [n for n in ("torch", "torch-native") if n in BUILTINS])
+def test_a_backend_that_draws_dropout_plans_the_call_without_its_p(name):
+    """torch draws its own dropout mask for ``dropout_p`` alone; the spec refuses p without a mask,
+    so the plan is made with p taken out (`drawn_dropout_p`), and the call runs."""
+    backend = ab.get(name)
+    q = backend.asarray(np.ones((1, 2, 3, 4)), "float32")
+    assert backend.to_numpy(backend.sdpa(q, q, q, dropout_p=0.5)).shape == (1, 2, 3, 4)

@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
 
-from attnspec.conformance.hypothesis_helpers import SDPACase, options_text
+from attnspec.conformance.hypothesis_helpers import SDPACase, array_source, options_text
 from attnspec.spec.fp8 import FP8_NUMPY, WIDE_Q_DTYPES
 
 #: what each case exercises; "combined" mixes them
@@ -96,8 +96,10 @@ class FP8Case(SDPACase):
 
 def _array(x: np.ndarray) -> str:
     """Python for ``x``: FP8 and bfloat16 through their float64 values (exact), ints as ints."""
-    if x.dtype.kind in "iu":
-        return f"np.array({x.tolist()}, dtype=np.int64)"
+    name = x.dtype.name
+    dt = f"ml_dtypes.{name}" if name in (*FP8_NUMPY, "bfloat16") else f"np.{name}"
+    if x.size == 0 or x.dtype.kind in "iu":  # an empty array keeps its shape there
+        return array_source(x, dt)
     vals = (
         np.array2string(
             x.astype(np.float64), separator=", ", threshold=10**9, floatmode="unique", max_line_width=10**9
@@ -105,8 +107,6 @@ def _array(x: np.ndarray) -> str:
         .replace("nan", "np.nan")
         .replace("inf", "np.inf")
     )
-    name = x.dtype.name
-    dt = f"ml_dtypes.{name}" if name in (*FP8_NUMPY, "bfloat16") else f"np.{name}"
     return f"np.array({vals}).astype({dt})"
 
 

@@ -82,7 +82,11 @@ def brief(v: Any) -> str:
 def array_source(x: np.ndarray, dtype: str) -> str:
     """Python that rebuilds ``x`` exactly, for a reproducer: booleans and integers as lists, floats
     through their float64 values (exact for every dtype the suite draws), cast to ``dtype`` (the
-    expression naming the dtype, ``np.float32`` or ``ml_dtypes.bfloat16``)."""
+    expression naming the dtype, ``np.float32`` or ``ml_dtypes.bfloat16``). An empty array keeps
+    its shape (a list literal of it would not: ``np.array([])`` is (0,))."""
+    if x.size == 0:
+        name = "bool" if x.dtype == bool else "np.int64" if x.dtype.kind in "iu" else dtype
+        return f"np.zeros({tuple(x.shape)}, dtype={name})"
     if x.dtype == bool:
         return f"np.array({x.astype(int).tolist()}, dtype=bool)"
     if x.dtype.kind in "iu":

@@ -66,3 +66,28 @@ def test_a_refused_draw_is_drawn_again(tmp_path):
     drawn_ran = [c for c in ran if not c[0].startswith("corner_")]
     drawn_full = [c for c in full if not c[0].startswith("corner_")]
     assert len(drawn_ran) == len(drawn_full) == 12, (len(drawn_ran), len(drawn_full))
+
+
+def test_a_reproducer_rebuilds_every_array_with_its_shape():
+    """A reproducer's arrays are Python literals; an empty one (n = 0, an empty cache) keeps its
+    shape: ``np.array([])`` would be (0,), and the reproducer would fail on its own inputs (found
+    by a new user's MLX check: the repro of an n = 0 failure raised SpecError on q.ndim=1)."""
+    import ml_dtypes
+    import numpy as np
+
+    from attnspec.conformance.fp8_cases import _array
+    from attnspec.conformance.hypothesis_helpers import array_source
+
+    for shape in [(1, 2, 0, 4), (2, 0), (0,), (3, 1)]:
+        for x, expr in [
+            (np.ones(shape, np.float32), "np.float32"),
+            (np.ones(shape, ml_dtypes.bfloat16), "ml_dtypes.bfloat16"),
+            (np.ones(shape, bool), "np.float32"),
+            (np.ones(shape, np.int32), "np.float32"),
+        ]:
+            rebuilt = eval(array_source(x, expr), {"np": np, "ml_dtypes": ml_dtypes})
+            assert rebuilt.shape == x.shape and np.array_equal(
+                rebuilt.astype(np.float64), x.astype(np.float64)
+            )
+        fp8 = np.ones(shape, np.float32).astype(ml_dtypes.float8_e4m3fn)
+        assert eval(_array(fp8), {"np": np, "ml_dtypes": ml_dtypes}).shape == shape

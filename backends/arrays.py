@@ -15,6 +15,7 @@ value. Built in: ``numpy``, ``torch``, ``jax``, ``mlx``, ``tinygrad``. Add one w
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from collections.abc import Callable
@@ -54,8 +55,13 @@ class ArrayLibrary:
 
     def is_array(self, x: object) -> bool:
         """Whether ``x`` is an instance of the class `array_type` names (imported by then)."""
-        module, _, cls = self.array_type.rpartition(".")
-        return isinstance(x, getattr(importlib.import_module(module), cls))
+        return isinstance(x, _array_class(self.array_type))
+
+    def lengths_to_numpy(self, x: Any) -> Any:
+        """q_lengths / kv_lengths for the spec's checks, which read them by value: one of this
+        library's arrays as NumPy, anything else (an int, a NumPy array, a wrong type the check
+        will name) as it is."""
+        return self.to_numpy(x) if self.is_array(x) else x
 
     def info(self, fn: str, name: str, x: Any) -> ArrayInfo:
         """The shape and dtype of argument ``name`` of ``fn``, one of this library's arrays.
@@ -155,6 +161,15 @@ class _BackendHooks:
 
     def numerics_policy(self) -> dict[str, Any]:
         return dict(self._hooks.numerics_policy())
+
+
+@functools.cache
+def _array_class(array_type: str) -> type:
+    """The class ``array_type`` names ("torch.Tensor"), looked up once: `is_array` runs for every
+    argument of every call."""
+    module, _, cls = array_type.rpartition(".")
+    found: type = getattr(importlib.import_module(module), cls)
+    return found
 
 
 class BackendArrays(_BackendHooks, ArrayLibrary):

@@ -78,15 +78,12 @@ def plan_sdpa(fn: str, q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = 
     def info(name: str, x: Any) -> ArrayInfo:
         return lib.info(fn, name, x)
 
-    def lengths(x: object) -> object:
-        return lib.to_numpy(x) if lib.is_array(x) else x
-
     return validate_sdpa(
         fn, info("q", q), info("k", k), info("v", v),
         mask=None if mask is None else info("mask", mask),
         bias=None if bias is None else info("bias", bias),
         causal=causal, window=window, scale=scale,
-        q_lengths=lengths(q_lengths), kv_lengths=lengths(kv_lengths),
+        q_lengths=lib.lengths_to_numpy(q_lengths), kv_lengths=lib.lengths_to_numpy(kv_lengths),
         softcap=softcap, dropout_p=dropout_p, return_lse=return_lse,
         **{name: None if x is None else info(name, x) for name, x in (
             ("alibi_slopes", alibi_slopes), ("sinks", sinks), ("q_segment_ids", q_segment_ids),

@@ -6,6 +6,7 @@ import argparse
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import nox
 from nox.command import CommandFailed
@@ -16,14 +17,18 @@ ROOT = Path(__file__).parent
 CONSTRAINTS = os.environ.get("ATTNSPEC_CONSTRAINTS", str(ROOT / "constraints.txt"))
 PLUGIN = ROOT / "examples" / "attnspec-example-plugin"
 
+
 def _literal(path: str, name: str):
     """The literal value assigned to ``name`` in one of the package's files. nox runs before attnspec
     is installed, so the file is parsed, not imported."""
     import ast
 
     for node in ast.parse((ROOT / path).read_text()).body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (
-            node.targets[0] if isinstance(node, ast.Assign) else None)
+        target = (
+            node.target
+            if isinstance(node, ast.AnnAssign)
+            else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        )
         if getattr(target, "id", None) == name:
             return ast.literal_eval(node.value)
     raise RuntimeError(f"{path} defines no {name}")
@@ -33,14 +38,21 @@ def _literal(path: str, name: str):
 #: (`attnspec.backends.BUILTINS`), plus the example third-party plugin, installed from examples/ like
 #: any plugin. One environment per backend, so a framework's install can never mask another
 #: backend's missing dependency.
-BACKENDS = {**{name: list(extras) for name, (_target, _needs, extras)
-               in _literal("backends/__init__.py", "BUILTINS").items()},
-            "example": []}
+BACKENDS = {
+    **{
+        name: list(extras)
+        for name, (_target, _needs, extras) in _literal("backends/__init__.py", "BUILTINS").items()
+    },
+    "example": [],
+}
 
 
 def _atlas_backends() -> dict[str, str]:
     """atlas backend -> its extra, read from `attnspec.backends.atlas.natives.ATLAS` (the one list)."""
-    return {name: extra for name, (_target, _needs, extra) in _literal("backends/atlas/natives.py", "ATLAS").items()}
+    return {
+        name: extra
+        for name, (_target, _needs, extra) in _literal("backends/atlas/natives.py", "ATLAS").items()
+    }
 
 
 #: the atlas' outside implementations (nox -s atlas), plus the two built-in native primitives,
@@ -66,8 +78,13 @@ def _pip_find_links() -> str | None:
     import configparser
 
     home = Path.home()
-    for conf in (os.environ.get("PIP_CONFIG_FILE"), "/etc/pip.conf", "/etc/xdg/pip/pip.conf",
-                 home / ".config" / "pip" / "pip.conf", home / ".pip" / "pip.conf"):
+    for conf in (
+        os.environ.get("PIP_CONFIG_FILE"),
+        "/etc/pip.conf",
+        "/etc/xdg/pip/pip.conf",
+        home / ".config" / "pip" / "pip.conf",
+        home / ".pip" / "pip.conf",
+    ):
         parser = configparser.ConfigParser()
         try:
             parser.read(conf or "")
@@ -92,28 +109,50 @@ def package(extras: list[str]) -> str:
     return f".[{','.join(extras)}]" if extras else "."
 
 
-@nox.session
-def tests(session: nox.Session) -> None:
-    """Run the kit's own tests (spec, backends, mutants, runner, plugin, check, atlas, reformer), all frameworks."""
+def _kit_tests(session: nox.Session, tier: str) -> None:
     install(session, ".[all,atlas,reformer]")
     install(session, str(PLUGIN))
-    # --durations: where the time goes, printed by every run (CI's included). Serial: the heavy
-    # tests already run suites in subprocesses, and two xdist workers on CI's two cores made the
+    # --durations: where the time goes, printed by every run (CI's included). Serial: the proofs run
+    # suites in subprocesses two at a time already, and two xdist workers on CI's two cores made the
     # whole run slower (50 min against 39 serially; test_check's setup 791 s against 319 s).
-    # pytest-xdist is in the `test` extra for a larger machine: `nox -s tests -- -n 4 --dist loadfile`.
-    session.run("pytest", "--durations=25", *session.posargs)
+    # pytest-xdist is in the `test` extra for a larger machine: `nox -s proofs -- -n 4 --dist loadfile`.
+    # A -m of the caller's, after this one, takes its place.
+    session.run("pytest", "--durations=25", "-m", tier, *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the kit's own tests (spec, backends, runner, plugin, reports, docs), all frameworks, but
+    not the proofs: about 10 minutes on 2 cores (tests/tiers.py)."""
+    _kit_tests(session, "not proof")
+
+
+@nox.session
+def proofs(session: nox.Session) -> None:
+    """Run the proofs that the suite and its verdicts work: the conformance suite, in a subprocess,
+    on every mutant (each caught), every control (each passing) and every real function whose
+    verdict a test reads. About 45 minutes on 2 cores; CI runs it after `nox -s tests`."""
+    _kit_tests(session, "proof")
 
 
 def _conformance_args(posargs: list[str]) -> argparse.Namespace:
     # allow_abbrev=False: an option this parser does not know goes on whole (argparse would take
     # pytest's --dev... for --device otherwise)
     ap = argparse.ArgumentParser(prog="nox -s conformance --", allow_abbrev=False)
-    ap.add_argument("--backend", action="append", default=None,
-                    help="run only these backends (repeatable); a name not built in is run in an "
-                         "environment with --install packages added")
+    ap.add_argument(
+        "--backend",
+        action="append",
+        default=None,
+        help="run only these backends (repeatable); a name not built in is run in an "
+        "environment with --install packages added",
+    )
     ap.add_argument("--install", action="append", default=[], help="extra pip requirement for the env")
-    ap.add_argument("--profile", default=os.environ.get("ATTNSPEC_PROFILE", "default"), choices=PROFILES,
-                    help="dev (12 examples a property), default (25), ci (100), thorough (1000)")
+    ap.add_argument(
+        "--profile",
+        default=os.environ.get("ATTNSPEC_PROFILE", "default"),
+        choices=PROFILES,
+        help="dev (12 examples a property), default (25), ci (100), thorough (1000)",
+    )
     ap.add_argument("--device", default=None)
     ap.add_argument("--case-timeout", default="300")
     args, rest = ap.parse_known_args(posargs)
@@ -148,18 +187,18 @@ def conformance(session: nox.Session, backend: str) -> None:
         session.skip(f"{backend} cannot run here: {why}")
     failed = []
     for name in names:
-        cmd = ["python", "-m", "attnspec.conformance.run", "--backend", name, "--profile", args.profile,
-               "--case-timeout", args.case_timeout]
+        run = ["--backend", name, "--profile", args.profile, "--case-timeout", args.case_timeout]
         if args.device:
-            cmd += ["--device", args.device]
-        cmd += args.pytest_args
+            run += ["--device", args.device]
         # a backend that does not conform still gets its report rendered; the session fails after
         try:
-            session.run(*cmd, env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
+            attnspec_module(session, "conformance.run", *run, *args.pytest_args)
         except CommandFailed as e:
             if getattr(e, "return_code", None) in (130, 143):  # SIGINT / SIGTERM: stopped, not failed
                 session.notify("report", posargs=[])
-                session.error(f"{name} was interrupted; its finished cases are in reports/results (incomplete)")
+                session.error(
+                    f"{name} was interrupted; its finished cases are in reports/results (incomplete)"
+                )
             failed.append(name)
     session.notify("report", posargs=[])
     if failed:
@@ -174,14 +213,15 @@ def atlas(session: nox.Session, backend: str) -> None:
     ap.add_argument("--profile", default="dev", choices=PROFILES)
     args, runner_args = ap.parse_known_args(session.posargs)
     install(session, package(["test", "report", ATLAS[backend]]))
-    env = {"ATTNSPEC_GIT_COMMIT": _git_commit(session)}
-    session.run("python", "-m", "attnspec.backends.atlas.questions", backend,
-                "--out", f"reports/results/atlas-{backend}.json", env=env)
+    attnspec_module(
+        session, "backends.atlas.questions", backend, "--out", f"reports/results/atlas-{backend}.json"
+    )
     failed = False
     if backend not in BACKENDS:  # the built-in natives' suite runs in `nox -s conformance`
         try:
-            session.run("python", "-m", "attnspec.conformance.run", "--backend", backend, "--profile", args.profile,
-                        *runner_args, env=env)
+            attnspec_module(
+                session, "conformance.run", "--backend", backend, "--profile", args.profile, *runner_args
+            )
         except CommandFailed:
             failed = True
     session.notify("report", posargs=[])
@@ -214,32 +254,36 @@ def bench(session: nox.Session, backend: str) -> None:
         install(session, str(PLUGIN))
     if why := _unavailable(session, backend):
         session.skip(f"{backend} cannot run here: {why}")
-    session.run("python", "-m", "attnspec.bench.run", "--backend", backend, *harness_args,
-                env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
+    attnspec_module(session, "bench.run", "--backend", backend, *harness_args)
     if not harness_args and backend in TARGET_BACKENDS:  # the quick grid holds no target shape
         # numpy's targets include the conformance vectors, drawn by the suite's strategies (hypothesis)
         install(session, package(["test", *BACKENDS[backend]]))
-        session.run("python", "-m", "attnspec.bench.run", "--backend", backend, "--targets-only",
-                    "--out", f"reports/results/bench-{backend}-cpu-targets.json",
-                    env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
+        out = f"reports/results/bench-{backend}-cpu-targets.json"
+        attnspec_module(session, "bench.run", "--backend", backend, "--targets-only", "--out", out)
     if not harness_args and backend in SCALING:
         impls, dtypes = SCALING[backend]
-        session.run("python", "-m", "attnspec.bench.run", "--backend", backend, "--grid", "lsh",
-                    "--impls", impls, "--dtypes", dtypes, "--out", f"reports/results/bench-{backend}-cpu-lsh.json",
-                    env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
+        grid = ["--grid", "lsh", "--impls", impls, "--dtypes", dtypes]
+        out = f"reports/results/bench-{backend}-cpu-lsh.json"
+        attnspec_module(session, "bench.run", "--backend", backend, *grid, "--out", out)
     if not harness_args:  # suite throughput: the dev profile's cases per second and first result
         install(session, package(["test", *BACKENDS[backend]]))
-        session.run("python", "-m", "attnspec.conformance.run", "--backend", backend, "--profile", "dev",
-                    "--out", f"{session.create_tmp()}/conformance-{backend}.json",
-                    "--timings", "reports/results/suite-timings", *pytest_args,
-                    env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)}, success_codes=[0, 1])
+        out = f"{session.create_tmp()}/conformance-{backend}.json"
+        run = [
+            "--backend",
+            backend,
+            "--profile",
+            "dev",
+            "--out",
+            out,
+            "--timings",
+            "reports/results/suite-timings",
+        ]
+        attnspec_module(session, "conformance.run", *run, *pytest_args, success_codes=[0, 1])
     if not harness_args and backend == "torch":  # #17: torch LSH vs the two Reformer libraries
         install(session, package(["reformer"]))
-        session.run("python", "-m", "attnspec.bench.reformer",
-                    env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
+        attnspec_module(session, "bench.reformer")
     if backend == "numpy":  # the LSH approximation study is NumPy-only and takes seconds
-        session.run("python", "-m", "attnspec.bench.lsh_quality",
-                    env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
+        attnspec_module(session, "bench.lsh_quality")
     session.notify("report", posargs=[])
 
 
@@ -269,7 +313,9 @@ def mutation(session: nox.Session) -> None:
     reports/mutation.md. ``-- --target reference`` or ``conventions`` runs one target;
     ``-- --sample ci`` runs the 20 mutants of tests/mutation/ci_sample.toml and fails unless all die.
     """
-    install(session, "pip", "setuptools>=69", ".[mutation]")  # workers: pip install --target, no build isolation
+    install(
+        session, "pip", "setuptools>=69", ".[mutation]"
+    )  # workers: pip install --target, no build isolation
     session.run("python", "tests/mutation/run_mutation.py", *session.posargs)  # renders reports/mutation.md
 
 
@@ -278,8 +324,7 @@ def demo(session: nox.Session) -> None:
     """Train the copy-task example through torch's and JAX's mha (seconds), then render."""
     install(session, ".[torch,jax,report]")
     # posargs go to the example: --steps N, --framework torch, ...
-    session.run("python", "-m", "attnspec.bench.copy_task", *session.posargs,
-                env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)})
+    attnspec_module(session, "bench.copy_task", *session.posargs)
     session.notify("report", posargs=[])
 
 
@@ -356,8 +401,11 @@ def lint(session: nox.Session) -> None:
     shutil.rmtree("build", ignore_errors=True)
     session.install("--no-deps", "--force-reinstall", ".")
     failed = []
-    checks = {"ruff check": ["ruff", "check", "."], "ruff format": ["ruff", "format", "--check", "."],
-              "mypy": ["mypy", "-p", "attnspec"]}
+    checks = {
+        "ruff check": ["ruff", "check", "."],
+        "ruff format": ["ruff", "format", "--check", "."],
+        "mypy": ["mypy", "-p", "attnspec"],
+    }
     for name, cmd in checks.items():
         try:
             session.run(*cmd)
@@ -367,10 +415,19 @@ def lint(session: nox.Session) -> None:
         session.error(f"{', '.join(failed)} failed")
 
 
+def attnspec_module(session: nox.Session, module: str, *args: str, **kw: Any) -> None:
+    """``python -m attnspec.MODULE ARGS`` in the session; what it writes is stamped with the commit."""
+    session.run(
+        "python", "-m", f"attnspec.{module}", *args, env={"ATTNSPEC_GIT_COMMIT": _git_commit(session)}, **kw
+    )
+
+
 def _git_commit(session: nox.Session) -> str:
     try:
         commit = session.run("git", "rev-parse", "--short", "HEAD", silent=True, external=True).strip()
-        dirty = session.run("git", "status", "--porcelain", "--untracked-files=no", silent=True, external=True)
+        dirty = session.run(
+            "git", "status", "--porcelain", "--untracked-files=no", silent=True, external=True
+        )
         return commit + ("-dirty" if dirty.strip() else "")
     except Exception:  # not a git checkout (an sdist): the report says unknown
         return "unknown"
@@ -391,5 +448,14 @@ def docs_browser(session: nox.Session) -> None:
     posargs = list(session.posargs)  # the browser check's; the build takes none
     session.posargs.clear()
     docs(session)
-    session.run("python", "docs/browser_check.py", "--site", "site", "--docs", "docs",
-                "--screenshots", "docs/screenshots", *posargs)
+    session.run(
+        "python",
+        "docs/browser_check.py",
+        "--site",
+        "site",
+        "--docs",
+        "docs",
+        "--screenshots",
+        "docs/screenshots",
+        *posargs,
+    )

@@ -97,17 +97,28 @@ BUILTINS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "torch": ("attnspec.backends.torch:TorchBackend", ("torch", "array_api_compat"), ("torch",)),
     "jax": ("attnspec.backends.jax:JaxBackend", ("jax",), ("jax",)),
     "array_api-numpy": ("attnspec.backends.array_api:ArrayAPINumpy", ("array_api_compat",), ("array-api",)),
-    "array_api-strict": ("attnspec.backends.array_api:ArrayAPIStrict", ("array_api_compat", "array_api_strict"),
-                         ("array-api",)),
-    "array_api-torch": ("attnspec.backends.array_api:ArrayAPITorch", ("array_api_compat", "torch"),
-                        ("array-api", "torch")),
+    "array_api-strict": (
+        "attnspec.backends.array_api:ArrayAPIStrict",
+        ("array_api_compat", "array_api_strict"),
+        ("array-api",),
+    ),
+    "array_api-torch": (
+        "attnspec.backends.array_api:ArrayAPITorch",
+        ("array_api_compat", "torch"),
+        ("array-api", "torch"),
+    ),
     # CuPy has no extra: its wheel depends on the CUDA version (pip install cupy-cuda12x)
-    "array_api-cupy": ("attnspec.backends.array_api:ArrayAPICupy", ("array_api_compat", "cupy"), ("array-api",)),
+    "array_api-cupy": (
+        "attnspec.backends.array_api:ArrayAPICupy",
+        ("array_api_compat", "cupy"),
+        ("array-api",),
+    ),
     "torch-native": ("attnspec.backends.torch_native:TorchNativeBackend", ("torch",), ("torch",)),
     "jax-native": ("attnspec.backends.jax_native:JaxNativeBackend", ("jax",), ("jax",)),
 }
-_BUILTINS: dict[str, _Builtin] = {name: _Builtin(target, requires)
-                                  for name, (target, requires, _extras) in BUILTINS.items()}
+_BUILTINS: dict[str, _Builtin] = {
+    name: _Builtin(target, requires) for name, (target, requires, _extras) in BUILTINS.items()
+}
 
 
 def _atlas() -> dict[str, _Builtin]:
@@ -134,6 +145,7 @@ def atlas_names() -> list[str]:
     """The atlas' outside implementations (``nox -s atlas``)."""
     return list(_ATLAS)
 
+
 _registered: dict[str, Factory] = {}
 
 
@@ -145,8 +157,10 @@ def register(name: str, factory: Factory, *, replace: bool = False) -> None:
     if not isinstance(name, str) or not name:
         raise SpecError(f"backends.register: name={name!r} must be a non-empty str")
     if not (isinstance(factory, str) or callable(factory)):
-        raise SpecError(f"backends.register: factory for {name!r} must be callable or 'module:attr', "
-                        f"got {type(factory).__name__}")
+        raise SpecError(
+            f"backends.register: factory for {name!r} must be callable or 'module:attr', "
+            f"got {type(factory).__name__}"
+        )
     if not replace and (name in _known() or name in _registered):
         raise SpecError(f"backends.register: backend {name!r} is already registered (pass replace=True)")
     _registered[name] = factory
@@ -185,10 +199,7 @@ def get(name: str, **options: Any) -> Backend:
         backend = factory(**options)
     except ImportError as e:  # installed, but its import fails (a broken framework build)
         raise _unavailable(name, f"{type(e).__name__}: {e}", known) from e
-    if not isinstance(backend, Backend):
-        raise SpecError(f"backends.get: the factory of {name!r} returned {type(backend).__name__}, "
-                        "not an attnspec.backends.Backend")
-    return backend
+    return _a_backend(backend, f"backends.get: the factory of {name!r}")
 
 
 def load_object(target: str) -> Any:
@@ -267,10 +278,15 @@ def load(target: str, **options: Any) -> Backend:
     obj = load_object(target)
     if not callable(obj):
         raise SpecError(f"load: {target!r} is a {type(obj).__name__}, not a Backend class or factory")
-    backend = obj(**options)
+    return _a_backend(obj(**options), f"load: {target!r}", " (for a plain function, add @CONVENTION)")
+
+
+def _a_backend(backend: Any, made_by: str, hint: str = "") -> Backend:
+    """``backend``, refused unless it is a `Backend`: ``made_by`` (a factory, a target) returned it."""
     if not isinstance(backend, Backend):
-        raise SpecError(f"load: {target!r} returned {type(backend).__name__}, not an attnspec.backends.Backend "
-                        "(for a plain function, add @CONVENTION)")
+        raise SpecError(
+            f"{made_by} returned {type(backend).__name__}, not an attnspec.backends.Backend{hint}"
+        )
     return backend
 
 
@@ -293,9 +309,11 @@ def _import_path(path: str) -> ModuleType:
 
 # -- internals ------------------------------------------------------------------------------
 
+
 def _unavailable(name: str, reason: str, known: list[str]) -> SpecError:
-    return SpecError(f"backends.get: backend {name!r} is not available: {reason}; "
-                     f"known backends: {', '.join(known)}")
+    return SpecError(
+        f"backends.get: backend {name!r} is not available: {reason}; known backends: {', '.join(known)}"
+    )
 
 
 def _plugins() -> dict[str, metadata.EntryPoint]:

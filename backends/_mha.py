@@ -96,28 +96,37 @@ def _swap_last_two_but_one(ndim: int) -> tuple[int, ...]:
     return tuple(axes)
 
 
-def validate(fn: str, info: InfoFn, lengths_to_numpy: Callable[[Any], Any], query, key, value, params,
-             num_heads, num_kv_heads, mask, bias, options: dict[str, Any]) -> SDPAPlan:
+def validate(
+    fn: str, info: InfoFn, lengths_to_numpy: Callable[[Any], Any], inputs: tuple, options: dict[str, Any]
+) -> SDPAPlan:
     """The spec's mha checks on a backend's arrays; returns the plan of the per-head sdpa call.
+
+    ``inputs`` are mha's ``(query, key, value, params, num_heads, num_kv_heads, mask, bias)``, in
+    that order; ``options`` its other keywords.
 
     ``params`` may be an `MHAParams` (checked when it was built) or an `MHAArrays`, whose fields
     get MHAParams' checks here, named ``params.w_q`` and so on.
     """
+    query, key, value, params, num_heads, num_kv_heads, mask, bias = inputs
 
     def dims() -> ParamDims:
         if isinstance(params, MHAParams):
             return ParamDims(params.embed_dim, params.kdim, params.vdim, params.kv_dim)
         if isinstance(params, MHAArrays):
+
             def field_info(name: str) -> ArrayInfo | None:
                 x = getattr(params, name)
                 return None if x is None and name.startswith("b_") else info(fn, f"params.{name}", x)
 
             return check_param_infos(fn, field_info, prefix="params.")
-        raise SpecError(f"{fn}: params must be an MHAParams or an MHAArrays of this backend's arrays, "
-                        f"got {type(params).__name__}")
+        raise SpecError(
+            f"{fn}: params must be an MHAParams or an MHAArrays of this backend's arrays, "
+            f"got {type(params).__name__}"
+        )
 
-    return validate_mha(fn, info, query, key, value, dims, num_heads, num_kv_heads, mask, bias,
-                        options, lengths_to_numpy)
+    return validate_mha(
+        fn, info, query, key, value, dims, num_heads, num_kv_heads, mask, bias, options, lengths_to_numpy
+    )
 
 
 def arrays_of(backend: Backend, params, dtype: str, device: str | None) -> MHAArrays:
@@ -127,9 +136,26 @@ def arrays_of(backend: Backend, params, dtype: str, device: str | None) -> MHAAr
     return backend.asparams(params, dtype, device)
 
 
-def run(backend: Backend, fn: str, ops: HeadOps, info: InfoFn, lengths_to_numpy: Callable[[Any], Any],
-        device: Callable[[], str | None], query, key, value, params, *, num_heads, num_kv_heads, mask,
-        bias, return_weights, return_lse=False, **options):
+def run(
+    backend: Backend,
+    fn: str,
+    ops: HeadOps,
+    info: InfoFn,
+    lengths_to_numpy: Callable[[Any], Any],
+    device: Callable[[], str | None],
+    query,
+    key,
+    value,
+    params,
+    *,
+    num_heads,
+    num_kv_heads,
+    mask,
+    bias,
+    return_weights,
+    return_lse=False,
+    **options,
+):
     """mha on one backend; the arguments are `attnspec.spec.mha`'s.
 
     ``options`` are sdpa's keywords besides mask and bias (causal, window, scale, the lengths and
@@ -138,9 +164,10 @@ def run(backend: Backend, fn: str, ops: HeadOps, info: InfoFn, lengths_to_numpy:
     as mha's. ``device()`` names the query's device for `Backend.asparams` (called only for
     MHAParams).
     """
-    plan = validate(fn, info, lengths_to_numpy, query, key, value, params, num_heads, num_kv_heads,
-                    mask, bias, {**options, "return_lse": return_lse})
-    backend.refuse_variants("mha", {**options, "return_lse": return_lse})
+    every = {**options, "return_lse": return_lse}
+    inputs = (query, key, value, params, num_heads, num_kv_heads, mask, bias)
+    plan = validate(fn, info, lengths_to_numpy, inputs, every)
+    backend.refuse_variants("mha", every)
     hkv = plan.hkv
     prm = arrays_of(backend, params, plan.dtype, None if isinstance(params, MHAArrays) else device())
     ct = compute_dtype_name(plan.dtype)
@@ -152,8 +179,9 @@ def run(backend: Backend, fn: str, ops: HeadOps, info: InfoFn, lengths_to_numpy:
     k = ops.project(key, prm.w_k, prm.b_k, hkv, ct)  # (..., Hkv, m, hd)
     v = ops.project(value, prm.w_v, prm.b_v, hkv, ct)  # (..., Hkv, m, hd)
     options["sinks"] = c(options.get("sinks"))
-    result = backend.sdpa(q, k, v, mask=mask, bias=c(bias), return_weights=return_weights,
-                          return_lse=return_lse, **options)  # (..., H, n, hd)[, (.., H, n, m)][, (.., H, n)]
+    result = backend.sdpa(
+        q, k, v, mask=mask, bias=c(bias), return_weights=return_weights, return_lse=return_lse, **options
+    )  # (..., H, n, hd)[, (.., H, n, m)][, (.., H, n)]
     result = list(result) if return_weights or return_lse else [result]
     out = ops.unproject(result[0], prm.w_o, prm.b_o, ct)  # (..., n, E)
     results = [ops.astype(out, plan.dtype)]

@@ -159,8 +159,8 @@ def mha_vjp(backend, engine: str, query, key, value, params, d_out, *, num_heads
                         f"got {type(params).__name__}")
     sdpa_options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths,
                         kv_lengths=kv_lengths, **variants)
-    p = _mha.validate(fn, backend._info, _lengths_to_numpy(backend), query, key, value, params, num_heads,
-                      num_kv_heads, mask, bias, sdpa_options)
+    inputs = (query, key, value, params, num_heads, num_kv_heads, mask, bias)
+    p = _mha.validate(fn, backend._info, _lengths_to_numpy(backend), inputs, sdpa_options)
     backend.refuse_variants("mha_vjp", sdpa_options)
     _check_d_out(fn, backend, d_out, (*p.batch, p.n, params.embed_dim), p.dtype, "query")
     sinks = sdpa_options.pop("sinks", None)

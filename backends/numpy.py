@@ -77,8 +77,8 @@ class NumpyBackend(Backend):
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, **options):
         options = take("numpy.mha", options)
         mask, bias, return_weights = options.pop("mask"), options.pop("bias"), options.pop("return_weights")
-        _mha.validate("numpy.mha", _info, _same, query, key, value, params, num_heads, num_kv_heads,
-                      mask, bias, options)
+        inputs = (query, key, value, params, num_heads, num_kv_heads, mask, bias)
+        _mha.validate("numpy.mha", _info, _same, inputs, options)
         if isinstance(params, MHAArrays):
             params = MHAParams(**vars(params))
         return mha(query, key, value, params, num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask,

@@ -69,8 +69,13 @@ class TorchNativeBackend(TorchArrays):
         kw = {"scale": p.scale, "enable_gqa": p.hq != p.hkv}  # Hq = 0 needs it too (torch checks heads)
         if drawn_p:
             kw["dropout_p"] = drawn_p
-        structural_only = (mask is None and bias is None and p.window is None
-                           and p.q_lengths is None and p.kv_lengths is None)
+        structural_only = (
+            mask is None
+            and bias is None
+            and p.window is None
+            and p.q_lengths is None
+            and p.kv_lengths is None
+        )
         if structural_only and p.causal == "upper_left":
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
         if structural_only and p.causal == "lower_right":
@@ -83,23 +88,30 @@ class TorchNativeBackend(TorchArrays):
             attn_mask = attn_mask.expand(p.n, p.m)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **kw)
 
-    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
-            bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
-            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
+    @with_options()
+    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, **options):
         """`torch.nn.MultiheadAttention` (batch_first=True) as a user calls it; see `_mha_module`."""
         fn = "torch-native.mha"
-        variants = variant_keywords(locals())
-        options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
-        p = _mha.validate(fn, self._info, _lengths_to_numpy, query, key, value, params, num_heads,
-                          num_kv_heads, mask, bias, {**options, **variants})
+        o = take(fn, options)
+        variants = variant_keywords(o)
+        mask, bias, causal, return_weights = o["mask"], o["bias"], o["causal"], o["return_weights"]
+        options = {name: o[name] for name in ("causal", "window", "scale", "q_lengths", "kv_lengths")}
+        inputs = (query, key, value, params, num_heads, num_kv_heads, mask, bias)
+        p = _mha.validate(fn, self._info, _lengths_to_numpy, inputs, {**options, **variants})
         # the module has none of the variants (its dropout draws its own mask): refused, not emulated
         self.refuse_variants("mha", {**variants, "causal": causal})
         prm = _mha.arrays_of(self, params, p.dtype, str(query.device))
         biases = [getattr(prm, name) is not None for name in ("b_q", "b_k", "b_v", "b_o")]
-        reasons = mha_refusals({**options, "num_heads": num_heads, "num_kv_heads": num_kv_heads,
-                                "mask": mask, "bias": bias,
-                                "param_biases": "all" if all(biases) else "some" if any(biases) else "none"})
+        reasons = mha_refusals(
+            {
+                **options,
+                "num_heads": num_heads,
+                "num_kv_heads": num_kv_heads,
+                "mask": mask,
+                "bias": bias,
+                "param_biases": "all" if all(biases) else "some" if any(biases) else "none",
+            }
+        )
         if reasons:
             raise Unsupported(f"{fn}: " + "; ".join(reasons))
         return _mha_module(p, query, key, value, prm, mask, bias, return_weights)
@@ -132,8 +144,9 @@ def mha_refusals(case: dict) -> list[str]:
 @functools.lru_cache(maxsize=32)
 def _module(embed_dim: int, num_heads: int, kdim: int, vdim: int, bias: bool, dtype) -> torch.nn.Module:
     # On the meta device: functional_call supplies every parameter, so none is allocated here.
-    return torch.nn.MultiheadAttention(embed_dim, num_heads, bias=bias, kdim=kdim, vdim=vdim,
-                                       batch_first=True, device="meta", dtype=dtype)
+    return torch.nn.MultiheadAttention(
+        embed_dim, num_heads, bias=bias, kdim=kdim, vdim=vdim, batch_first=True, device="meta", dtype=dtype
+    )
 
 
 def _mha_module(p, query, key, value, prm, mask, bias, return_weights):
@@ -178,7 +191,9 @@ def _mha_module(p, query, key, value, prm, mask, bias, return_weights):
             attn = attn.expand(*p.batch, h, p.n, p.m).reshape(-1, p.n, p.m)  # (B * H, n, m)
         kw["attn_mask"] = attn
     elif p.causal == "upper_left":
-        kw["attn_mask"] = torch.ones(p.n, p.m, dtype=torch.bool, device=query.device).triu(1)  # True = blocked
+        kw["attn_mask"] = torch.ones(p.n, p.m, dtype=torch.bool, device=query.device).triu(
+            1
+        )  # True = blocked
         kw["is_causal"] = True
     if p.kv_lengths is not None:
         lengths = torch.from_numpy(np.ascontiguousarray(p.kv_lengths)).to(query.device).reshape(-1, 1)

@@ -39,7 +39,6 @@ import sys
 import time
 from typing import Any, TextIO
 
-import attnspec
 from attnspec.bench import targets as bench_targets
 from attnspec.bench import vectors as bench_vectors
 from attnspec.bench.grid import (
@@ -66,7 +65,7 @@ from attnspec.bench.measure import (
     time_calls,
 )
 from attnspec.errors import SpecError
-from attnspec.results import framework_versions, git_state, write_json_atomic
+from attnspec.results import environment, write_json_atomic
 
 __all__ = ["achieved", "main", "run_bench"]
 
@@ -104,8 +103,13 @@ def run_bench(
     device = device or be.devices()[0]
     fw = framework_of(be, device)
     settings = dict(SETTINGS[grid])
-    settings.update({k: v for k, v in (("budget_s", budget_s), ("max_repeats", max_repeats),
-                                       ("max_call_s", max_call_s)) if v is not None})
+    settings.update(
+        {
+            k: v
+            for k, v in (("budget_s", budget_s), ("max_repeats", max_repeats), ("max_call_s", max_call_s))
+            if v is not None
+        }
+    )
     dtypes = tuple(dtypes or default_dtypes(device))
     jobs, target_keys = _jobs(be.name, grid, targets_only, dtypes, impls)
     available = available_bytes(fw, device)
@@ -117,8 +121,13 @@ def run_bench(
     for dtype in sorted({c.dtype for job in jobs for c in job}):
         say(f"matmul {dtype} {matmul_size}x{matmul_size} ...")
         try:
-            rates[dtype] = matmul_tflops(be, dtype, device, matmul_size,
-                                         max(settings["budget_s"], TARGET_BUDGET_S if target_keys else 0))
+            rates[dtype] = matmul_tflops(
+                be,
+                dtype,
+                device,
+                matmul_size,
+                max(settings["budget_s"], TARGET_BUDGET_S if target_keys else 0),
+            )
             say(f"  {rates[dtype]:.3g} TFLOP/s")
         except Exception as exc:  # an unsupported dtype; its rows then have no share
             rates[dtype] = None
@@ -135,16 +144,37 @@ def run_bench(
         say(f"[{i}/{len(jobs)}] {' | '.join(map(str, job))}")
         runnable = []
         for case in job:
-            reason = _skip_reason(be, fw, device, case, cap, available, rates, efficiency,
-                                  settings, is_target=case.key in target_keys)
+            reason = _skip_reason(
+                be,
+                fw,
+                device,
+                case,
+                cap,
+                available,
+                rates,
+                efficiency,
+                settings,
+                is_target=case.key in target_keys,
+            )
             if reason:
                 skipped[case.key] = (case, reason)
                 say(f"  skip {case.impl} {case.dtype}: {reason}")
             else:
                 runnable.append(case)
         try:
-            new = _run_job(be, backend, fw, device, runnable, rates, settings, memory, skipped, say,
-                           is_target=any(c.key in target_keys for c in job))
+            new = _run_job(
+                be,
+                backend,
+                fw,
+                device,
+                runnable,
+                rates,
+                settings,
+                memory,
+                skipped,
+                say,
+                is_target=any(c.key in target_keys for c in job),
+            )
         except KeyboardInterrupt:  # keep what a long run has measured so far
             say("interrupted: the rows measured so far are kept")
             interrupted = True
@@ -156,12 +186,15 @@ def run_bench(
         rows += new
 
     skip_reasons = {key: reason for key, (_, reason) in skipped.items()}
-    targets = (bench_targets.evaluate(be.name, rows, skip_reasons)
-               if grid in ("full", "lsh") or targets_only else [])
+    targets = (
+        bench_targets.evaluate(be.name, rows, skip_reasons) if grid in ("full", "lsh") or targets_only else []
+    )
     if grid == "lsh" and not targets_only:  # only the targets whose cases this grid holds
         targets = [t for t in targets if "not run in this invocation" not in str(t.get("detail"))]
     # conformance vectors (#26): bundle size, export time and verify throughput, with the numpy targets
-    vectors = bench_vectors.run_vectors(log=say) if targets_only and be.name == bench_vectors.BACKEND else None
+    vectors = (
+        bench_vectors.run_vectors(log=say) if targets_only and be.name == bench_vectors.BACKEND else None
+    )
     targets += vectors["targets"] if vectors else []
     for t in targets:
         say(f"target {t['name']}: {t['detail']}")
@@ -173,12 +206,17 @@ def run_bench(
         "environment": _environment(policy, started, load_start),
         "grid": "targets" if targets_only else grid,
         "interrupted": interrupted,
-        "settings": {**settings, "matmul_size": matmul_size, "available_bytes": available,
-                     "memory_cap_bytes": cap, "memory": "subprocess" if memory else "none"},
+        "settings": {
+            **settings,
+            "matmul_size": matmul_size,
+            "available_bytes": available,
+            "memory_cap_bytes": cap,
+            "memory": "subprocess" if memory else "none",
+        },
         "definitions": {
             "tflops": "dense-equivalent: 4*B*H*n*m*d / median_s, for causal and lsh rows too",
             "share_of_matmul": "tflops / matmul_tflops[dtype], a square matmul of side "
-                               "settings.matmul_size in the same framework, dtype and device",
+            "settings.matmul_size in the same framework, dtype and device",
             "peak_mem_bytes": "see mem_method: attnspec.bench.measure's docstring",
         },
         "matmul_tflops": rates,
@@ -202,27 +240,34 @@ def _jobs(backend_name: str, grid: str, targets_only: bool, dtypes, impls):
     return [(c,) for c in cases if c.key not in in_targets] + target_jobs, in_targets
 
 
-def _skip_reason(be, fw, device, case, cap, available, rates, efficiency, settings,
-                 is_target) -> str | None:
+def _skip_reason(be, fw, device, case, cap, available, rates, efficiency, settings, is_target) -> str | None:
     reason = static_skip(be, fw, device, case)
     if reason:
         return reason
     need = workspace_bytes(case, fw, device)
     if need is not None and cap is not None and need > cap:
-        return (f"needs ~{human_bytes(need)} for its (n, m) logits, over the cap of "
-                f"{human_bytes(cap)} ({MEMORY_FRACTION:.0%} of {human_bytes(available)} available)")
+        return (
+            f"needs ~{human_bytes(need)} for its (n, m) logits, over the cap of "
+            f"{human_bytes(cap)} ({MEMORY_FRACTION:.0%} of {human_bytes(available)} available)"
+        )
     share = efficiency.get((case.impl, case.dtype, case.causal))
     est = estimated_seconds(case, rates.get(case.dtype), share)
     if not is_target and est is not None and est > settings["max_call_s"]:
-        basis = (f"at the {share:.1%} of the matmul rate a smaller case achieved" if share
-                 else "at the matmul rate")
-        return (f"estimated {est:.0f} s per call (its FLOPs {basis}), over --max-call-s "
-                f"{settings['max_call_s']:g}")
+        basis = (
+            f"at the {share:.1%} of the matmul rate a smaller case achieved"
+            if share
+            else "at the matmul rate"
+        )
+        return (
+            f"estimated {est:.0f} s per call (its FLOPs {basis}), over --max-call-s "
+            f"{settings['max_call_s']:g}"
+        )
     return None
 
 
-def _run_job(be, backend_spec, fw, device, cases, rates, settings, memory, skipped, say,
-             is_target: bool) -> list[dict]:
+def _run_job(
+    be, backend_spec, fw, device, cases, rates, settings, memory, skipped, say, is_target: bool
+) -> list[dict]:
     preps = {}
     for case in cases:
         try:
@@ -250,23 +295,43 @@ def _run_job(be, backend_spec, fw, device, cases, rates, settings, memory, skipp
     for case, t in timings.items():
         rate = rates.get(case.dtype)
         tflops, share_of_matmul = achieved(case, t.median_s, rate)
-        peak, method = (probe_peak("attnspec.bench.grid:prepare",
-                                   {"backend": backend_spec, "device": device,
-                                    "case": {"impl": case.impl, "dtype": case.dtype, **case.shape_dict()}})
-                        if memory else (None, "none"))
-        row = {"implementation": case.impl, "pass": "forward+backward" if case.impl == "vjp" else "forward",
-               "dtype": case.dtype, **case.shape_dict(), "median_s": t.median_s, "min_s": t.min_s, "max_s": t.max_s,
-               "repeats": t.repeats, "timing": "interleaved" if len(timings) > 1 else "sequential",
-               "flops": case.flops, "tflops": tflops,
-               "share_of_matmul": share_of_matmul,
-               "peak_mem_bytes": peak, "mem_method": method}
+        peak, method = (
+            probe_peak(
+                "attnspec.bench.grid:prepare",
+                {
+                    "backend": backend_spec,
+                    "device": device,
+                    "case": {"impl": case.impl, "dtype": case.dtype, **case.shape_dict()},
+                },
+            )
+            if memory
+            else (None, "none")
+        )
+        row = {
+            "implementation": case.impl,
+            "pass": "forward+backward" if case.impl == "vjp" else "forward",
+            "dtype": case.dtype,
+            **case.shape_dict(),
+            "median_s": t.median_s,
+            "min_s": t.min_s,
+            "max_s": t.max_s,
+            "repeats": t.repeats,
+            "timing": "interleaved" if len(timings) > 1 else "sequential",
+            "flops": case.flops,
+            "tflops": tflops,
+            "share_of_matmul": share_of_matmul,
+            "peak_mem_bytes": peak,
+            "mem_method": method,
+        }
         if params[case]:
             row["params"] = params[case]
         rows.append(row)
         share = f", {row['share_of_matmul']:.0%} of matmul" if rate else ""
-        say(f"  {case.impl} {case.dtype}: {human_seconds(t.median_s)} "
+        say(
+            f"  {case.impl} {case.dtype}: {human_seconds(t.median_s)} "
             f"[{human_seconds(t.min_s)}, {human_seconds(t.max_s)}] x{t.repeats}, "
-            f"{tflops:.3g} TFLOP/s{share}, peak {human_bytes(peak)} ({method})")
+            f"{tflops:.3g} TFLOP/s{share}, peak {human_bytes(peak)} ({method})"
+        )
     return rows
 
 
@@ -279,8 +344,10 @@ def achieved(case: Case, seconds: float, matmul_tflops: float | None) -> tuple[f
 def _group_skips(skips) -> list[dict[str, Any]]:
     groups: dict[tuple, dict[str, Any]] = {}
     for case, reason in skips:
-        g = groups.setdefault((case.impl, case.dtype, reason), {
-            "implementation": case.impl, "dtype": case.dtype, "reason": reason, "cases": []})
+        g = groups.setdefault(
+            (case.impl, case.dtype, reason),
+            {"implementation": case.impl, "dtype": case.dtype, "reason": reason, "cases": []},
+        )
         g["cases"].append(case.shape_dict())
     return list(groups.values())
 
@@ -323,9 +390,7 @@ def _load() -> float | None:
 
 def _environment(policy: dict[str, Any], started: float, load_start: float | None) -> dict[str, Any]:
     return {
-        "attnspec": attnspec.__version__, **git_state(),
-        "python": platform.python_version(), "platform": platform.platform(),
-        "frameworks": framework_versions(), "numerics_policy": policy,
+        **environment(policy),
         "threads": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ},
         "cpu_count": os.cpu_count(),
         # 1-minute load average at the start and the end: above cpu_count, timings are contended
@@ -357,8 +422,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--targets-only", action="store_true", help="only the target shapes, and the targets")
     ap.add_argument("--out", help="default: reports/results/bench-<backend>-<device>.json")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
-    ap.add_argument("--dtypes", help="comma-separated (default: float32,float64 on cpu, else "
-                                     "float16,bfloat16,float32)")
+    ap.add_argument(
+        "--dtypes", help="comma-separated (default: float32,float64 on cpu, else float16,bfloat16,float32)"
+    )
     ap.add_argument("--impls", default=",".join(IMPLEMENTATIONS), help="comma-separated subset")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     ap.add_argument("--budget-s", type=float, help="timed seconds per case (quick 0.2, full 0.75)")
@@ -381,9 +447,18 @@ def main(argv: list[str] | None = None) -> int:
         resolve_backend(args.backend)
     except (SpecError, ImportError, AttributeError) as exc:  # unknown or not installed: no traceback
         ap.error(str(exc))
-    doc = run_bench(args.backend, args.device, args.grid, targets_only=args.targets_only,
-                    dtypes=dtypes, impls=impls, memory=not args.no_memory, budget_s=args.budget_s,
-                    max_repeats=args.max_repeats, max_call_s=args.max_call_s)
+    doc = run_bench(
+        args.backend,
+        args.device,
+        args.grid,
+        targets_only=args.targets_only,
+        dtypes=dtypes,
+        impls=impls,
+        memory=not args.no_memory,
+        budget_s=args.budget_s,
+        max_repeats=args.max_repeats,
+        max_call_s=args.max_call_s,
+    )
     out = args.out or f"reports/results/bench-{doc['backend']}-{_file_part(doc['device'])}.json"
     write_json_atomic(out, doc)
     print(f"wrote {out}", file=sys.stderr)

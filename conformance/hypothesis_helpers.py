@@ -22,14 +22,37 @@ from attnspec.spec.options import VARIANT_FEATURES
 MAX_SIDE = int(os.environ.get("ATTNSPEC_MAX_SIDE", "24"))
 SIDES = tuple(s for s in (1, 2, 3, 5, 8, 13, 16, 24, 32, 64) if s <= MAX_SIDE)
 DIMS = (1, 4, 8, 16)
-NP_DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float64": np.float64}
+NP_DTYPES = {
+    "float16": np.float16,
+    "bfloat16": ml_dtypes.bfloat16,
+    "float32": np.float32,
+    "float64": np.float64,
+}
 
 # feature -> what the case exercises. Every case is one feature; "combined" mixes several.
 SDPA_FEATURES = (
-    "plain", "scale", "rank2", "batch_broadcast", "gqa", "mqa", "dk_ne_dv",
-    "mask", "bias", "bias_neg_inf", "causal_upper_left", "causal_lower_right",
-    "window", "window_lower_right", "kv_lengths", "q_lengths", "no_visible_rows",
-    "masked_nonfinite", "empty", "large_logits", "ties_and_zeros", "combined",
+    "plain",
+    "scale",
+    "rank2",
+    "batch_broadcast",
+    "gqa",
+    "mqa",
+    "dk_ne_dv",
+    "mask",
+    "bias",
+    "bias_neg_inf",
+    "causal_upper_left",
+    "causal_lower_right",
+    "window",
+    "window_lower_right",
+    "kv_lengths",
+    "q_lengths",
+    "no_visible_rows",
+    "masked_nonfinite",
+    "empty",
+    "large_logits",
+    "ties_and_zeros",
+    "combined",
 )
 
 
@@ -71,7 +94,6 @@ class SDPACase(DrawnCase):
     seed: int = 0
 
 
-
 def brief(v: Any) -> str:
     """A keyword's value for a case's description: an array as its dtype and shape."""
     if isinstance(v, np.ndarray):
@@ -91,8 +113,13 @@ def array_source(x: np.ndarray, dtype: str) -> str:
         return f"np.array({x.astype(int).tolist()}, dtype=bool)"
     if x.dtype.kind in "iu":
         return f"np.array({x.tolist()}, dtype=np.int64)"
-    vals = np.array2string(x.astype(np.float64), separator=", ", threshold=10**9, floatmode="unique",
-                           max_line_width=10**9).replace("nan", "np.nan").replace("inf", "np.inf")
+    vals = (
+        np.array2string(
+            x.astype(np.float64), separator=", ", threshold=10**9, floatmode="unique", max_line_width=10**9
+        )
+        .replace("nan", "np.nan")
+        .replace("inf", "np.inf")
+    )
     return f"np.array({vals}, dtype={dtype})"
 
 
@@ -145,8 +172,11 @@ def _sdpa_case(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
             hq = 0
         tags.add({"batch": "zero_batch", "heads": "zero_heads"}.get(zero, "zero_length"))
     dk = draw(st.sampled_from(DIMS))
-    dv = draw(st.sampled_from([d for d in DIMS if d != dk] or [dk])) if feature == "dk_ne_dv" else (
-        draw(st.sampled_from(DIMS)) if feature == "combined" else dk)
+    dv = (
+        draw(st.sampled_from([d for d in DIMS if d != dk] or [dk]))
+        if feature == "dk_ne_dv"
+        else (draw(st.sampled_from(DIMS)) if feature == "combined" else dk)
+    )
     if dk != dv:
         tags.add("dk_ne_dv")
     if group > 1:
@@ -215,7 +245,9 @@ def _sdpa_case(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
             tags.add("finite_floor")
         options["bias"] = bias
     if feature in ("causal_upper_left", "window", "combined"):
-        options["causal"] = draw(st.sampled_from(["upper_left", None] if feature == "window" else ["upper_left"]))
+        options["causal"] = draw(
+            st.sampled_from(["upper_left", None] if feature == "window" else ["upper_left"])
+        )
     if feature in ("causal_lower_right", "window_lower_right"):
         options["causal"] = "lower_right"
     if feature == "combined" and draw(st.booleans()):
@@ -223,7 +255,9 @@ def _sdpa_case(draw, dtype: str, features: tuple[str, ...]) -> SDPACase:
     if feature in ("window", "window_lower_right", "combined"):
         options["window"] = (draw(st.integers(0, 4)), draw(st.integers(0, 4)))
     if feature in ("kv_lengths", "no_visible_rows", "masked_nonfinite", "combined") and not rank2:
-        options["kv_lengths"] = rng.integers(0 if feature == "no_visible_rows" else min(1, m), m + 1, size=batch)
+        options["kv_lengths"] = rng.integers(
+            0 if feature == "no_visible_rows" else min(1, m), m + 1, size=batch
+        )
     if feature in ("q_lengths", "combined") and not rank2:
         options["q_lengths"] = rng.integers(0, n + 1, size=batch)
     if feature == "masked_nonfinite":
@@ -266,7 +300,9 @@ def tag_visibility(tags: set[str], q, k, v, options) -> None:
     vis = full_visibility(plan, options)
     if plan.n and plan.hq and (plan.m == 0 or not vis.any(axis=-1).all()):
         tags.add("no_visible_row")
-    nonfinite = ~np.isfinite(k.astype(np.float64)).all(axis=-1) | ~np.isfinite(v.astype(np.float64)).all(axis=-1)
+    nonfinite = ~np.isfinite(k.astype(np.float64)).all(axis=-1) | ~np.isfinite(v.astype(np.float64)).all(
+        axis=-1
+    )
     if nonfinite.any():
         tags.add("masked_nonfinite")
     if options.get("causal"):
@@ -286,7 +322,9 @@ def _mask_batch_beyond_qk(q, k, options, plan) -> bool:
     k lack, as when v alone carries the batch (PyTorch's SDPA adds the mask into q @ k^T in place:
     the torch.mask-batch-beyond-qk deviation)."""
     qk = tuple(np.broadcast_shapes(q.shape[:-3], k.shape[:-3]))
-    carried = [tuple(np.shape(options[name]))[:-3] for name in ("mask", "bias") if options.get(name) is not None]
+    carried = [
+        tuple(np.shape(options[name]))[:-3] for name in ("mask", "bias") if options.get(name) is not None
+    ]
     if options.get("q_lengths") is not None or options.get("kv_lengths") is not None:
         carried.append(tuple(plan.batch))
     return any(tuple(np.broadcast_shapes(qk, c)) != qk for c in carried)
@@ -311,12 +349,23 @@ def full_visibility(plan, options) -> np.ndarray:
 VARIANT_CASE_FEATURES = (*VARIANT_FEATURES, "variants_combined")
 #: the sdpa features a variant case is drawn on top of (rank-2 and empty cases are the base
 #: suite's business)
-_VARIANT_BASES = ("plain", "gqa", "mask", "bias", "kv_lengths", "q_lengths", "causal_lower_right",
-                  "window_lower_right", "large_logits", "combined")
+_VARIANT_BASES = (
+    "plain",
+    "gqa",
+    "mask",
+    "bias",
+    "kv_lengths",
+    "q_lengths",
+    "causal_lower_right",
+    "window_lower_right",
+    "large_logits",
+    "combined",
+)
 
 
-def segment_ids(rng: np.random.Generator, shape: tuple[int, ...], segments: int,
-                padded: bool = False) -> np.ndarray:
+def segment_ids(
+    rng: np.random.Generator, shape: tuple[int, ...], segments: int, padded: bool = False
+) -> np.ndarray:
     """Sorted ids in [0, segments) along the last axis, with a tail of -1 (padding) at times;
     ``padded``: always, at least one position (a feature tour pads queries and keys both). Now and
     then (not on a tour) the positions are shuffled: a segment need not be contiguous, and a packed
@@ -327,14 +376,15 @@ def segment_ids(rng: np.random.Generator, shape: tuple[int, ...], segments: int,
         pad = int(rng.integers(0, shape[-1] // 2 + 1))
         if padded:
             pad = max(pad, 1)
-        ids[..., shape[-1] - pad:] = -1
+        ids[..., shape[-1] - pad :] = -1
     if not padded and shape[-1] > 2 and rng.random() < 0.25:
         ids = rng.permuted(ids, axis=-1)
     return ids.astype(np.int64)
 
 
-def variant_cases(dtype: str, features: tuple[str, ...] = VARIANT_CASE_FEATURES,
-                  bases: tuple[str, ...] = _VARIANT_BASES):
+def variant_cases(
+    dtype: str, features: tuple[str, ...] = VARIANT_CASE_FEATURES, bases: tuple[str, ...] = _VARIANT_BASES
+):
     """One sdpa call with a drawn variant (or all of them) on top of a drawn base case; a `Corner`
     puts the first of ``features`` on the corner case."""
     strategy = _variant_cases(dtype, features, bases)
@@ -375,8 +425,9 @@ def _variant_case(draw, dtype: str, features: tuple[str, ...], bases: tuple[str,
 _variant_cases = st.composite(_variant_case)
 
 
-def draw_packing_and_dropout(draw, rng, feature: str, every: bool, options: dict, batch: tuple,
-                             heads: int, n: int, m: int) -> None:
+def draw_packing_and_dropout(
+    draw, rng, feature: str, every: bool, options: dict, batch: tuple, heads: int, n: int, m: int
+) -> None:
     """In place: a variant case's segment ids, lengths-aligned causal and dropout options (the
     sdpa and the mha variant strategies share them; the order of the draws is part of the cases)."""
     if feature == "segments" or every or (feature == "causal_lower_right_lengths" and draw(st.booleans())):

@@ -18,9 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import attnspec
 from attnspec.conformance.profiles import PROFILE_EXAMPLES
-from attnspec.results import framework_versions, git_state, write_json_atomic
+from attnspec.results import environment, write_json_atomic
 from attnspec.spec.clauses import SPEC_VERSION, clause_label, failure_clauses, split_label
 
 if TYPE_CHECKING:
@@ -220,12 +219,7 @@ class Recorder:
         if self.backend is not None and hasattr(self.backend, "numerics_policy"):
             policy = self.backend.numerics_policy()
         return {
-            "attnspec": attnspec.__version__,
-            **git_state(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "frameworks": framework_versions(),
-            "numerics_policy": policy,
+            **environment(policy),
             "hypothesis_profile": self.profile,
             "hypothesis_seed": "derandomized"
             if PROFILE_EXAMPLES.get(self.profile, (0, False))[1]

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from attnspec.conformance.profiles import DEFAULT_PROFILE, PROFILES
@@ -48,6 +49,27 @@ class Interrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+def suite_arguments(target: str, profile: str, pytest_args: Sequence[str] = ()) -> list[str]:
+    """pytest's arguments for one run of the suite on ``target`` in ``profile`` (quiet, no cache, the
+    numerics' own warnings silenced), ``pytest_args`` (-k, -x, ...) after them."""
+    return [
+        "--pyargs",
+        "attnspec.conformance",
+        "--attn-backend",
+        target,
+        "--attn-profile",
+        profile,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "ignore::RuntimeWarning",
+        "-W",
+        "ignore::DeprecationWarning",
+        *pytest_args,
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,20 +203,7 @@ def run_suite(
             "-c",
             str(work / "pytest.ini"),
             "--import-mode=importlib",
-            "--pyargs",
-            "attnspec.conformance",
-            "--attn-backend",
-            target,
-            "--attn-profile",
-            profile,
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-W",
-            "ignore::RuntimeWarning",
-            "-W",
-            "ignore::DeprecationWarning",
-            *(pytest_args or []),
+            *suite_arguments(target, profile, pytest_args or []),
         ]
         if device_given:
             base += ["--attn-device", device]

@@ -27,9 +27,19 @@ import time
 from collections import Counter
 
 from attnspec.conformance.profiles import PROFILES
+from attnspec.conformance.run import suite_arguments
 
-CATEGORIES = ("start-up and collection", "XLA compilation", "backend calls", "golden", "tolerance reference",
-              "judging", "journaling", "case generation", "other")
+CATEGORIES = (
+    "start-up and collection",
+    "XLA compilation",
+    "backend calls",
+    "golden",
+    "tolerance reference",
+    "judging",
+    "journaling",
+    "case generation",
+    "other",
+)
 
 
 def classify(frames: list[tuple[str, str]], tests_started: bool) -> str:
@@ -55,9 +65,20 @@ def classify(frames: list[tuple[str, str]], tests_started: bool) -> str:
             return "golden"
         if mod == "attnspec.conformance.pytest_helpers" and fn == "golden_for":
             continue  # its callees (golden, reference) decide
-        if mod.startswith(("attnspec.backends", "torch", "jax", "jaxlib", "array_api", "mlx", "tinygrad",
-                           "keras", "flax", "transformers")) or not mod.startswith(("attnspec", "hypothesis", "numpy",
-                                                                                   "_pytest", "pluggy")):
+        if mod.startswith(
+            (
+                "attnspec.backends",
+                "torch",
+                "jax",
+                "jaxlib",
+                "array_api",
+                "mlx",
+                "tinygrad",
+                "keras",
+                "flax",
+                "transformers",
+            )
+        ) or not mod.startswith(("attnspec", "hypothesis", "numpy", "_pytest", "pluggy")):
             return "backend calls"  # the backend, its framework, or a plugin's own module
         if mod.startswith("hypothesis") or mod.endswith(("_cases", "hypothesis_helpers")):
             return "case generation"
@@ -65,7 +86,9 @@ def classify(frames: list[tuple[str, str]], tests_started: bool) -> str:
             fallback = "judging"  # unless something it calls is more specific
     if fallback:
         return fallback
-    if any(mod.startswith("hypothesis") or mod.endswith(("_cases", "hypothesis_helpers")) for mod, _ in frames):
+    if any(
+        mod.startswith("hypothesis") or mod.endswith(("_cases", "hypothesis_helpers")) for mod, _ in frames
+    ):
         return "case generation"
     return "other"
 
@@ -117,7 +140,9 @@ def breakdown(counts: Counter[str], wall: float) -> list[tuple[str, float, float
 def main(argv: list[str] | None = None) -> int:
     import pytest
 
-    ap = argparse.ArgumentParser(prog="python -m attnspec.conformance.timing", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m attnspec.conformance.timing", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--backend", required=True)
     ap.add_argument("--profile", default="dev", choices=PROFILES)
     ap.add_argument("--interval", type=float, default=0.005, help="seconds between stack samples")
@@ -125,12 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     sampler = Sampler(threading.get_ident(), args.interval)
     t0 = time.perf_counter()
     with sampler:
-        code = pytest.main(["--pyargs", "attnspec.conformance", "--attn-backend", args.backend, "--attn-profile",
-                            args.profile, "-q", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning",
-                            "-W", "ignore::DeprecationWarning", *[a for a in pytest_args if a != "--"]],
-                           plugins=[_StartMarker(sampler)])
+        extra = [a for a in pytest_args if a != "--"]
+        code = pytest.main(
+            suite_arguments(args.backend, args.profile, extra), plugins=[_StartMarker(sampler)]
+        )
     wall = time.perf_counter() - t0
-    print(f"\n{args.backend}, profile {args.profile}: {wall:.0f} s wall, {sum(sampler.counts.values())} samples")
+    print(
+        f"\n{args.backend}, profile {args.profile}: {wall:.0f} s wall, {sum(sampler.counts.values())} samples"
+    )
     for category, seconds, share in breakdown(sampler.counts, wall):
         print(f"  {category:<24} {seconds:7.1f} s  {share:6.1%}")
     return int(code)

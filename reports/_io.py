@@ -107,7 +107,9 @@ class Results:
 
     @property
     def files(self) -> list[str]:
-        return sorted(d["_file"] for d in (*self.conformance, *self.bench, *self.lsh_quality, *self.suite_timing))
+        return sorted(
+            d["_file"] for d in (*self.conformance, *self.bench, *self.lsh_quality, *self.suite_timing)
+        )
 
 
 def _is_int(x: Any) -> bool:
@@ -134,38 +136,46 @@ _CHECKS = {
 }
 
 # field -> (kind, required)
-_TOP = {"schema": ("str", True), "backend": ("str", True), "device": ("str", True),
-        "device_name": ("str?", False), "environment": ("dict", False), "rows": ("list", True)}
-_CONF_TOP = {**_TOP, "failures": ("list", False), "deviations": ("list", False), "spec_version": ("str", False)}
-_BENCH_TOP = {**_TOP, "matmul_tflops": ("dict", False), "targets": ("list", False)}
-_CONF_ROW = {
-    "function": ("str", True), "property": ("str", False), "feature": ("str", True),
-    "dtype": ("str", True), **{k: ("int", True) for k in ("run", "passed", "failed", "unsupported")},
-    **{k: ("int", False) for k in ("deviation", "crashed", "timeout")},
-    **{k: ("num?", False) for k in ("max_abs_err", "max_rel_err", "max_budget_used")},
-    "unsupported_reasons": ("list", False), "deviation_ids": ("list", False),
-}
-_FAILURE = {**{k: ("str?", False) for k in ("function", "property", "feature", "dtype", "status", "cause",
-                                             "message", "repro")}, "clauses": ("list", False)}
-_DEVIATION = {"id": ("str", True), "status": ("str", True), "observed": ("int?", False),
-              "exercised": ("int?", False)}
-_BENCH_ROW = {
-    "implementation": ("str", True), "pass": ("str", True), "dtype": ("str", True),
-    **{k: ("int", True) for k in ("B", "H", "n", "m", "d")}, "causal": ("bool", True),
-    "median_s": ("num", True), "min_s": ("num?", False), "max_s": ("num?", False),
-    "repeats": ("int?", False), "tflops": ("num?", False), "share_of_matmul": ("num?", False),
-    "peak_mem_bytes": ("int?", False), "mem_method": ("str?", False),
-}
-_TARGET = {"name": ("str", True), "value": ("num?", False), "target": ("num?", False),
-           "met": ("bool?", True), "detail": ("str?", False)}
-_LSH_TOP = {"schema": ("str", True), "rows": ("list", True)}
-_TIMING = {"schema": ("str", True), "backend": ("str", True), "device": ("str", True),
-           "profile": ("str", True), "selection": ("str", True), "jobs": ("int", True),
-           "tests": ("int", True), "cases": ("int", True), "seconds": ("num", True),
-           "first_result_s": ("num?", True), "incomplete": ("bool", True), "date": ("str", False),
-           "git_commit": ("str?", False)}
-_LSH_ROW = {"input": ("str", True), "n_hashes": ("int", True), "seed": ("int", True),
-            "rel_err": ("num", True)}
+Fields = dict[str, tuple[str, bool]]
+
+
+def _fields(required: str, optional: str = "") -> Fields:
+    """A record's fields from ``"name:kind name:kind ..."``, those in ``required`` required (kinds: the
+    keys of `_CHECKS`)."""
+    out: Fields = {}
+    for names, needed in ((required, True), (optional, False)):
+        for entry in names.split():
+            name, kind = entry.split(":")
+            out[name] = (kind, needed)
+    return out
+
+
+_TOP = _fields("schema:str backend:str device:str rows:list", "device_name:str? environment:dict")
+_CONF_TOP = {**_TOP, **_fields("", "failures:list deviations:list spec_version:str")}
+_BENCH_TOP = {**_TOP, **_fields("", "matmul_tflops:dict targets:list")}
+_CONF_ROW = _fields(
+    "function:str feature:str dtype:str run:int passed:int failed:int unsupported:int",
+    "property:str deviation:int crashed:int timeout:int max_abs_err:num? max_rel_err:num? "
+    "max_budget_used:num? unsupported_reasons:list deviation_ids:list",
+)
+_FAILURE = _fields(
+    "",
+    "function:str? property:str? feature:str? dtype:str? status:str? cause:str? message:str? repro:str? "
+    "clauses:list",
+)
+_DEVIATION = _fields("id:str status:str", "observed:int? exercised:int?")
+_BENCH_ROW = _fields(
+    "implementation:str pass:str dtype:str B:int H:int n:int m:int d:int causal:bool median_s:num",
+    "min_s:num? max_s:num? repeats:int? tflops:num? share_of_matmul:num? peak_mem_bytes:int? mem_method:str?",
+)
+_TARGET = _fields("name:str met:bool?", "value:num? target:num? detail:str?")
+_LSH_TOP = _fields("schema:str rows:list")
+_TIMING = _fields(
+    "schema:str backend:str device:str profile:str selection:str jobs:int tests:int cases:int seconds:num "
+    "first_result_s:num? incomplete:bool",
+    "date:str git_commit:str?",
+)
+_LSH_ROW = _fields("input:str n_hashes:int seed:int rel_err:num")
 
 
 def _check(obj: Any, spec: dict[str, tuple[str, bool]], where: str, problems: list[str]) -> bool:
@@ -192,13 +202,19 @@ def _check_list(doc: dict, key: str, spec: dict, problems: list[str]) -> None:
 
 def _validate(doc: Any, kind: str) -> list[str]:
     problems: list[str] = []
-    expected = {"conformance": CONFORMANCE, "bench": BENCH, "lsh_quality": LSH_QUALITY,
-                "suite_timing": SUITE_TIMING}[kind]
+    expected = {
+        "conformance": CONFORMANCE,
+        "bench": BENCH,
+        "lsh_quality": LSH_QUALITY,
+        "suite_timing": SUITE_TIMING,
+    }[kind]
     if not isinstance(doc, dict):
         return [f"top level must be an object, got {type(doc).__name__}"]
     if doc.get("schema") != expected:
-        return [f"schema is {json.dumps(doc.get('schema'))}, expected {expected!r} "
-                f"(a {kind} results file, see reports/SCHEMA.md)"]
+        return [
+            f"schema is {json.dumps(doc.get('schema'))}, expected {expected!r} "
+            f"(a {kind} results file, see reports/SCHEMA.md)"
+        ]
     if kind == "conformance":
         _check(doc, _CONF_TOP, "top level", problems)
         _check_list(doc, "rows", _CONF_ROW, problems)
@@ -209,7 +225,7 @@ def _validate(doc: Any, kind: str) -> list[str]:
         _check_list(doc, "rows", _BENCH_ROW, problems)
         _check_list(doc, "targets", _TARGET, problems)
         rates = doc.get("matmul_tflops")
-        for dtype, rate in (rates.items() if isinstance(rates, dict) else ()):
+        for dtype, rate in rates.items() if isinstance(rates, dict) else ():
             if not (rate is None or _is_number(rate)):
                 problems.append(f"matmul_tflops[{dtype!r}]: must be a number, got {json.dumps(rate)[:60]}")
     elif kind == "suite_timing":
@@ -259,8 +275,12 @@ def load_results(directory: str | os.PathLike) -> Results:
     if not directory.is_dir():
         return results
     errors: list[str] = []
-    for kind, pattern in (("conformance", "conformance-*.json"), ("bench", "bench-*.json"),
-                          ("lsh_quality", "lsh-quality*.json"), ("suite_timing", "suite-timings/*.json")):
+    for kind, pattern in (
+        ("conformance", "conformance-*.json"),
+        ("bench", "bench-*.json"),
+        ("lsh_quality", "lsh-quality*.json"),
+        ("suite_timing", "suite-timings/*.json"),
+    ):
         for path in sorted(directory.glob(pattern)):
             doc, problems = _read(path, kind)
             if problems:

@@ -9,10 +9,15 @@ from typing import Any
 from attnspec.reports._io import Results, as_float
 from attnspec.reports._md import DASH, anchor, fence, num, run_label, table
 
-__all__ = ["accuracy_page", "run_key", "totals", "verdict"]
+__all__ = ["FUNCTION_ORDER", "accuracy_page", "run_key", "totals", "verdict"]
 
-FUNCTION_ORDER = ("sdpa", "sdpa_blocked", "mha", "lsh_attention",
-                  "sdpa_vjp", "sdpa_blocked_vjp", "mha_vjp", "lsh_attention_vjp")
+#: the order functions are listed in, here and in the docs' results pages (FP8 last: its dtypes are
+#: columns of their own)
+FUNCTION_ORDER = (
+    *("sdpa", "sdpa_blocked", "mha", "lsh_attention"),
+    *("sdpa_vjp", "sdpa_blocked_vjp", "mha_vjp", "lsh_attention_vjp"),
+    "sdpa_fp8",
+)
 COUNTS = ("run", "passed", "failed", "unsupported", "deviation", "crashed", "timeout")
 NO_RESULTS = "No conformance results in `{dir}`; run `nox -s conformance`."
 
@@ -31,7 +36,7 @@ def run_key(doc: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def verdict(doc: dict[str, Any]) -> str:
-    """"FAILS" on any failed, crashed or timed-out case; else "deviates as declared" if a
+    """ "FAILS" on any failed, crashed or timed-out case; else "deviates as declared" if a
     declared deviation was observed; else "conforms" (or "nothing run"). Stale declarations
     are appended, since a declaration that no longer matches the framework needs attention."""
     total = totals(doc)
@@ -61,10 +66,30 @@ def _summary(results: Results) -> str:
     rows = []
     for doc in sorted(results.conformance, key=run_key):
         t = totals(doc)
-        rows.append([doc["backend"], doc["device"], doc.get("device_name"), *(t[c] for c in COUNTS),
-                     num(_max(r.get("max_budget_used") for r in doc["rows"])), verdict(doc)])
-    headers = ["backend", "device", "device name", "run", "passed", "failed", "unsupported",
-               "deviation", "crashed", "timeout", "worst budget used", "verdict"]
+        rows.append(
+            [
+                doc["backend"],
+                doc["device"],
+                doc.get("device_name"),
+                *(t[c] for c in COUNTS),
+                num(_max(r.get("max_budget_used") for r in doc["rows"])),
+                verdict(doc),
+            ]
+        )
+    headers = [
+        "backend",
+        "device",
+        "device name",
+        "run",
+        "passed",
+        "failed",
+        "unsupported",
+        "deviation",
+        "crashed",
+        "timeout",
+        "worst budget used",
+        "verdict",
+    ]
     return table(headers, rows, "lll" + "r" * 8 + "l")
 
 
@@ -73,11 +98,19 @@ def _matrix(results: Results, gradients: bool) -> str:
     cases passed of those run, declared deviations, and the worst budget used."""
     # the FP8 storage dtypes (sdpa_fp8's cases) get columns only where some run has them
     seen = {r["dtype"] for doc in results.conformance for r in doc["rows"]}
-    dtypes = ("float16", "bfloat16", "float32", "float64", *(d for d in ("float8_e4m3fn", "float8_e5m2") if d in seen))
+    dtypes = (
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        *(d for d in ("float8_e4m3fn", "float8_e5m2") if d in seen),
+    )
     rows = []
     for doc in sorted(results.conformance, key=run_key):
-        fns = sorted({r["function"] for r in doc["rows"] if str(r["function"]).endswith("_vjp") == gradients},
-                     key=_function_key)
+        fns = sorted(
+            {r["function"] for r in doc["rows"] if str(r["function"]).endswith("_vjp") == gradients},
+            key=_function_key,
+        )
         for fn in fns:
             mine = [r for r in doc["rows"] if r["function"] == fn]
             cells = []
@@ -95,7 +128,9 @@ def _matrix(results: Results, gradients: bool) -> str:
             t = _counts(mine)
             if t["unsupported"] == t["run"]:
                 continue  # the per-function tables below give the reason
-            rows.append([doc["backend"], doc["device"], fn, *cells, t["failed"] + t["crashed"] + t["timeout"]])
+            rows.append(
+                [doc["backend"], doc["device"], fn, *cells, t["failed"] + t["crashed"] + t["timeout"]]
+            )
     if not rows:
         return ""
     return table(["backend", "device", "function", *dtypes, "failed"], rows, "lll" + "l" * len(dtypes) + "r")
@@ -116,13 +151,42 @@ def _function_table(entries: list[tuple[dict, dict]]) -> str:
     rows = []
     for doc, r in entries:
         crashed = int(r.get("crashed", 0)) + int(r.get("timeout", 0))
-        rows.append([doc["backend"], doc["device"], r.get("property") or DASH, r["feature"], r["dtype"],
-                     r["run"], r["passed"], r["unsupported"], r["failed"], r.get("deviation", 0), crashed,
-                     num(r.get("max_abs_err")), num(r.get("max_rel_err")),
-                     num(r.get("max_budget_used")), _notes(r)])
-    headers = ["backend", "device", "property", "feature", "dtype", "run", "passed", "unsupported",
-               "failed", "deviation", "crashed/timeout", "max abs err", "max rel err",
-               "max budget used", "notes"]
+        rows.append(
+            [
+                doc["backend"],
+                doc["device"],
+                r.get("property") or DASH,
+                r["feature"],
+                r["dtype"],
+                r["run"],
+                r["passed"],
+                r["unsupported"],
+                r["failed"],
+                r.get("deviation", 0),
+                crashed,
+                num(r.get("max_abs_err")),
+                num(r.get("max_rel_err")),
+                num(r.get("max_budget_used")),
+                _notes(r),
+            ]
+        )
+    headers = [
+        "backend",
+        "device",
+        "property",
+        "feature",
+        "dtype",
+        "run",
+        "passed",
+        "unsupported",
+        "failed",
+        "deviation",
+        "crashed/timeout",
+        "max abs err",
+        "max rel err",
+        "max budget used",
+        "notes",
+    ]
     return table(headers, rows, "lllll" + "r" * 9 + "l")
 
 
@@ -139,10 +203,15 @@ def _refused_table(entries: list[tuple[dict, dict]]) -> str:
         g["feature"].add(r["feature"])
         g["dtype"].add(r["dtype"])
         cases[key] = cases.get(key, 0) + int(r["run"])
-    rows = [[*key[:2], ", ".join(sorted(g["dtype"])), len(g["property"]), len(g["feature"]), cases[key], key[2]]
-            for key, g in sorted(groups.items())]
-    return table(["backend", "device", "dtypes", "properties", "features", "cases", "reason"], rows,
-                 "lll" + "r" * 3 + "l")
+    rows = [
+        [*key[:2], ", ".join(sorted(g["dtype"])), len(g["property"]), len(g["feature"]), cases[key], key[2]]
+        for key, g in sorted(groups.items())
+    ]
+    return table(
+        ["backend", "device", "dtypes", "properties", "features", "cases", "reason"],
+        rows,
+        "lll" + "r" * 3 + "l",
+    )
 
 
 def _failures(results: Results) -> list[str]:
@@ -156,22 +225,29 @@ def _failures(results: Results) -> list[str]:
         t = totals(doc)
         bad = t["failed"] + t["crashed"] + t["timeout"]
         if bad > len(listed):
-            out.append(f"- {run_label(doc)}: {bad} failed, crashed or timed-out cases, "
-                       f"{len(listed)} kept in the results file (`{doc['_file']}`).")
+            out.append(
+                f"- {run_label(doc)}: {bad} failed, crashed or timed-out cases, "
+                f"{len(listed)} kept in the results file (`{doc['_file']}`)."
+            )
     if out:
         out = ["", *out]
     for i, (_, _, doc, f) in enumerate(sorted(items, key=lambda t: (t[0], t[1])), 1):
         what = " ".join(x for x in (f.get("function"), f.get("property")) if x)
         where = ", ".join(x for x in (f.get("feature"), f.get("dtype")) if x)
-        out += ["", f"### {i}. {run_label(doc)}: {what} [{where}] — {f.get('status') or 'failed'}", "",
-                fence(f.get("message") or "(no message)")]
+        out += [
+            "",
+            f"### {i}. {run_label(doc)}: {what} [{where}] — {f.get('status') or 'failed'}",
+            "",
+            fence(f.get("message") or "(no message)"),
+        ]
         if f.get("repro"):
             out += ["", "Reproducer:", "", fence(f["repro"], "python")]
     return out
 
 
-def accuracy_page(results: Results, plots: list[tuple[str, str]] | None = None,
-                  details: dict[str, str] | None = None) -> str:
+def accuracy_page(
+    results: Results, plots: list[tuple[str, str]] | None = None, details: dict[str, str] | None = None
+) -> str:
     """The Markdown of ``accuracy.md``. ``plots``: (title, path) of figures to show at the end.
 
     With ``details`` (a dict to fill), each function's table of every property, feature and
@@ -190,41 +266,71 @@ def accuracy_page(results: Results, plots: list[tuple[str, str]] | None = None,
         "differ from the spec exactly as a [declared deviation](deviations.md) says. *Max rel err*",
         "is taken only over elements whose golden magnitude exceeds their allowed error (nearer 0 a",
         "relative error measures nothing; results written before this rule may show absurd values).",
-        "", "## Summary", "", _summary(results),
-        "", "## By function and dtype", "",
+        "",
+        "## Summary",
+        "",
+        _summary(results),
+        "",
+        "## By function and dtype",
+        "",
         "Each cell: cases passed of those run (the rest failed, were unsupported or showed a",
         "declared deviation, counted as *dev.*) and the worst budget used. A function the",
-        "backend supports at no dtype is left out here; the tables further down give the reason.", "",
+        "backend supports at no dtype is left out here; the tables further down give the reason.",
+        "",
         _matrix(results, gradients=False),
     ]
     grads = _matrix(results, gradients=True)
     if grads:
-        lines += ["", "## Gradients", "",
-                  "Gradient functions (`*_vjp`), cells as above; the budget is the worst over the",
-                  "gradient tensors (`attnspec.spec.tolerance_grads`).", "", grads]
+        lines += [
+            "",
+            "## Gradients",
+            "",
+            "Gradient functions (`*_vjp`), cells as above; the budget is the worst over the",
+            "gradient tensors (`attnspec.spec.tolerance_grads`).",
+            "",
+            grads,
+        ]
     entries = [(doc, r) for doc in results.conformance for r in doc["rows"]]
     functions = sorted({r["function"] for _, r in entries}, key=_function_key)
     if details is not None and functions:
-        lines += ["", "## Every property, feature and dtype", "",
-                  "One page per function, a row per backend, device, property, feature and dtype:", "",
-                  *(f"- [{fn}](accuracy/{fn}.md)" for fn in functions)]
+        lines += [
+            "",
+            "## Every property, feature and dtype",
+            "",
+            "One page per function, a row per backend, device, property, feature and dtype:",
+            "",
+            *(f"- [{fn}](accuracy/{fn}.md)" for fn in functions),
+        ]
     for fn in functions:
-        mine = sorted((e for e in entries if e[1]["function"] == fn),
-                      key=lambda e: (run_key(e[0]), e[1].get("property") or "", e[1]["feature"],
-                                     e[1]["dtype"]))
+        mine = sorted(
+            (e for e in entries if e[1]["function"] == fn),
+            key=lambda e: (run_key(e[0]), e[1].get("property") or "", e[1]["feature"], e[1]["dtype"]),
+        )
         ran = [e for e in mine if e[1]["unsupported"] < e[1]["run"]]
         refused = [e for e in mine if e[1]["unsupported"] >= e[1]["run"]]
         section = [_function_table(ran)] if ran else ["No backend ran a case of it."]
         if refused:
-            section += ["", f"Refused in every case ({len(refused)} rows of property, feature and dtype, "
-                            "folded by backend and reason):", "", _refused_table(refused)]
+            section += [
+                "",
+                f"Refused in every case ({len(refused)} rows of property, feature and dtype, "
+                "folded by backend and reason):",
+                "",
+                _refused_table(refused),
+            ]
         if details is None:
             lines += ["", f"## {fn}", "", *section]
         else:  # one folder down: its relative links gain a ../
             body = re.sub(r"\]\((?!https?:|#|\.\./)", "](../", "\n".join(section))
             details[f"accuracy/{fn}.md"] = "\n".join(
-                [f"# Accuracy: {fn}", "", "Part of [the accuracy page](../accuracy.md), which explains the columns.",
-                 "", body, ""])
+                [
+                    f"# Accuracy: {fn}",
+                    "",
+                    "Part of [the accuracy page](../accuracy.md), which explains the columns.",
+                    "",
+                    body,
+                    "",
+                ]
+            )
     lines += ["", "## Failures"]
     fails = _failures(results)
     lines += fails if fails else ["", "None."]

@@ -12,6 +12,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import tiers
+
 HERE = Path(__file__).parent
 #: ``python -m attnspec``: the command without the installed script
 MODULE = [sys.executable, "-m", "attnspec"]
@@ -47,6 +49,7 @@ def check_all(
 ) -> dict[str, Run]:
     """``attnspec check ARGS --out tmp/NAME`` for each name (``workers`` at a time, with
     ``envs[NAME]`` added to the environment): name -> (the finished process, its --out folder)."""
+    tiers.require_proof(f"`attnspec check` on {', '.join(runs)}")
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {
             name: pool.submit(

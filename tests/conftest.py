@@ -7,10 +7,16 @@ import pytest
 # tests/mutants.py is imported by name, both here and by the suite subprocesses it starts
 sys.path.insert(0, str(Path(__file__).parent))
 
+import tiers
 from check_runs import check_all  # this folder, on the path above
 from tutorial_seeds import TUTORIAL_SEEDS
 
 HERE = Path(__file__).parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before the fixtures a proof's runs happen in are set up
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    tiers.starting(item)
 
 
 @pytest.fixture(scope="session")

@@ -26,11 +26,21 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import tiers
+
+from attnspec.conformance.run import suite_arguments
+
 HERE = Path(__file__).parent
-OPTIONS = ["--attn-profile", "dev", "-q", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning"]
 
 #: name -> (the backend target, the pytest -k selection or None for the whole suite)
 Targets = dict[str, tuple[str, "str | None"]]
+
+
+def suite_command(target: str, profile: str, *pytest_args: str) -> list[str]:
+    """``python -m pytest`` running the suite on ``target`` in ``profile`` as the runner's children
+    run it (`attnspec.conformance.run.suite_arguments`), ``pytest_args`` added. Not guarded: a test
+    that runs it for long is marked a proof by hand (tests/tiers.py)."""
+    return [sys.executable, "-m", "pytest", *suite_arguments(target, profile, pytest_args)]
 
 
 def run_suite(
@@ -41,11 +51,11 @@ def run_suite(
     fail_fast: bool = False,
     shrink: bool = True,
 ) -> subprocess.CompletedProcess:
+    tiers.require_proof(f"the conformance suite on {target}")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     env["ATTNSPEC_FAIL_FAST"] = "1" if fail_fast else "0"
     env["ATTNSPEC_SHRINK"] = "1" if shrink else "0"
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", *OPTIONS]
-    cmd += ["--attn-backend", target, "--attn-results", str(results)] + (["-k", keyword] if keyword else [])
+    cmd = suite_command(target, "dev", "--attn-results", str(results), *(["-k", keyword] if keyword else []))
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=results.parent)
 
 

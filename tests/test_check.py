@@ -15,8 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from check_runs import check, check_all, results_of
+from suite_runs import suite_command
 
 from attnspec.backends.conventions import VARIANT_FEATURES
+from attnspec.conformance.profiles import DEFAULT_PROFILE
 from attnspec.conformance.serving_cases import SERVING_FEATURES
 
 HERE = Path(__file__).parent
@@ -67,6 +69,7 @@ def failing_features(results: dict) -> set[str]:
     return {r["feature"] for r in results["rows"] if r["failed"]}
 
 
+@pytest.mark.proof
 def test_correct_function_conforms_and_writes_its_report(runs):
     proc, out = runs["correct"]
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -88,6 +91,7 @@ def test_correct_function_conforms_and_writes_its_report(runs):
     assert "CONFORMS" in proc.stderr and "feature" in proc.stderr  # the summary table
 
 
+@pytest.mark.proof
 def test_tiled_gqa_fails_and_names_gqa(runs):
     proc, out = runs["tiled_gqa"]
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -102,6 +106,7 @@ def test_tiled_gqa_fails_and_names_gqa(runs):
     assert repro.exists() and "resolve_backend" in repro.read_text()
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize(
     "run,got", [("fill_neg_1e9_nan_to_num", "mean(V)"), ("fill_neg_inf", "NaN"), ("fill_neg_1e9", "mean(V)")]
 )
@@ -121,6 +126,7 @@ def test_each_seed_fails_naming_the_empty_row_rule(tutorial_seed_checks, run, go
     assert any(f"row with no visible key: expected 0, got {got}" in c for c in causes), causes
 
 
+@pytest.mark.proof
 def test_a_reproducer_written_by_check_reproduces(tutorial_seed_checks):
     _, out = tutorial_seed_checks["fill_neg_inf"]
     repro = sorted((out / "repro").glob("*.py"))[0]
@@ -136,6 +142,7 @@ def test_a_reproducer_written_by_check_reproduces(tutorial_seed_checks):
     assert ran.stdout.strip() not in ("0.0", "")  # it prints the max error against the golden: not zero
 
 
+@pytest.mark.proof
 def test_flash_style_numpy_function_conforms_where_the_convention_reaches(runs):
     proc, out = runs["flash_numpy"]
     # nothing failed, but the function takes none of softcap, alibi_slopes, return_attn_probs, which
@@ -152,6 +159,7 @@ def test_flash_style_numpy_function_conforms_where_the_convention_reaches(runs):
     assert {"plain", "gqa", "causal_lower_right", "window_lower_right", "dk_ne_dv"} <= passed
 
 
+@pytest.mark.proof
 def test_torch_sdpa_raw_fails_only_where_torch_is_known_to_deviate(runs):
     proc, out = runs["torch_raw"]
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -163,6 +171,7 @@ def test_torch_sdpa_raw_fails_only_where_torch_is_known_to_deviate(runs):
         ][:500]
 
 
+@pytest.mark.proof
 def test_torch_sdpa_with_torchs_declared_deviations_conforms(runs):
     proc, out = runs["torch_declared"]
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -170,6 +179,7 @@ def test_torch_sdpa_with_torchs_declared_deviations_conforms(runs):
     assert observed >= {"torch.masked-nonfinite-k", "torch.masked-nonfinite-v"}
 
 
+@pytest.mark.proof
 def test_jax_dot_product_attention_with_jaxs_declared_deviations_conforms(runs):
     proc, out = runs["jax_declared"]
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -182,6 +192,7 @@ def test_jax_dot_product_attention_with_jaxs_declared_deviations_conforms(runs):
     assert {r["dtype"] for r in results["rows"]} == {"float32", "float64"}  # --dtype narrowed the run
 
 
+@pytest.mark.proof
 def test_probe_finds_refused_dtypes_and_the_suite_reports_them(runs):
     proc, out = runs["float32_only"]
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -202,6 +213,7 @@ def test_probe_finds_refused_dtypes_and_the_suite_reports_them(runs):
 FAULTS = 2
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("fn,status", [("aborts_when_n_gt_m", "crashed"), ("hangs_when_n_gt_m", "timeout")])
 def test_a_function_that_crashes_or_hangs_is_recorded_and_the_run_completes(tmp_path, fn, status):
     calls = tmp_path / "n_gt_m_calls"  # one byte per call with n > m, across the run's processes
@@ -288,20 +300,7 @@ def test_a_reader_that_goes_away_gets_no_traceback():
 
 def test_a_drifted_signature_fails_its_own_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(HERE)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--pyargs",
-        "attnspec.conformance",
-        "--attn-backend",
-        "mutants:SignatureDrift",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        "test_signatures",
-    ]
+    cmd = suite_command("mutants:SignatureDrift", DEFAULT_PROFILE, "-k", "test_signatures")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert proc.returncode == 1
     assert "dropout_p" in proc.stdout and "signature" in proc.stdout
@@ -451,6 +450,7 @@ def flash_runs(tmp_path_factory):
     return check_all(tmp_path_factory.mktemp("check_flash"), runs)
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize(
     "run, features",
     [
@@ -469,6 +469,7 @@ def test_flash_varlen_and_kvcache_references_conform(flash_runs, run, features):
     assert not any(r["failed"] or r["crashed"] for r in rows)
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize(
     "run, feature", [("varlen_upper_left", "causal_lower_right_lengths"), ("kvcache_padded", "alibi")]
 )

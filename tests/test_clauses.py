@@ -149,6 +149,7 @@ def test_the_changelog_records_the_current_version():
     assert f"## {SPEC_VERSION} " in CHANGELOG.read_text()
 
 
+@pytest.mark.proof
 def test_a_mutants_failure_names_its_clause_in_the_message_and_the_results(tmp_path):
     """The empty-rows-as-mean(V) mutant, run through the real suite (one property, float64):
     the failure's first line and its results entry name sdpa.empty_row, the results carry the

@@ -75,6 +75,7 @@ def _floor_rows(results):
     ]
 
 
+@pytest.mark.proof
 def test_a_correct_mask_only_function_passes_the_floor(runs):
     proc, results = runs["correct"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -82,6 +83,7 @@ def test_a_correct_mask_only_function_passes_the_floor(runs):
     assert len(rows) == 1 and rows[0]["passed"] == rows[0]["run"] == 1, rows
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("name, fill", [("fill_minus_1e4", "-1e4"), ("fill_minus_1e6", "-1e6")])
 def test_a_finite_fill_fails_the_floor_named_by_its_fill(runs, name, fill):
     proc, results = runs[name]

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
+
+from suite_runs import suite_command
 
 SELECTION = "test_sdpa.py and test_matches_golden and float64"
 
@@ -16,14 +17,8 @@ def _cases(cwd: Path, backend: str) -> list[tuple]:
     """The sdpa matches_golden float64 cases of a dev run of ``backend`` started in ``cwd``, in order."""
     cwd.mkdir(parents=True, exist_ok=True)
     journal = cwd / "journal.jsonl"
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", backend,
-            "--attn-profile", "dev", "--attn-journal", str(journal), "-q", "-p", "no:cacheprovider",
-            "-k", SELECTION, "-W", "ignore::RuntimeWarning",
-        ],
-        capture_output=True, text=True, timeout=600, cwd=cwd,
-    )  # fmt: skip
+    cmd = suite_command(backend, "dev", "--attn-journal", str(journal), "-k", SELECTION)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=cwd)
     assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-2000:]
     events = [json.loads(line) for line in journal.read_text().splitlines()]
     return [

@@ -43,6 +43,7 @@ def runs(tmp_path_factory):
     }
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("name", ["control", "p_e4m3_claimed"])
 def test_conforms(runs, name):
     proc = runs[name]
@@ -61,6 +62,7 @@ CAUSES = {
 }
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("name", sorted(CAUSES))
 def test_mutant_fails_naming_its_bug(runs, name):
     proc = runs[name]

@@ -174,6 +174,7 @@ class LeakyPadding(JaxBackend):
         return dataclasses.replace(padded, kv_lengths=None)
 
 
+@pytest.mark.proof
 def test_suite_catches_leaky_padding(tmp_path):
     """The padding is the backend's own code, so the suite must see it leak: the mutant fails
     sdpa's golden comparison and the unchanged adapter, the control, passes the same run."""

@@ -24,6 +24,9 @@ from mutants import (
 )
 from suite_runs import caught, passed, run_all, run_suite
 
+# every test here runs the suite in a subprocess on a mutant or its control: `nox -s proofs`
+pytestmark = pytest.mark.proof
+
 #: a drawn feature -> the corner case that exercises the same rule
 CORNER_OF = {
     "no_visible_rows": "corner_empty_rows",

@@ -16,6 +16,9 @@ from suite_runs import caught, passed, run_all
 from attnspec.conformance.test_dropout import P_VALUES
 from attnspec.spec.validate import FLOAT_DTYPES
 
+# every test here runs the suite in a subprocess on a mutant or its control: `nox -s proofs`
+pytestmark = pytest.mark.proof
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):

@@ -13,6 +13,9 @@ from suite_runs import caught, passed, run_all
 
 from attnspec.spec.fp8 import FP8_DTYPES
 
+# every test here runs the suite in a subprocess on a mutant or its control: `nox -s proofs`
+pytestmark = pytest.mark.proof
+
 #: the property's pytest -k selection (the backend's name may hold "fp8" itself)
 SELECT = "test_fp8_matches_golden"
 MUTANTS = ("forget_descale", "descale_twice", "p_e4m3")

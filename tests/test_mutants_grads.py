@@ -11,6 +11,9 @@ import pytest
 from mutants_grads import GRAD_MUTANTS, MHA_LSH_MUTANTS, VARIANT_GRAD_MUTANTS
 from suite_runs import caught, passed, run_all
 
+# every test here runs the suite in a subprocess on a mutant or its control: `nox -s proofs`
+pytestmark = pytest.mark.proof
+
 SDPA_VJP = "grads and not mha_vjp and not lsh_attention_vjp"  # test_grads.py's properties
 MHA_LSH_VJP = "mha_vjp or lsh_attention_vjp"  # test_grads_mha_lsh.py's
 

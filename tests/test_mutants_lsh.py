@@ -11,6 +11,9 @@ import pytest
 from mutants_lsh import MUTANTS
 from suite_runs import caught, passed, run_all
 
+# every test here runs the suite in a subprocess on a mutant or its control: `nox -s proofs`
+pytestmark = pytest.mark.proof
+
 
 @pytest.fixture(scope="module")
 def suite_runs(tmp_path_factory):

@@ -12,6 +12,9 @@ import pytest
 from mutants_mha import MHA_MUTANTS
 from suite_runs import caught, passed, run_all, run_suite
 
+# every test here runs the suite in a subprocess on a mutant or its control: `nox -s proofs`
+pytestmark = pytest.mark.proof
+
 
 @pytest.fixture(scope="module")
 def suite_runs(tmp_path_factory):

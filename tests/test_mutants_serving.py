@@ -17,6 +17,9 @@ from suite_runs import caught, passed, run_all
 
 from attnspec.conformance.serving_cases import SERVING_FEATURES
 
+# every test here runs the suite in a subprocess on a mutant or its control: `nox -s proofs`
+pytestmark = pytest.mark.proof
+
 SERVING_RUN = "test_serving"
 #: bugs the base property catches too: its corner and no_visible_rows cases hold empty caches, and
 #: since its kv_lengths draws take n != m (n = 1, m = 2, kv_lengths = 1 among them) a decode kernel

@@ -84,6 +84,7 @@ def runs(tmp_path_factory, tutorial_seed_checks):
     return {**done, **{name: tutorial_seed_checks[seed] for name, seed in SHARED.items()}}
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("name", SUBJECTS)
 def test_each_failure_names_its_cause_first_and_its_reproducer_runs(runs, name):
     _, modules, expected = SUBJECTS[name]
@@ -113,6 +114,7 @@ def test_each_failure_names_its_cause_first_and_its_reproducer_runs(runs, name):
             assert ran.stdout.strip() not in ("0.0", ""), (repro.name, ran.stdout)
 
 
+@pytest.mark.proof
 def test_seed_003_fails_on_empty_rows_in_float32_alone(runs):
     """In float32 the dev profile draws no row without keys for a function with no bias; the
     mask-only corner (conformance/corners.py) draws one, so seed 003 fails matches_golden there,

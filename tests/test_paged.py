@@ -160,6 +160,7 @@ def _fail_lines(proc) -> list[str]:
     return [line for line in proc.stderr.splitlines() + proc.stdout.splitlines() if line.startswith("FAIL ")]
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("run", ["flash", "vllm"])
 def test_correct_paged_function_conforms(paged_runs, run):
     proc = paged_runs[run]
@@ -167,6 +168,7 @@ def test_correct_paged_function_conforms(paged_runs, run):
     assert "CONFORMS: " in proc.stdout + proc.stderr
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize(
     "run",
     [
@@ -190,6 +192,7 @@ def test_reading_outside_the_table_or_past_the_length_fails_with_the_nan_named(p
     assert named, _fail_lines(proc)
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("run", ["flash_causal_on_padded", "vllm_causal_on_padded"])
 def test_causal_on_the_padded_cache_fails_on_a_causal_feature(paged_runs, run):
     proc = paged_runs[run]

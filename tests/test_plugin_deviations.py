@@ -108,6 +108,7 @@ def runs(tmp_path_factory):
     )
 
 
+@pytest.mark.proof
 def test_a_declared_deviation_is_observed_and_the_run_conforms(runs):
     proc, out = runs["declared"]
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -119,6 +120,7 @@ def test_a_declared_deviation_is_observed_and_the_run_conforms(runs):
     assert not results["failures"]
 
 
+@pytest.mark.proof
 def test_an_undeclared_failure_fails_naming_its_cause(runs):
     proc, out = runs["undeclared"]
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -128,6 +130,7 @@ def test_an_undeclared_failure_fails_naming_its_cause(runs):
     assert all("row with no visible key: expected 0, got NaN" in line for line in firsts), firsts
 
 
+@pytest.mark.proof
 def test_a_declared_deviation_that_no_case_shows_is_stale(runs):
     proc, out = runs["stale"]
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -136,6 +139,7 @@ def test_a_declared_deviation_that_no_case_shows_is_stale(runs):
     assert "STALE deviations" in proc.stderr and ID in proc.stderr
 
 
+@pytest.mark.proof
 def test_the_report_shows_the_plugins_deviation_with_its_source(runs):
     _, out = runs["declared"]
     md = (out / "deviations.md").read_text()

@@ -10,21 +10,40 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from suite_runs import suite_command
+
+from attnspec.conformance.profiles import DEFAULT_PROFILE
 
 HERE = Path(__file__).parent
 
 
-@pytest.mark.parametrize("target,status", [("mutants:Crasher", "crashed"), ("mutants:Hanger", "timeout"),
-                                           ("mutants:DeviceFault", "crashed")])
+def runner_command(target: str, out: Path, *args: str) -> list[str]:
+    """``python -m attnspec.conformance.run`` on ``target`` in the dev profile, writing ``out``."""
+    return [
+        sys.executable,
+        "-m",
+        "attnspec.conformance.run",
+        "--backend",
+        target,
+        "--profile",
+        "dev",
+        "--out",
+        str(out),
+        *args,
+    ]
+
+
+@pytest.mark.parametrize(
+    "target,status",
+    [("mutants:Crasher", "crashed"), ("mutants:Hanger", "timeout"), ("mutants:DeviceFault", "crashed")],
+)
 def test_runner_isolates_crash_and_hang(tmp_path, target, status):
     """DeviceFault: a sticky GPU fault fails every later call in its process; the runner blames
     only the case that caused it, restarts, and the later cases run on a fresh context."""
     out = tmp_path / "results.json"
     env = {**os.environ, "PYTHONPATH": str(HERE), "ATTNSPEC_MAX_SIDE": "16"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "attnspec.conformance.run", "--backend", target, "--profile", "dev",
-         "--out", str(out), "--case-timeout", "6", "--", "-k", "matches_golden"],
-        capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    cmd = runner_command(target, out, "--case-timeout", "6", "--", "-k", "matches_golden")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-2000:]  # a crash or hang is a failure of the backend
     results = json.loads(out.read_text())
     rows = results["rows"]
@@ -35,8 +54,12 @@ def test_runner_isolates_crash_and_hang(tmp_path, target, status):
     assert {r["dtype"] for r in rows if r["passed"]} == {"float16", "bfloat16", "float32", "float64"}
     assert any(f["status"] == status for f in results["failures"])
     if target == "mutants:DeviceFault":  # each blamed case is one that faults, with CUDA's words
-        assert all(f["status"] == "crashed" and "misaligned address" in f["message"]
-                   and "the device was lost" in f["message"] for f in results["failures"]), results["failures"]
+        assert all(
+            f["status"] == "crashed"
+            and "misaligned address" in f["message"]
+            and "the device was lost" in f["message"]
+            for f in results["failures"]
+        ), results["failures"]
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
@@ -50,9 +73,13 @@ def test_interrupt_stops_everything_and_keeps_finished_cases(tmp_path, sig):
     target = "mutants:Hanger"
     env = {**os.environ, "PYTHONPATH": str(HERE), "ATTNSPEC_MAX_SIDE": "16"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "attnspec.conformance.run", "--backend", target, "--profile", "dev",
-         "--out", str(out), "--case-timeout", "600", "-k", "matches_golden"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+        runner_command(target, out, "--case-timeout", "600", "-k", "matches_golden"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and "cases" not in (proc.stderr.readline() or ""):
         pass  # wait for the first progress line with cases done
@@ -73,10 +100,8 @@ def test_interrupt_stops_everything_and_keeps_finished_cases(tmp_path, sig):
 def _run(tmp_path: Path, name: str, *args: str) -> dict:
     out = tmp_path / f"{name}.json"
     env = {**os.environ, "PYTHONPATH": str(HERE), "ATTNSPEC_MAX_SIDE": "8"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "attnspec.conformance.run", "--backend", "numpy", "--profile", "dev",
-         "--out", str(out), *args, "-k", "sdpa and (matches_golden or key_permutation)"],
-        capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    cmd = runner_command("numpy", out, *args, "-k", "sdpa and (matches_golden or key_permutation)")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(out.read_text())
 
@@ -89,8 +114,10 @@ def test_shards_run_the_same_cases_as_one_child(tmp_path):
     assert two["environment"]["jobs"] == 2 and one["environment"]["jobs"] == 1
 
     def counts(results):
-        return sorted((r["function"], r["property"], r["feature"], r["dtype"], r["run"], r["passed"])
-                      for r in results["rows"])
+        return sorted(
+            (r["function"], r["property"], r["feature"], r["dtype"], r["run"], r["passed"])
+            for r in results["rows"]
+        )
 
     assert counts(one) == counts(two)
     assert sum(r["run"] for r in two["rows"]) > 50
@@ -102,9 +129,12 @@ def test_shards_run_the_same_cases_as_one_child(tmp_path):
 
 def test_shard_option_rejects_malformed_values(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", "numpy",
-         "--attn-shard", "2/2", "-q", "-p", "no:cacheprovider", "--collect-only"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        suite_command("numpy", DEFAULT_PROFILE, "--attn-shard", "2/2", "--collect-only"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode != 0
     assert "--attn-shard='2/2': expected I/N with 0 <= I < N" in proc.stdout + proc.stderr
 
@@ -117,20 +147,69 @@ def test_timing_files_each_sample_under_its_innermost_meaningful_caller():
     test = ("conformance.test_sdpa", "test_matches_golden")
     judge = ("conformance.conftest", "run")
     assert classify(pytest_outer, tests_started=False) == "start-up and collection"
-    assert classify([*pytest_outer, test, judge, ("attnspec.backends.jax", "sdpa"),
-                     ("jax._src.compiler", "compile_or_get_cached")], True) == "XLA compilation"
-    assert classify([*pytest_outer, test, judge, ("attnspec.backends.torch", "sdpa"), ("torch.nn", "f")],
-                    True) == "backend calls"
+    assert (
+        classify(
+            [
+                *pytest_outer,
+                test,
+                judge,
+                ("attnspec.backends.jax", "sdpa"),
+                ("jax._src.compiler", "compile_or_get_cached"),
+            ],
+            True,
+        )
+        == "XLA compilation"
+    )
+    assert (
+        classify([*pytest_outer, test, judge, ("attnspec.backends.torch", "sdpa"), ("torch.nn", "f")], True)
+        == "backend calls"
+    )
     assert classify([*pytest_outer, test, judge, ("my_plugin", "attention")], True) == "backend calls"
-    assert classify([*pytest_outer, test, ("attnspec.conformance.pytest_helpers", "golden_for"),
-                     ("attnspec.spec.tolerance", "reference_sdpa"), ("attnspec.spec.sdpa", "attention_core")],
-                    True) == "tolerance reference"
-    assert classify([*pytest_outer, test, ("attnspec.conformance.pytest_helpers", "golden_for"),
-                     ("attnspec.spec.sdpa", "golden"), ("numpy", "where")], True) == "golden"
-    assert classify([*pytest_outer, test, judge, ("attnspec.conformance.recorder", "_log")], True) == "journaling"
-    assert classify([*pytest_outer, test, ("hypothesis.strategies", "draw"),
-                     ("attnspec.conformance.hypothesis_helpers", "sdpa_cases")], True) == "case generation"
-    assert classify([*pytest_outer, test, judge, ("attnspec.conformance.causes", "explain")], True) == "judging"
+    assert (
+        classify(
+            [
+                *pytest_outer,
+                test,
+                ("attnspec.conformance.pytest_helpers", "golden_for"),
+                ("attnspec.spec.tolerance", "reference_sdpa"),
+                ("attnspec.spec.sdpa", "attention_core"),
+            ],
+            True,
+        )
+        == "tolerance reference"
+    )
+    assert (
+        classify(
+            [
+                *pytest_outer,
+                test,
+                ("attnspec.conformance.pytest_helpers", "golden_for"),
+                ("attnspec.spec.sdpa", "golden"),
+                ("numpy", "where"),
+            ],
+            True,
+        )
+        == "golden"
+    )
+    assert (
+        classify([*pytest_outer, test, judge, ("attnspec.conformance.recorder", "_log")], True)
+        == "journaling"
+    )
+    assert (
+        classify(
+            [
+                *pytest_outer,
+                test,
+                ("hypothesis.strategies", "draw"),
+                ("attnspec.conformance.hypothesis_helpers", "sdpa_cases"),
+            ],
+            True,
+        )
+        == "case generation"
+    )
+    assert (
+        classify([*pytest_outer, test, judge, ("attnspec.conformance.causes", "explain")], True) == "judging"
+    )
     rows = breakdown(Counter({"golden": 3, "backend calls": 1}), wall=8.0)
     assert dict((c, s) for c, s, _ in rows)["golden"] == 6.0 and sum(s for _, s, _ in rows) == 8.0
 
@@ -144,19 +223,31 @@ def test_larger_profiles_draw_every_case_of_smaller_ones(tmp_path):
     for profile in ("dev", "default"):
         journal = tmp_path / f"{profile}.jsonl"
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", "numpy",
-             "--attn-profile", profile, "--attn-journal", str(journal), "-q", "-p", "no:cacheprovider",
-             "-k", "test_sdpa and (matches_golden or masked_keys)", "-W", "ignore::RuntimeWarning"],
-            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+            suite_command(
+                "numpy",
+                profile,
+                "--attn-journal",
+                str(journal),
+                "-k",
+                "test_sdpa and (matches_golden or masked_keys)",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, proc.stdout[-2000:]
-        cases[profile] = {json.loads(line)["key"] for line in journal.read_text().splitlines()
-                          if '"event": "start"' in line}
+        cases[profile] = {
+            json.loads(line)["key"] for line in journal.read_text().splitlines() if '"event": "start"' in line
+        }
     assert 0 < len(cases["dev"]) < len(cases["default"])
     assert cases["dev"] <= cases["default"]
 
 
 #: the properties that must reach the corners: sdpa, variants, blocked and vjp (not bad_input)
-_PROPERTIES = "(test_sdpa or test_variants or test_blocked or test_grads) and not mha and not lsh and not bad_input"
+_PROPERTIES = (
+    "(test_sdpa or test_variants or test_blocked or test_grads) and not mha and not lsh and not bad_input"
+)
 
 
 def test_every_property_and_dtype_reaches_the_corners_in_every_profile(tmp_path):
@@ -167,10 +258,12 @@ def test_every_property_and_dtype_reaches_the_corners_in_every_profile(tmp_path)
     for profile in ("dev", "default"):
         journal = tmp_path / f"{profile}.jsonl"
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend", "numpy",
-             "--attn-profile", profile, "--attn-journal", str(journal), "-q", "-p", "no:cacheprovider",
-             "-k", _PROPERTIES, "-W", "ignore::RuntimeWarning"],
-            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+            suite_command("numpy", profile, "--attn-journal", str(journal), "-k", _PROPERTIES),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, proc.stdout[-2000:]
         reached: dict[str, set[str]] = {}
         for line in journal.read_text().splitlines():
@@ -193,11 +286,19 @@ def test_a_mask_only_backend_reaches_empty_rows_and_hidden_nonfinite_keys(tmp_pa
     for profile in ("dev", "default"):
         journal = tmp_path / f"{profile}.jsonl"
         subprocess.run(
-            [sys.executable, "-m", "pytest", "--pyargs", "attnspec.conformance", "--attn-backend",
-             f"{seeds}:fill_neg_1e9_nan_to_num@tutorial", "--attn-profile", profile, "--attn-journal",
-             str(journal), "-q", "-p", "no:cacheprovider", "-k", "test_sdpa and not bad_input",
-             "-W", "ignore::RuntimeWarning"],
-            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+            suite_command(
+                f"{seeds}:fill_neg_1e9_nan_to_num@tutorial",
+                profile,
+                "--attn-journal",
+                str(journal),
+                "-k",
+                "test_sdpa and not bad_input",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )
         reached: dict[str, set[str]] = {}
         for line in journal.read_text().splitlines():
             event = json.loads(line)

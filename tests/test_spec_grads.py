@@ -95,7 +95,8 @@ FD_CASES = {
     "mask_broadcast": (qkv(), {"mask": rng.random((3, 4)) < 0.6}),
     "bias": (qkv(), {"bias": rng.standard_normal((2, 2, 3, 4))}),
     "bias_broadcast_neg_inf": (
-        qkv(), {"bias": np.where(rng.random((2, 1, 4)) < 0.3, -np.inf, rng.standard_normal((2, 1, 4)))},
+        qkv(),
+        {"bias": np.where(rng.random((2, 1, 4)) < 0.3, -np.inf, rng.standard_normal((2, 1, 4)))},
     ),
     "causal_upper_left": (qkv(n=3, m=5), {"causal": "upper_left"}),
     "causal_lower_right": (qkv(n=3, m=5), {"causal": "lower_right"}),
@@ -107,14 +108,20 @@ FD_CASES = {
     "gqa": (qkv(hq=4, hkv=2), {}),
     "mqa_causal": (qkv(hq=3, hkv=1, n=3, m=3), {"causal": "upper_left"}),
     "batch_broadcast": (
-        (rng.standard_normal((2, 1, 2, 3, 3)), rng.standard_normal((3, 1, 4, 3)),
-         rng.standard_normal((1, 3, 1, 4, 2))),
+        (
+            rng.standard_normal((2, 1, 2, 3, 3)),
+            rng.standard_normal((3, 1, 4, 3)),
+            rng.standard_normal((1, 3, 1, 4, 2)),
+        ),
         {"bias": rng.standard_normal((3, 1, 3, 4))},
     ),
-    "rank_2": ((rng.standard_normal((3, 3)), rng.standard_normal((4, 3)), rng.standard_normal((4, 2))),
-               {"bias": rng.standard_normal((3, 4))}),
+    "rank_2": (
+        (rng.standard_normal((3, 3)), rng.standard_normal((4, 3)), rng.standard_normal((4, 2))),
+        {"bias": rng.standard_normal((3, 4))},
+    ),
     "rank_2_kv_gqa": (
-        (rng.standard_normal((2, 3, 3)), rng.standard_normal((4, 3)), rng.standard_normal((4, 2))), {},
+        (rng.standard_normal((2, 3, 3)), rng.standard_normal((4, 3)), rng.standard_normal((4, 2))),
+        {},
     ),
     "scale": (qkv(), {"scale": 0.5}),
     "everything": (
@@ -397,8 +404,10 @@ MHA_ULPS_FACTOR = 4
 
 def mha_fd_tolerance(q_proj, k_proj, v_proj, arrays, d_out, w_o, scale, has_bias):
     factor = max(1.0, *(float(np.abs(a).max(initial=0)) for a in arrays))
-    u = max(1.0 if has_bias else 0.0,
-            scale * factor * max(np.abs(q_proj).max(initial=0), np.abs(k_proj).max(initial=0)))
+    u = max(
+        1.0 if has_bias else 0.0,
+        scale * factor * max(np.abs(q_proj).max(initial=0), np.abs(k_proj).max(initial=0)),
+    )
     weight = max(1.0, np.abs(v_proj).max(initial=0)) * factor * np.abs(d_out @ w_o).sum()
     return (MHA_ULPS_FACTOR * FD_ULPS * EPS / H + H**2 / 6 * 16 * max(1.0, u) ** 3) * weight
 
@@ -419,7 +428,7 @@ def assert_mha_matches_fd(query, key, value, params, **options):
     args = [query, key, value] + [getattr(params, f) for f in names] + ([] if bias is None else [bias])
 
     def loss(*a):
-        p = MHAParams(**dict(zip(names, a[3:3 + len(names)])))
+        p = MHAParams(**dict(zip(names, a[3 : 3 + len(names)])))
         b = a[3 + len(names)] if bias is not None else None
         return float(np.sum(mha(a[0], a[1], a[2], p, bias=b, **options) * d_out))
 
@@ -433,10 +442,13 @@ def assert_mha_matches_fd(query, key, value, params, **options):
     proj = [x @ getattr(params, w).T for x, w in ((query, "w_q"), (key, "w_k"), (value, "w_v"))]
     q_p, k_p, v_p = split_heads(proj[0], heads), split_heads(proj[1], hkv), split_heads(proj[2], hkv)
     scale = options.get("scale") or 1 / np.sqrt(hd)
-    tol = mha_fd_tolerance(q_p, k_p, v_p, args[:-1] if bias is not None else args, d_out,
-                           params.w_o, scale, bias is not None)
+    tol = mha_fd_tolerance(
+        q_p, k_p, v_p, args[:-1] if bias is not None else args, d_out, params.w_o, scale, bias is not None
+    )
     assert tol < 1e-4  # sharp: the gradients checked are O(0.1) or larger
-    labels = ["d_query", "d_key", "d_value"] + [f"d_{f}" for f in names] + (["d_bias"] if bias is not None else [])
+    labels = (
+        ["d_query", "d_key", "d_value"] + [f"d_{f}" for f in names] + (["d_bias"] if bias is not None else [])
+    )
     for i, (label, g) in enumerate(zip(labels, ours)):
         assert g.shape == args[i].shape and g.dtype == args[i].dtype, label
         fd = central_differences(loss, args, i)
@@ -451,16 +463,30 @@ def _mha_params(e=4, heads=2, hkv=None, kdim=None, vdim=None, bias=True, seed=0)
     return MHAParams.init(e, heads, num_kv_heads=hkv, kdim=kdim, vdim=vdim, bias=bias, seed=seed)
 
 
+#: query, key, value and d_out of the two-head, width-8 mha gradient tests (n = 4, m = 5)
+_MHA_8_SHAPES = ((2, 4, 8), (2, 5, 8), (2, 5, 8), (2, 4, 8))
+
 MHA_FD_CASES = {
     "plain": dict(shapes=((2, 3, 4), (2, 4, 4), (2, 4, 4)), params={}, options={}),
-    "no_bias_kdim_vdim": dict(shapes=((3, 4), (5, 3), (5, 2)), params={"bias": False, "kdim": 3, "vdim": 2},
-                              options={}),
-    "gqa_causal": dict(shapes=((2, 3, 4), (1, 3, 4), (3, 4)), params={"heads": 2, "hkv": 1},
-                       options={"num_kv_heads": 1, "causal": "lower_right"}),
-    "mask_lengths_bias": dict(shapes=((2, 3, 4), (2, 4, 4), (2, 4, 4)), params={},
-                              options={"mask": rng.random((3, 4)) < 0.7, "kv_lengths": np.array([3, 4]),
-                                       "q_lengths": np.array([2, 3]), "scale": 0.8,
-                                       "bias": rng.standard_normal((2, 1, 3, 4))}),
+    "no_bias_kdim_vdim": dict(
+        shapes=((3, 4), (5, 3), (5, 2)), params={"bias": False, "kdim": 3, "vdim": 2}, options={}
+    ),
+    "gqa_causal": dict(
+        shapes=((2, 3, 4), (1, 3, 4), (3, 4)),
+        params={"heads": 2, "hkv": 1},
+        options={"num_kv_heads": 1, "causal": "lower_right"},
+    ),
+    "mask_lengths_bias": dict(
+        shapes=((2, 3, 4), (2, 4, 4), (2, 4, 4)),
+        params={},
+        options={
+            "mask": rng.random((3, 4)) < 0.7,
+            "kv_lengths": np.array([3, 4]),
+            "q_lengths": np.array([2, 3]),
+            "scale": 0.8,
+            "bias": rng.standard_normal((2, 1, 3, 4)),
+        },
+    ),
 }
 
 
@@ -468,8 +494,13 @@ MHA_FD_CASES = {
 def test_mha_vjp_matches_finite_differences(case):
     spec = MHA_FD_CASES[case]
     kw = spec["params"]
-    params = _mha_params(heads=kw.get("heads", 2), hkv=kw.get("hkv"), kdim=kw.get("kdim"),
-                         vdim=kw.get("vdim"), bias=kw.get("bias", True))
+    params = _mha_params(
+        heads=kw.get("heads", 2),
+        hkv=kw.get("hkv"),
+        kdim=kw.get("kdim"),
+        vdim=kw.get("vdim"),
+        bias=kw.get("bias", True),
+    )
     query, key, value = (rng.standard_normal(s) for s in spec["shapes"])
     assert_mha_matches_fd(query, key, value, params, num_heads=kw.get("heads", 2), **dict(spec["options"]))
 
@@ -478,8 +509,7 @@ def test_mha_vjp_b_k_is_exactly_zero_and_dead_rows_and_keys_exactly_zero():
     from attnspec.spec.grads_mha import mha_vjp
 
     params = _mha_params(e=8, heads=2)
-    query, key, value = rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 5, 8))
-    d_out = rng.standard_normal((2, 4, 8))
+    query, key, value, d_out = (rng.standard_normal(shape) for shape in _MHA_8_SHAPES)
     options = dict(num_heads=2, q_lengths=np.array([4, 2]), kv_lengths=np.array([3, 5]))
     d_query, d_key, d_value, d_params = mha_vjp(query, key, value, params, d_out, **options)
     assert np.all(d_params.b_k == 0)  # softmax shift invariance, returned exactly
@@ -500,24 +530,33 @@ def test_mha_vjp_matches_torch_multihead_attention():
     from attnspec.spec.grads_mha import mha_vjp
 
     params = _mha_params(e=8, heads=2)
-    query, key, value = rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 5, 8))
-    d_out = rng.standard_normal((2, 4, 8))
+    query, key, value, d_out = (rng.standard_normal(shape) for shape in _MHA_8_SHAPES)
     layer = torch.nn.MultiheadAttention(8, 2, batch_first=True, dtype=torch.float64)
     layer.load_state_dict({k: torch.tensor(v) for k, v in params.to_torch_state_dict().items()})
     tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (query, key, value))
     out, _ = layer(tq, tk, tv, need_weights=False)
     out.backward(torch.tensor(d_out))
     d_query, d_key, d_value, d_params = mha_vjp(query, key, value, params, d_out, num_heads=2)
-    ours = {"query": d_query, "key": d_key, "value": d_value,
-            "in_proj_weight": np.concatenate([d_params.w_q, d_params.w_k, d_params.w_v]),
-            "in_proj_bias": np.concatenate([d_params.b_q, d_params.b_k, d_params.b_v]),
-            "out_proj.weight": d_params.w_o, "out_proj.bias": d_params.b_o}
-    theirs = {"query": tq.grad, "key": tk.grad, "value": tv.grad,
-              **{name: p.grad for name, p in layer.named_parameters()}}
+    ours = {
+        "query": d_query,
+        "key": d_key,
+        "value": d_value,
+        "in_proj_weight": np.concatenate([d_params.w_q, d_params.w_k, d_params.w_v]),
+        "in_proj_bias": np.concatenate([d_params.b_q, d_params.b_k, d_params.b_v]),
+        "out_proj.weight": d_params.w_o,
+        "out_proj.bias": d_params.b_o,
+    }
+    theirs = {
+        "query": tq.grad,
+        "key": tk.grad,
+        "value": tv.grad,
+        **{name: p.grad for name, p in layer.named_parameters()},
+    }
     for name, want in theirs.items():
         want = want.numpy()
-        np.testing.assert_allclose(ours[name], want, rtol=0,
-                                   atol=AUTOGRAD_RTOL * max(1.0, float(np.abs(want).max())), err_msg=name)
+        np.testing.assert_allclose(
+            ours[name], want, rtol=0, atol=AUTOGRAD_RTOL * max(1.0, float(np.abs(want).max())), err_msg=name
+        )
 
 
 def test_mha_vjp_d_out_is_checked():
@@ -525,11 +564,17 @@ def test_mha_vjp_d_out_is_checked():
 
     params = _mha_params()
     x = rng.standard_normal((3, 4))
-    with pytest.raises(SpecError, match=re.escape("mha_vjp: d_out.shape=(3, 3) must equal the output shape (3, 4)")):
+    with pytest.raises(
+        SpecError, match=re.escape("mha_vjp: d_out.shape=(3, 3) must equal the output shape (3, 4)")
+    ):
         mha_vjp(x, x, x, params, np.zeros((3, 3)), num_heads=2)
-    with pytest.raises(SpecError, match=re.escape("mha_vjp: d_out.dtype=float32 must equal query.dtype=float64")):
+    with pytest.raises(
+        SpecError, match=re.escape("mha_vjp: d_out.dtype=float32 must equal query.dtype=float64")
+    ):
         mha_vjp(x, x, x, params, np.zeros((3, 4), np.float32), num_heads=2)
-    with pytest.raises(SpecError, match=re.escape("mha_vjp: embed_dim=4 must be a positive multiple of num_heads=3")):
+    with pytest.raises(
+        SpecError, match=re.escape("mha_vjp: embed_dim=4 must be a positive multiple of num_heads=3")
+    ):
         mha_vjp(x, x, x, params, np.zeros((3, 4)), num_heads=3)
 
 
@@ -624,16 +669,21 @@ def test_lsh_vjp_matches_torch_autograd_given_the_buckets():
     for c, chunk in enumerate(chunks):
         window = np.concatenate([chunks[c - 1], chunk])
         for i in chunk:
-            logits = torch.stack([torch.tensor(SELF_LOGIT, dtype=torch.float64) if j == i else tx[i] @ k_hat[j]
-                                  for j in window])
+            logits = torch.stack(
+                [
+                    torch.tensor(SELF_LOGIT, dtype=torch.float64) if j == i else tx[i] @ k_hat[j]
+                    for j in window
+                ]
+            )
             lse = torch.logsumexp(logits, 0)
             outs[c * C // L, i] = torch.softmax(logits, 0) @ tv[window]
             lses[c * C // L, i] = lse
     out = (torch.softmax(lses, 0)[..., None] * outs).sum(0)
     out.backward(torch.tensor(d_out))
     dx, dv = lsh_attention_vjp(x, v, d_out, rotations=rotations, chunk_length=C)
-    np.testing.assert_allclose(out.detach().numpy(), lsh_attention(x, v, rotations=rotations, chunk_length=C),
-                               rtol=0, atol=1e-13)
+    np.testing.assert_allclose(
+        out.detach().numpy(), lsh_attention(x, v, rotations=rotations, chunk_length=C), rtol=0, atol=1e-13
+    )
     for ours, theirs in ((dx, tx.grad), (dv, tv.grad)):
         theirs = theirs.numpy()
         np.testing.assert_allclose(ours, theirs, rtol=0, atol=AUTOGRAD_RTOL * max(1.0, np.abs(theirs).max()))
@@ -648,13 +698,16 @@ def test_lsh_vjp_d_out_is_checked():
     want = "lsh_attention_vjp: d_out.shape=(6, 3) must equal the output shape (6, 4)"
     with pytest.raises(SpecError, match=re.escape(want)):
         lsh_attention_vjp(x, x, np.zeros((6, 3)), **kw)
-    with pytest.raises(SpecError, match=re.escape("lsh_attention_vjp: d_out.dtype=float32 must equal x.dtype=float64")):
+    with pytest.raises(
+        SpecError, match=re.escape("lsh_attention_vjp: d_out.dtype=float32 must equal x.dtype=float64")
+    ):
         lsh_attention_vjp(x, x, np.zeros((6, 4), np.float32), **kw)
     with pytest.raises(SpecError, match=re.escape("lsh_attention_vjp: chunk_length=0 must be an int >= 1")):
         lsh_attention_vjp(x, x, np.zeros((6, 4)), rotations=kw["rotations"], chunk_length=0)
 
 
 # -- the gradient tolerance rule with the variants (spec/tolerance_grads.py) -----------------------
+
 
 def _variant_grad_case(name: str, dtype):
     """q, k, v, d_out (B=2, Hq=4, Hkv=2, n=5, m=7, d=4) and the options of one variant case."""
@@ -666,9 +719,12 @@ def _variant_grad_case(name: str, dtype):
         "softcap": dict(softcap=0.7, bias=r.standard_normal((5, 7)).astype(dtype)),
         "alibi": dict(alibi_slopes=np.array([0.5, 0.25, 0.125, 1.0], np.float32), causal="lower_right"),
         "sinks": dict(sinks=np.array([0.5, -1.0, 2.0, 0.0], dtype), kv_lengths=np.array([7, 0])),
-        "segments": dict(q_segment_ids=np.array([0, 0, 1, 1, -1]), kv_segment_ids=np.array([0, 1, 1, 1, 1, 2, -1])),
-        "lower_right_lengths": dict(causal="lower_right_lengths", kv_lengths=np.array([6, 3]),
-                                    q_lengths=np.array([5, 2])),
+        "segments": dict(
+            q_segment_ids=np.array([0, 0, 1, 1, -1]), kv_segment_ids=np.array([0, 1, 1, 1, 1, 2, -1])
+        ),
+        "lower_right_lengths": dict(
+            causal="lower_right_lengths", kv_lengths=np.array([6, 3]), q_lengths=np.array([5, 2])
+        ),
         "dropout": dict(dropout_mask=r.random((2, 4, 5, 7)) >= 0.4, dropout_p=0.4),
     }
     options = {k_: v_ for opts in every.values() for k_, v_ in opts.items()} if name == "all" else every[name]
@@ -679,8 +735,10 @@ def _ref_and_allowed(q, k, v, d_out, options, err_ref=None):
     from attnspec.conformance.hypothesis_helpers import case_plan, full_visibility
     from attnspec.spec.tolerance_grads import grad_names, reference_sdpa_vjp, sdpa_vjp_allowed
 
-    f64 = {k_: v_.astype(np.float64) if isinstance(v_, np.ndarray) and v_.dtype.name in FLOATS else v_
-           for k_, v_ in options.items()}
+    f64 = {
+        k_: v_.astype(np.float64) if isinstance(v_, np.ndarray) and v_.dtype.name in FLOATS else v_
+        for k_, v_ in options.items()
+    }
     golden = sdpa_vjp(*(x.astype(np.float64) for x in (q, k, v, d_out)), **f64)
     plan, extras = case_plan(q, k, v, options)
     ref = reference_sdpa_vjp(plan, q, k, v, d_out, None, options.get("bias"), extras)
@@ -688,8 +746,18 @@ def _ref_and_allowed(q, k, v, d_out, options, err_ref=None):
     undropped = {k_: v_ for k_, v_ in f64.items() if k_ not in ("dropout_mask", "dropout_p")}
     _, w = sdpa(*(x.astype(np.float64) for x in (q, k, v)), **undropped, return_weights=True)
     errs = {n: float(np.abs(r_ - g).max()) for n, r_, g in zip(names, ref, golden)}
-    allowed = sdpa_vjp_allowed(plan, q, k, v, d_out, options.get("bias"), full_visibility(plan, options), w,
-                               errs if err_ref is None else err_ref, extras)
+    allowed = sdpa_vjp_allowed(
+        plan,
+        q,
+        k,
+        v,
+        d_out,
+        options.get("bias"),
+        full_visibility(plan, options),
+        w,
+        errs if err_ref is None else err_ref,
+        extras,
+    )
     return dict(zip(names, golden)), dict(zip(names, ref)), errs, allowed
 
 
@@ -721,4 +789,6 @@ def test_gradient_floor_with_variants_covers_the_reference_and_judges(name, dtyp
     for n, g in golden.items():
         assert errs[n] <= floor[n], f"{n}: reference error {errs[n]:.3e} > floor {floor[n]:.3e}"
         if dtype is np.float32:
-            assert floor[n] < 1e-2 * np.abs(g).max(), f"{n}: floor {floor[n]:.3e} vs max |{n}| {np.abs(g).max():.3e}"
+            assert floor[n] < 1e-2 * np.abs(g).max(), (
+                f"{n}: floor {floor[n]:.3e} vs max |{n}| {np.abs(g).max():.3e}"
+            )

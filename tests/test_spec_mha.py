@@ -37,7 +37,13 @@ MODULES = {  # name: (embed_dim, num_heads, kdim, vdim, bias)
     "kdim_no_bias": (6, 1, 4, None, False),
 }
 MASKS = [
-    "none", "key_padding", "bool_2d", "bool_3d", "float_2d", "float_kpm_and_float_2d", "bool_kpm_and_bool_3d",
+    "none",
+    "key_padding",
+    "bool_2d",
+    "bool_3d",
+    "float_2d",
+    "float_kpm_and_float_2d",
+    "bool_kpm_and_bool_3d",
 ]
 
 
@@ -92,10 +98,8 @@ def torch_masks(kind: str, h: int):
 
 def run_torch(torch, module, query, key, value, need_weights=True, **masks):
     t = {k: torch.from_numpy(v) for k, v in masks.items()}
-    out, w = module(
-        torch.from_numpy(query), torch.from_numpy(key), torch.from_numpy(value),
-        need_weights=need_weights, average_attn_weights=False, **t,
-    )
+    tq, tk, tv = (torch.from_numpy(x) for x in (query, key, value))
+    out, w = module(tq, tk, tv, need_weights=need_weights, average_attn_weights=False, **t)
     return out.detach().numpy(), None if w is None else w.detach().numpy()
 
 
@@ -155,7 +159,11 @@ def test_by_hand_single_key():
     # One key: its weight is 1 for every query and head, so each head's output is that key's
     # projected value, and the layer's output is the projected value run through w_o, b_o.
     params = MHAParams.init(6, 3, kdim=4, vdim=5, seed=9)
-    query, key, value = rng.standard_normal((2, 3, 6)), rng.standard_normal((2, 1, 4)), rng.standard_normal((2, 1, 5))
+    query, key, value = (
+        rng.standard_normal((2, 3, 6)),
+        rng.standard_normal((2, 1, 4)),
+        rng.standard_normal((2, 1, 5)),
+    )
     out, w = mha(query, key, value, params, num_heads=3, return_weights=True)
     expected = (value @ params.w_v.T + params.b_v) @ params.w_o.T + params.b_o  # (2, 1, 6)
     np.testing.assert_allclose(out, np.broadcast_to(expected, (2, 3, 6)), rtol=0, atol=1e-14)
@@ -175,24 +183,30 @@ def assert_params_equal(a: MHAParams, b: MHAParams) -> None:
             np.testing.assert_array_equal(x, y, err_msg=name)
 
 
+#: torch's state-dict keys: q, k and v packed in one weight, or three (kdim or vdim differ)
+_PACKED = "in_proj_weight in_proj_bias out_proj.weight out_proj.bias"
+_SEPARATE = "q_proj_weight k_proj_weight v_proj_weight in_proj_bias out_proj.weight out_proj.bias"
+
+
 @pytest.mark.parametrize(
     "kwargs, packed, keys",
     [
-        ({}, None, ["in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"]),
-        ({"bias": False}, None, ["in_proj_weight", "out_proj.weight"]),
-        ({"kdim": 3, "vdim": 5}, None,
-         ["q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"]),
-        ({}, False,
-         ["q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"]),
-        ({"kdim": 3, "bias": False, "dtype": np.float32}, None,
-         ["q_proj_weight", "k_proj_weight", "v_proj_weight", "out_proj.weight"]),
+        ({}, None, _PACKED),
+        ({"bias": False}, None, "in_proj_weight out_proj.weight"),
+        ({"kdim": 3, "vdim": 5}, None, _SEPARATE),
+        ({}, False, _SEPARATE),
+        (
+            {"kdim": 3, "bias": False, "dtype": np.float32},
+            None,
+            "q_proj_weight k_proj_weight v_proj_weight out_proj.weight",
+        ),
     ],
     ids=["packed", "packed_no_bias", "separate", "separate_forced", "separate_no_bias_f32"],
 )
 def test_state_dict_round_trip(kwargs, packed, keys):
     params = MHAParams.init(8, 2, seed=7, **kwargs)
     sd = params.to_torch_state_dict(packed=packed)
-    assert list(sd) == keys
+    assert list(sd) == keys.split()
     if "in_proj_weight" in sd:
         assert sd["in_proj_weight"].shape == (24, 8)
         np.testing.assert_array_equal(sd["in_proj_weight"][8:16], params.w_k)  # q, k, v stacked by rows
@@ -215,7 +229,9 @@ def test_torch_state_dict_round_trip_and_load(shape):
     # and an MHAParams made here loads into a fresh torch module of the same configuration
     params = MHAParams.init(e, h, kdim=kdim, vdim=vdim, bias=bias, seed=4)
     fresh = torch_module(torch, e, h, kdim, vdim, bias, seed=5)
-    fresh.load_state_dict({k: torch.from_numpy(v) for k, v in params.to_torch_state_dict().items()}, strict=True)
+    fresh.load_state_dict(
+        {k: torch.from_numpy(v) for k, v in params.to_torch_state_dict().items()}, strict=True
+    )
     assert_params_equal(MHAParams.from_torch_state_dict(numpy_state_dict(fresh)), params)
 
 
@@ -274,8 +290,16 @@ def expand_kv(params: MHAParams, num_kv_heads: int, group: int, head_dim: int, t
             x = np.repeat(x, group, axis=0)  # (H, hd, ...): query head h gets kv head h // G
         return x.reshape(num_kv_heads * group * head_dim, *x.shape[2:])  # (H*hd, ...)
 
-    return MHAParams(w_q=params.w_q, b_q=params.b_q, w_k=rep(params.w_k), b_k=rep(params.b_k),
-                     w_v=rep(params.w_v), b_v=rep(params.b_v), w_o=params.w_o, b_o=params.b_o)
+    return MHAParams(
+        w_q=params.w_q,
+        b_q=params.b_q,
+        w_k=rep(params.w_k),
+        b_k=rep(params.b_k),
+        w_v=rep(params.w_v),
+        b_v=rep(params.b_v),
+        w_o=params.w_o,
+        b_o=params.b_o,
+    )
 
 
 @pytest.mark.parametrize("hkv", [1, 2, 3])
@@ -311,7 +335,10 @@ SDPA_OPTIONS = {
     "mask": {"mask": rng.random((5, 7)) < 0.6},
     "bias_and_scale": {"bias": rng.standard_normal((5, 7)), "scale": 0.3},
     "causal_window_lengths": {
-        "causal": "lower_right", "window": (2, 1), "kv_lengths": np.array([6, 3]), "q_lengths": np.array([5, 2]),
+        "causal": "lower_right",
+        "window": (2, 1),
+        "kv_lengths": np.array([6, 3]),
+        "q_lengths": np.array([5, 2]),
     },
 }
 
@@ -331,7 +358,9 @@ def test_many_heads_identity_projections_equal_sdpa_on_split_heads():
     query, key, value = (rng.standard_normal((2, L, 8)) for L in (5, 7, 7))
     mask = rng.random((2, 4, 5, 7)) < 0.6  # one mask per head
     out = mha(query, key, value, identity_params(8), num_heads=4, mask=mask, causal="upper_left")
-    ref = sdpa(split_heads(query, 4), split_heads(key, 4), split_heads(value, 4), mask=mask, causal="upper_left")
+    ref = sdpa(
+        split_heads(query, 4), split_heads(key, 4), split_heads(value, 4), mask=mask, causal="upper_left"
+    )
     np.testing.assert_array_equal(out, merge_heads(ref))
 
 
@@ -357,41 +386,97 @@ P_KV = MHAParams.init(8, 2, kdim=3, vdim=5, seed=0)
 Q, K, V = rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 6, 8)), rng.standard_normal((2, 6, 8))
 
 MHA_BAD = [  # (id, call, message regex); every message starts with "mha: "
-    ("embed_dim_not_multiple", lambda: mha(Q, K, V, P8, num_heads=3),
-     r"embed_dim=8 must be a positive multiple of num_heads=3"),
+    (
+        "embed_dim_not_multiple",
+        lambda: mha(Q, K, V, P8, num_heads=3),
+        r"embed_dim=8 must be a positive multiple of num_heads=3",
+    ),
     ("num_heads_zero", lambda: mha(Q, K, V, P8, num_heads=0), r"num_heads=0 must be an int >= 1"),
     ("num_heads_float", lambda: mha(Q, K, V, P8, num_heads=2.0), r"num_heads=2\.0 must be an int >= 1"),
-    ("heads_not_multiple_of_kv", lambda: mha(Q, K, V, P8, num_heads=4, num_kv_heads=3),
-     r"num_heads=4 must be a multiple of num_kv_heads=3"),
-    ("kv_rows_vs_heads", lambda: mha(Q, K, V, P_GQA, num_heads=4),
-     r"params\.w_k\.shape\[0\]=4 must equal num_kv_heads \* head_dim = 4 \* 2"),
-    ("kv_rows_vs_kv_heads", lambda: mha(Q, K, V, P8, num_heads=2, num_kv_heads=1),
-     r"params\.w_k\.shape\[0\]=8 must equal num_kv_heads \* head_dim = 1 \* 4"),
-    ("query_features", lambda: mha(Q[..., :6], K, V, P8, num_heads=2),
-     r"query\.shape\[-1\]=6 must equal params\.embed_dim=8"),
-    ("key_features", lambda: mha(Q, K, V[..., :5], P_KV, num_heads=2),
-     r"key\.shape\[-1\]=8 must equal params\.kdim=3"),
-    ("value_features", lambda: mha(Q, K[..., :3], V, P_KV, num_heads=2),
-     r"value\.shape\[-1\]=8 must equal params\.vdim=5"),
-    ("key_value_lengths", lambda: mha(Q, K, V[:, :5], P8, num_heads=2),
-     r"value\.shape\[-2\]=5 must equal key\.shape\[-2\]=6"),
+    (
+        "heads_not_multiple_of_kv",
+        lambda: mha(Q, K, V, P8, num_heads=4, num_kv_heads=3),
+        r"num_heads=4 must be a multiple of num_kv_heads=3",
+    ),
+    (
+        "kv_rows_vs_heads",
+        lambda: mha(Q, K, V, P_GQA, num_heads=4),
+        r"params\.w_k\.shape\[0\]=4 must equal num_kv_heads \* head_dim = 4 \* 2",
+    ),
+    (
+        "kv_rows_vs_kv_heads",
+        lambda: mha(Q, K, V, P8, num_heads=2, num_kv_heads=1),
+        r"params\.w_k\.shape\[0\]=8 must equal num_kv_heads \* head_dim = 1 \* 4",
+    ),
+    (
+        "query_features",
+        lambda: mha(Q[..., :6], K, V, P8, num_heads=2),
+        r"query\.shape\[-1\]=6 must equal params\.embed_dim=8",
+    ),
+    (
+        "key_features",
+        lambda: mha(Q, K, V[..., :5], P_KV, num_heads=2),
+        r"key\.shape\[-1\]=8 must equal params\.kdim=3",
+    ),
+    (
+        "value_features",
+        lambda: mha(Q, K[..., :3], V, P_KV, num_heads=2),
+        r"value\.shape\[-1\]=8 must equal params\.vdim=5",
+    ),
+    (
+        "key_value_lengths",
+        lambda: mha(Q, K, V[:, :5], P8, num_heads=2),
+        r"value\.shape\[-2\]=5 must equal key\.shape\[-2\]=6",
+    ),
     ("query_rank_1", lambda: mha(Q[0, 0], K, V, P8, num_heads=2), r"query\.ndim=1 must be >= 2"),
     ("key_rank_1", lambda: mha(Q, K[0, 0], V, P8, num_heads=2), r"key\.ndim=1 must be >= 2"),
     ("value_rank_1", lambda: mha(Q, K, V[0, 0], P8, num_heads=2), r"value\.ndim=1 must be >= 2"),
-    ("mixed_dtypes", lambda: mha(Q.astype(np.float32), K, V, P8, num_heads=2),
-     r"query, key and value must share one dtype, got query\.dtype=float32"),
-    ("int_dtype", lambda: mha(Q.astype(np.int64), K, V, P8, num_heads=2), r"query\.dtype=int64 must be one of"),
-    ("not_an_array", lambda: mha(Q.tolist(), K, V, P8, num_heads=2), r"query must be a numpy\.ndarray, got list"),
-    ("params_type", lambda: mha(Q, K, V, {"w_q": P8.w_q}, num_heads=2), r"params must be an MHAParams, got dict"),
-    ("batch_not_broadcast", lambda: mha(np.zeros((3, 4, 8)), K, V, P8, num_heads=2),
-     r"leading batch dims do not broadcast: query \(3,\), key \(2,\), value \(2,\)"),
-    ("bias_dtype", lambda: mha(Q, K, V, P8, num_heads=2, bias=np.zeros((4, 6), np.float32)),
-     r"bias\.dtype=float32 must equal query\.dtype=float64"),
-    ("mask_shape", lambda: mha(Q, K, V, P8, num_heads=2, mask=np.ones((3, 2, 4, 6), bool)),
-     r"mask\.shape=\(3, 2, 4, 6\) must broadcast to \(\.\.\., Hq, n, m\)=\(2, 2, 4, 6\)"),
+    (
+        "mixed_dtypes",
+        lambda: mha(Q.astype(np.float32), K, V, P8, num_heads=2),
+        r"query, key and value must share one dtype, got query\.dtype=float32",
+    ),
+    (
+        "int_dtype",
+        lambda: mha(Q.astype(np.int64), K, V, P8, num_heads=2),
+        r"query\.dtype=int64 must be one of",
+    ),
+    (
+        "not_an_array",
+        lambda: mha(Q.tolist(), K, V, P8, num_heads=2),
+        r"query must be a numpy\.ndarray, got list",
+    ),
+    (
+        "params_type",
+        lambda: mha(Q, K, V, {"w_q": P8.w_q}, num_heads=2),
+        r"params must be an MHAParams, got dict",
+    ),
+    (
+        "batch_not_broadcast",
+        lambda: mha(np.zeros((3, 4, 8)), K, V, P8, num_heads=2),
+        r"leading batch dims do not broadcast: query \(3,\), key \(2,\), value \(2,\)",
+    ),
+    (
+        "bias_dtype",
+        lambda: mha(Q, K, V, P8, num_heads=2, bias=np.zeros((4, 6), np.float32)),
+        r"bias\.dtype=float32 must equal query\.dtype=float64",
+    ),
+    (
+        "mask_shape",
+        lambda: mha(Q, K, V, P8, num_heads=2, mask=np.ones((3, 2, 4, 6), bool)),
+        r"mask\.shape=\(3, 2, 4, 6\) must broadcast to \(\.\.\., Hq, n, m\)=\(2, 2, 4, 6\)",
+    ),
     ("causal_true", lambda: mha(Q, K, V, P8, num_heads=2, causal=True), r"causal=True is not supported"),
-    ("kv_lengths_too_long", lambda: mha(Q, K, V, P8, num_heads=2, kv_lengths=7), r"kv_lengths must lie in \[0, m=6\]"),
-    ("scale_negative", lambda: mha(Q, K, V, P8, num_heads=2, scale=-1.0), r"scale=-1\.0 must be finite and > 0"),
+    (
+        "kv_lengths_too_long",
+        lambda: mha(Q, K, V, P8, num_heads=2, kv_lengths=7),
+        r"kv_lengths must lie in \[0, m=6\]",
+    ),
+    (
+        "scale_negative",
+        lambda: mha(Q, K, V, P8, num_heads=2, scale=-1.0),
+        r"scale=-1\.0 must be finite and > 0",
+    ),
 ]
 
 
@@ -404,14 +489,29 @@ def test_mha_bad_input(call, match):
 
 E8 = np.eye(8)
 PARAMS_BAD = [
-    ("w_q_not_square", dict(w_q=np.ones((8, 6)), w_k=E8, w_v=E8, w_o=E8), r"w_q\.shape=\(8, 6\) must be \(8, 8\)"),
-    ("w_v_rows", dict(w_q=E8, w_k=E8, w_v=np.ones((4, 8)), w_o=E8),
-     r"w_v\.shape=\(4, 8\) must be \(8, 8\), i\.e\. \(w_k\.shape\[0\], vdim\)"),
+    (
+        "w_q_not_square",
+        dict(w_q=np.ones((8, 6)), w_k=E8, w_v=E8, w_o=E8),
+        r"w_q\.shape=\(8, 6\) must be \(8, 8\)",
+    ),
+    (
+        "w_v_rows",
+        dict(w_q=E8, w_k=E8, w_v=np.ones((4, 8)), w_o=E8),
+        r"w_v\.shape=\(4, 8\) must be \(8, 8\), i\.e\. \(w_k\.shape\[0\], vdim\)",
+    ),
     ("w_o_shape", dict(w_q=E8, w_k=E8, w_v=E8, w_o=np.ones((8, 4))), r"w_o\.shape=\(8, 4\) must be \(8, 8\)"),
-    ("b_k_length", dict(w_q=E8, w_k=E8, w_v=E8, w_o=E8, b_k=np.zeros(7)), r"b_k\.shape=\(7,\) must be \(8,\)"),
+    (
+        "b_k_length",
+        dict(w_q=E8, w_k=E8, w_v=E8, w_o=E8, b_k=np.zeros(7)),
+        r"b_k\.shape=\(7,\) must be \(8,\)",
+    ),
     ("weight_rank", dict(w_q=E8, w_k=np.ones(8), w_v=E8, w_o=E8), r"w_k\.ndim=1 must be 2"),
     ("int_weight", dict(w_q=E8, w_k=E8.astype(int), w_v=E8, w_o=E8), r"w_k\.dtype=int64 must be one of"),
-    ("not_array", dict(w_q=E8, w_k=E8, w_v=E8, w_o=E8, b_o=[0.0] * 8), r"b_o must be a numpy\.ndarray, got list"),
+    (
+        "not_array",
+        dict(w_q=E8, w_k=E8, w_v=E8, w_o=E8, b_o=[0.0] * 8),
+        r"b_o must be a numpy\.ndarray, got list",
+    ),
 ]
 
 
@@ -424,23 +524,57 @@ def test_params_bad_input(fields, match):
 
 GOOD_SD = P8.to_torch_state_dict()
 SD_BAD = [
-    ("bias_kv", {**GOOD_SD, "bias_k": np.zeros((1, 1, 8)), "bias_v": np.zeros((1, 1, 8))}, {},
-     r"bias_k and bias_v \(from add_bias_kv=True\) are not supported"),
+    (
+        "bias_kv",
+        {**GOOD_SD, "bias_k": np.zeros((1, 1, 8)), "bias_v": np.zeros((1, 1, 8))},
+        {},
+        r"bias_k and bias_v \(from add_bias_kv=True\) are not supported",
+    ),
     ("add_zero_attn", GOOD_SD, {"add_zero_attn": True}, r"add_zero_attn=True is not supported"),
     ("unknown_key", {**GOOD_SD, "attn.extra": np.zeros(1)}, {}, r"unknown keys \['attn\.extra'\]"),
-    ("both_layouts", {**GOOD_SD, "q_proj_weight": E8}, {}, r"unknown keys \['q_proj_weight'\] for the packed"),
-    ("missing_key", {k: v for k, v in GOOD_SD.items() if k != "out_proj.weight"}, {},
-     r"missing keys \['out_proj\.weight'\]"),
-    ("missing_separate", {"q_proj_weight": E8, "out_proj.weight": E8}, {},
-     r"missing keys \['k_proj_weight', 'v_proj_weight'\]"),
-    ("packed_shape", {**GOOD_SD, "in_proj_weight": np.ones((23, 8))}, {},
-     r"in_proj_weight\.shape=\(23, 8\) must be \(3 \* embed_dim, embed_dim\)"),
-    ("in_proj_bias_shape", {**GOOD_SD, "in_proj_bias": np.zeros(8)}, {},
-     r"in_proj_bias\.shape=\(8,\) must be \(3 \* embed_dim,\) with embed_dim=8"),
-    ("k_rows", {"q_proj_weight": E8, "k_proj_weight": np.ones((4, 3)), "v_proj_weight": E8, "out_proj.weight": E8}, {},
-     r"k_proj_weight\.shape=\(4, 3\) must be \(embed_dim=8, kdim\)"),
+    (
+        "both_layouts",
+        {**GOOD_SD, "q_proj_weight": E8},
+        {},
+        r"unknown keys \['q_proj_weight'\] for the packed",
+    ),
+    (
+        "missing_key",
+        {k: v for k, v in GOOD_SD.items() if k != "out_proj.weight"},
+        {},
+        r"missing keys \['out_proj\.weight'\]",
+    ),
+    (
+        "missing_separate",
+        {"q_proj_weight": E8, "out_proj.weight": E8},
+        {},
+        r"missing keys \['k_proj_weight', 'v_proj_weight'\]",
+    ),
+    (
+        "packed_shape",
+        {**GOOD_SD, "in_proj_weight": np.ones((23, 8))},
+        {},
+        r"in_proj_weight\.shape=\(23, 8\) must be \(3 \* embed_dim, embed_dim\)",
+    ),
+    (
+        "in_proj_bias_shape",
+        {**GOOD_SD, "in_proj_bias": np.zeros(8)},
+        {},
+        r"in_proj_bias\.shape=\(8,\) must be \(3 \* embed_dim,\) with embed_dim=8",
+    ),
+    (
+        "k_rows",
+        {"q_proj_weight": E8, "k_proj_weight": np.ones((4, 3)), "v_proj_weight": E8, "out_proj.weight": E8},
+        {},
+        r"k_proj_weight\.shape=\(4, 3\) must be \(embed_dim=8, kdim\)",
+    ),
     ("weight_rank", {**GOOD_SD, "out_proj.weight": np.ones(8)}, {}, r"out_proj\.weight\.ndim=1 must be 2"),
-    ("not_array", {**GOOD_SD, "out_proj.bias": [0.0] * 8}, {}, r"out_proj\.bias must be a numpy\.ndarray, got list"),
+    (
+        "not_array",
+        {**GOOD_SD, "out_proj.bias": [0.0] * 8},
+        {},
+        r"out_proj\.bias must be a numpy\.ndarray, got list",
+    ),
     ("num_heads", GOOD_SD, {"num_heads": 3}, r"embed_dim=8 must be a positive multiple of num_heads=3"),
 ]
 
@@ -454,19 +588,29 @@ def test_from_torch_state_dict_bad_input(sd, kw, match):
 
 def test_to_torch_state_dict_refusals():
     fn = re.escape("MHAParams.to_torch_state_dict: ")
-    with pytest.raises(SpecError, match=fn + r"kv_dim=w_k\.shape\[0\]=4 must equal embed_dim=8: .* no grouped"):
+    with pytest.raises(
+        SpecError, match=fn + r"kv_dim=w_k\.shape\[0\]=4 must equal embed_dim=8: .* no grouped"
+    ):
         P_GQA.to_torch_state_dict()
-    with pytest.raises(SpecError, match=fn + r"packed=True needs kdim == vdim == embed_dim=8, got kdim=3, vdim=5"):
+    with pytest.raises(
+        SpecError, match=fn + r"packed=True needs kdim == vdim == embed_dim=8, got kdim=3, vdim=5"
+    ):
         P_KV.to_torch_state_dict(packed=True)
     some = MHAParams(w_q=E8, b_q=np.zeros(8), w_k=E8, w_v=E8, w_o=E8, b_o=np.zeros(8))
-    with pytest.raises(SpecError, match=fn + r".*all four projections or none; got b_q, b_o set and b_k, b_v None"):
+    with pytest.raises(
+        SpecError, match=fn + r".*all four projections or none; got b_q, b_o set and b_k, b_v None"
+    ):
         some.to_torch_state_dict()
 
 
 def test_init_and_heads_helpers_refuse_bad_input():
-    with pytest.raises(SpecError, match=r"^MHAParams\.init: embed_dim=10 must be a positive multiple of num_heads=4"):
+    with pytest.raises(
+        SpecError, match=r"^MHAParams\.init: embed_dim=10 must be a positive multiple of num_heads=4"
+    ):
         MHAParams.init(10, 4, seed=0)
-    with pytest.raises(SpecError, match=r"^MHAParams\.init: num_heads=4 must be a multiple of num_kv_heads=3"):
+    with pytest.raises(
+        SpecError, match=r"^MHAParams\.init: num_heads=4 must be a multiple of num_kv_heads=3"
+    ):
         MHAParams.init(12, 4, num_kv_heads=3, seed=0)
     with pytest.raises(SpecError, match=r"^MHAParams\.init: dtype=int32 must be one of"):
         MHAParams.init(8, 2, seed=0, dtype=np.int32)

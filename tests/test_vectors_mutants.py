@@ -66,6 +66,7 @@ SAME_CLAUSE = {
 }
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("mutant", sorted(SAME_CLAUSE))
 def test_mutant_fails_the_same_way_as_in_the_suite(bundles, tmp_path, suite_runs, mutant):
     proc, path = suite_runs[mutant]

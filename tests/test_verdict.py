@@ -69,6 +69,7 @@ def runs(tmp_path_factory):
     return check_runs.check_all(tmp_path_factory.mktemp("verdict"), RUNS, command=COMMAND)
 
 
+@pytest.mark.proof
 def test_a_function_that_cannot_be_called_is_not_conformant(runs):
     """Problem 1: `def attention(q, k)` through torch_sdpa was CONFORMS, exit 0."""
     proc, _ = runs["uncallable"]
@@ -131,6 +132,7 @@ def test_a_child_that_cannot_import_attnspec_stops_the_check_in_one_line(tmp_pat
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.proof
 def test_every_distinct_failure_is_recorded(runs):
     """Problem 3: a property stopped at its first failure, so a second bug in the same property
     and dtype went unreported. Both bugs of two_bugs are in matches_golden, float64."""
@@ -149,6 +151,7 @@ def test_every_distinct_failure_is_recorded(runs):
     assert any(line.startswith("FAIL scale ") for line in fail_lines), fail_lines
 
 
+@pytest.mark.proof
 def test_result_files_are_named_by_the_subject(runs, tmp_path):
     """Problem 5: every MODULE:FN --arrays numpy check wrote conformance-numpy-cpu.json."""
     names = {name for key in ("correct", "two_bugs") for name in results_in(runs[key][1])}
@@ -158,6 +161,7 @@ def test_result_files_are_named_by_the_subject(runs, tmp_path):
     }, names
 
 
+@pytest.mark.proof
 def test_the_verdict_states_its_coverage(runs):
     """Problem 6: a reader could not tell a thorough check from a thin one."""
     proc, out = runs["correct"]
@@ -188,6 +192,7 @@ def test_the_verdict_states_its_coverage(runs):
     assert results["coverage"]["functions"]["sdpa"]["called"] > 100
 
 
+@pytest.mark.proof
 def test_a_refused_mask_shape_disables_only_itself(runs):
     """Problem 7: one refused probe (a non-prefix mask) turned off every explicit-mask case."""
     _, out = runs["prefix"]
@@ -197,6 +202,7 @@ def test_a_refused_mask_shape_disables_only_itself(runs):
     assert results["coverage"]["needs"]["mask"]["cases"] > 0
 
 
+@pytest.mark.proof
 def test_canonical_inputs_for_a_library_that_takes_only_4d(runs):
     """Problem 7: a function that unpacks four axes failed with "too many values to unpack"; the
     probe now finds the ranks it refuses, and --canonical gives it (B, H, L, D) and full masks."""
@@ -215,6 +221,7 @@ def test_canonical_inputs_for_a_library_that_takes_only_4d(runs):
     )
 
 
+@pytest.mark.proof
 def test_a_convention_defined_in_the_users_module_carries_softcap(runs):
     """Problem 7: softcap through torch_sdpa needed a private-looking subclass, and a convention
     of the user's could not be named with --convention."""

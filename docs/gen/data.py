@@ -168,16 +168,3 @@ def clauses() -> dict[str, Any]:
     from attnspec.spec.clauses import CLAUSES
 
     return CLAUSES
-
-
-FUNCTION_ORDER = (
-    "sdpa",
-    "sdpa_blocked",
-    "sdpa_fp8",
-    "mha",
-    "lsh_attention",
-    "sdpa_vjp",
-    "sdpa_blocked_vjp",
-    "mha_vjp",
-    "lsh_attention_vjp",
-)

@@ -9,12 +9,12 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from attnspec.reports.accuracy import verdict
+from attnspec.reports.accuracy import FUNCTION_ORDER, verdict
 from attnspec.spec.dtypes import FLOAT_DTYPES
 from attnspec.spec.fp8 import FP8_DTYPES
 
 from .atlas_pages import _table, rel
-from .data import DASH, FUNCTION_ORDER, atlas, conformance, md_cell, slug
+from .data import DASH, atlas, conformance, md_cell, slug
 
 INDEX = "results/index.md"
 COUNTS = ("run", "passed", "failed", "unsupported", "deviation", "crashed", "timeout")

@@ -104,6 +104,24 @@ def framework_versions() -> dict[str, str]:
     return out
 
 
+def environment(numerics_policy: dict[str, Any]) -> dict[str, Any]:
+    """What every results file says of where it was made: attnspec's version, the git state, Python,
+    the platform, the frameworks' versions (`framework_versions`) and the backend's numerics policy.
+    Each producer adds its own keys after these."""
+    import platform
+
+    import attnspec
+
+    return {
+        "attnspec": attnspec.__version__,
+        **git_state(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "frameworks": framework_versions(),
+        "numerics_policy": numerics_policy,
+    }
+
+
 def git_state() -> dict[str, Any]:
     """{"git_commit", "git_dirty"}: from ATTNSPEC_GIT_COMMIT (set by nox, "abc1234[-dirty]"), else git."""
     import subprocess

@@ -49,18 +49,26 @@ def _torch_sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa, expa
     return _torch_attend(q, k, v, vis, s).to(dtype)
 
 
-def correct_torch_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                       enable_gqa=False):
+def _interleaved(x, g):
+    return x.repeat_interleave(g, dim=-3)  # query head h reads kv head h // G
+
+
+def _tiled(x, g):
+    return x.repeat(*([1] * (x.ndim - 3)), g, 1, 1)  # query head h reads kv head h % Hkv
+
+
+def correct_torch_sdpa(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """torch's SDPA signature, computed as the spec defines it."""
-    return _torch_sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa,
-                       lambda x, g: x.repeat_interleave(g, dim=-3))  # query head h reads kv head h // G
+    return _torch_sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa, _interleaved)
 
 
-def tiled_gqa_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                   enable_gqa=False):
+def tiled_gqa_sdpa(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """The same, but GQA heads tiled: query head h reads kv head h % Hkv (onnx PR 7274's bug)."""
-    return _torch_sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa,
-                       lambda x, g: x.repeat(*([1] * (x.ndim - 3)), g, 1, 1))
+    return _torch_sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa, _tiled)
 
 
 def flash_numpy(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1)):
@@ -81,7 +89,9 @@ def flash_numpy(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1))
     if right >= 0:
         vis &= j <= diag + right
     with np.errstate(invalid="ignore", over="ignore"):
-        s = np.where(vis, (q @ np.swapaxes(k, -1, -2)) * (softmax_scale or 1 / math.sqrt(q.shape[-1])), -np.inf)
+        s = np.where(
+            vis, (q @ np.swapaxes(k, -1, -2)) * (softmax_scale or 1 / math.sqrt(q.shape[-1])), -np.inf
+        )
         top = s.max(axis=-1, keepdims=True, initial=-np.inf)
         e = np.where(vis, np.exp(s - np.where(np.isfinite(top), top, 0)), 0)
         total = e.sum(axis=-1, keepdims=True)
@@ -90,8 +100,9 @@ def flash_numpy(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1))
     return np.swapaxes(out, 1, 2).astype(dtype)  # (B, n, H, dv)
 
 
-def float32_only(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                 enable_gqa=False):
+def float32_only(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """Refuses every dtype but float32, as some kernels do: the probe must find that."""
     if query.dtype != torch.float32:
         raise TypeError(f"float32_only: got {query.dtype}")
@@ -121,16 +132,18 @@ def _faults(query, key) -> bool:
         os.close(fd)
 
 
-def aborts_when_n_gt_m(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                       enable_gqa=False):
+def aborts_when_n_gt_m(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """Kills the interpreter when n > m (a segfaulting kernel); correct otherwise."""
     if _faults(query, key):
         os.abort()
     return correct_torch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
 
-def hangs_when_n_gt_m(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                      enable_gqa=False):
+def hangs_when_n_gt_m(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """Never returns when n > m (a deadlocked kernel); correct otherwise."""
     if _faults(query, key):
         time.sleep(3600)
@@ -142,15 +155,21 @@ NOT_CALLABLE = 42
 
 # -- the frameworks' own primitives, each wrapped in a line ---------------------------------------
 
+
 def torch_sdpa_backend():
     import torch.nn.functional as F
 
-    return from_function(F.scaled_dot_product_attention, "torch_sdpa", name="check_subjects:torch_sdpa_backend",
-                         deviations="torch-native")
+    return from_function(
+        F.scaled_dot_product_attention,
+        "torch_sdpa",
+        name="check_subjects:torch_sdpa_backend",
+        deviations="torch-native",
+    )
 
 
 def jax_sdpa_backend():
     import jax
 
-    return from_function(jax.nn.dot_product_attention, "jax", name="check_subjects:jax_sdpa_backend",
-                         deviations="jax-native")
+    return from_function(
+        jax.nn.dot_product_attention, "jax", name="check_subjects:jax_sdpa_backend", deviations="jax-native"
+    )

@@ -158,8 +158,8 @@ class NaiveGradAll(NaiveGrad, NaiveMHA, NaiveLSH):
         if variants:  # as sdpa_vjp above: the variants' backward is not here
             raise Unsupported(f"{self.name}.mha_vjp: no backward for {', '.join(variants)}")
         options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
-        plan = _mha.validate(f"{self.name}.mha_vjp", _info, lambda x: x, query, key, value, params, num_heads,
-                             num_kv_heads, mask, bias, options)
+        inputs = (query, key, value, params, num_heads, num_kv_heads, mask, bias)
+        plan = _mha.validate(f"{self.name}.mha_vjp", _info, lambda x: x, inputs, options)
         h, hkv, hd = plan.hq, plan.hkv, plan.dk
         p = params
         f = lambda x: None if x is None else x.astype(np.float64)  # noqa: E731

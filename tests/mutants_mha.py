@@ -15,6 +15,7 @@ import numpy as np
 from mutants import Naive
 
 from attnspec.backends import _mha
+from attnspec.spec.options import take, with_options
 from attnspec.spec.validate import ArrayInfo
 
 
@@ -26,15 +27,16 @@ class NaiveMHA(Naive):
     name = "naive-mha"
     mha_bug = None
 
-    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, mask=None,
-            bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-            softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
-            dropout_mask=None, dropout_p=None, return_weights=False, return_lse=False):
-        options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                       softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, q_segment_ids=q_segment_ids,
-                       kv_segment_ids=kv_segment_ids, dropout_mask=dropout_mask, dropout_p=dropout_p)
-        plan = _mha.validate(f"{self.name}.mha", _info, lambda x: x, query, key, value, params, num_heads,
-                             num_kv_heads, mask, bias, {**options, "return_lse": return_lse})
+    @with_options()
+    def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, **given):
+        options = take(f"{self.name}.mha", given)  # sdpa's keywords; those not mask, bias, return_*
+        mask, bias = options.pop("mask"), options.pop("bias")  # go on to the per-head sdpa
+        return_weights, return_lse = options.pop("return_weights"), options.pop("return_lse")
+        sinks = options["sinks"]
+        inputs = (query, key, value, params, num_heads, num_kv_heads, mask, bias)
+        plan = _mha.validate(
+            f"{self.name}.mha", _info, lambda x: x, inputs, {**options, "return_lse": return_lse}
+        )
         bug = self.mha_bug
         if bug == "drops_softcap":  # a per-head call that forgets one variant (sglang#33915's kind)
             options["softcap"] = None
@@ -65,8 +67,16 @@ class NaiveMHA(Naive):
         v = split(project(value, p.w_v, p.b_v), hkv)
         heads = np.arange(h) % hkv if bug == "kv_heads_modulo" else np.arange(h) // (h // hkv)
         k, v = k[..., heads, :, :], v[..., heads, :, :]  # (..., H, m, hd): query head h's kv head
-        o, w, *lse = self.sdpa(q, k, v, mask=mask, bias=None if bias is None else bias.astype(np.float64),
-                               return_weights=True, return_lse=return_lse, **options)
+        o, w, *lse = self.sdpa(
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=None if bias is None else bias.astype(np.float64),
+            return_weights=True,
+            return_lse=return_lse,
+            **options,
+        )
         out = merge(o)
         if bug != "no_out_proj":
             out = project(out, p.w_o, p.b_o)
@@ -96,4 +106,4 @@ def control():
 
 
 for _name, (_bug, _) in MHA_MUTANTS.items():
-    globals()[f"mutant_{_name}"] = (lambda b: (lambda: make(b)()))(_bug)
+    globals()[f"mutant_{_name}"] = (lambda b: lambda: make(b)())(_bug)

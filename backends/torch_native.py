@@ -191,9 +191,8 @@ def _mha_module(p, query, key, value, prm, mask, bias, return_weights):
             attn = attn.expand(*p.batch, h, p.n, p.m).reshape(-1, p.n, p.m)  # (B * H, n, m)
         kw["attn_mask"] = attn
     elif p.causal == "upper_left":
-        kw["attn_mask"] = torch.ones(p.n, p.m, dtype=torch.bool, device=query.device).triu(
-            1
-        )  # True = blocked
+        # True = blocked
+        kw["attn_mask"] = torch.ones(p.n, p.m, dtype=torch.bool, device=query.device).triu(1)
         kw["is_causal"] = True
     if p.kv_lengths is not None:
         lengths = torch.from_numpy(np.ascontiguousarray(p.kv_lengths)).to(query.device).reshape(-1, 1)

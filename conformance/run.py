@@ -51,25 +51,15 @@ class Interrupted(Exception):
         self.signum = signum
 
 
+#: the suite's children run quiet, with no cache, and without the numerics' own warnings
+QUIET = ["-q", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning", "-W", "ignore::DeprecationWarning"]
+
+
 def suite_arguments(target: str, profile: str, pytest_args: Sequence[str] = ()) -> list[str]:
-    """pytest's arguments for one run of the suite on ``target`` in ``profile`` (quiet, no cache, the
-    numerics' own warnings silenced), ``pytest_args`` (-k, -x, ...) after them."""
-    return [
-        "--pyargs",
-        "attnspec.conformance",
-        "--attn-backend",
-        target,
-        "--attn-profile",
-        profile,
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-W",
-        "ignore::RuntimeWarning",
-        "-W",
-        "ignore::DeprecationWarning",
-        *pytest_args,
-    ]
+    """pytest's arguments for one run of the suite on ``target`` in ``profile`` (`QUIET`),
+    ``pytest_args`` (-k, -x, ...) after them."""
+    chosen = ["--attn-backend", target, "--attn-profile", profile]
+    return ["--pyargs", "attnspec.conformance", *chosen, *QUIET, *pytest_args]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,6 +49,7 @@ def test_check_metadata_names_the_wrong_device():
     assert check_metadata(NumpyBackend(), out, (2, 3, 4), "float32", "cpu") == []
 
 
+@pytest.mark.proof
 def test_the_suite_fails_results_on_another_device(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     results = tmp_path / "elsewhere.json"

@@ -33,6 +33,7 @@ def _check(target: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.proof
 def test_reference_conforms(tmp_path):
     """The mutation target is a correct sdpa: every mutant starts from a verdict of CONFORMS."""
     proc = _check(MUTATION / "reference_sdpa.py", tmp_path)
@@ -40,6 +41,7 @@ def test_reference_conforms(tmp_path):
     assert "CONFORMS" in proc.stderr and "needs run (26 of 26)" in proc.stderr
 
 
+@pytest.mark.proof
 def test_window_one_key_too_wide_fails(tmp_path):
     """The gap the issue names: a window showing one key too many on the right passed every sdpa
     property in dev and default; corner_window_edge catches it now."""

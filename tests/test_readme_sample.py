@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"
 BEGIN, END = "<!-- check-sample:begin -->", "<!-- check-sample:end -->"
@@ -42,6 +44,7 @@ def sample(out: Path) -> str:
     return "\n".join(["```", f"$ attnspec {' '.join(COMMAND)}", "...", *body, "```"])
 
 
+@pytest.mark.proof
 def test_readme_sample_is_what_check_prints(tmp_path):
     text = README.read_text()
     assert BEGIN in text and END in text, "README.md lost its check-sample markers"

@@ -33,6 +33,7 @@ def runner_command(target: str, out: Path, *args: str) -> list[str]:
     ]
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize(
     "target,status",
     [("mutants:Crasher", "crashed"), ("mutants:Hanger", "timeout"), ("mutants:DeviceFault", "crashed")],
@@ -62,6 +63,7 @@ def test_runner_isolates_crash_and_hang(tmp_path, target, status):
         ), results["failures"]
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_interrupt_stops_everything_and_keeps_finished_cases(tmp_path, sig):
     """Ctrl-C / SIGTERM stop the runner and its pytest child (even one stuck in a case) within
@@ -106,6 +108,7 @@ def _run(tmp_path: Path, name: str, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.proof
 def test_shards_run_the_same_cases_as_one_child(tmp_path):
     """--jobs 2 deals the tests to two children; the derandomized cases, and so the rows, are the
     same as one child's, and the timing file records the run."""
@@ -214,6 +217,7 @@ def test_timing_files_each_sample_under_its_innermost_meaningful_caller():
     assert dict((c, s) for c, s, _ in rows)["golden"] == 6.0 and sum(s for _, s, _ in rows) == 8.0
 
 
+@pytest.mark.proof
 def test_larger_profiles_draw_every_case_of_smaller_ones(tmp_path):
     """Hypothesis is derandomized in dev and default, and default draws every case dev draws (then
     more). So a mutant the kit's tests catch in `dev` (every tests/test_mutants*.py) is caught, by
@@ -250,6 +254,7 @@ _PROPERTIES = (
 )
 
 
+@pytest.mark.proof
 def test_every_property_and_dtype_reaches_the_corners_in_every_profile(tmp_path):
     """Every property x dtype runs a case with a row that has no visible key, one with NaN/inf
     in hidden keys, and one with visible keys only at large negative finite biases, in dev and in
@@ -276,6 +281,7 @@ def test_every_property_and_dtype_reaches_the_corners_in_every_profile(tmp_path)
             assert not missing, f"{profile}: {node} never drew {sorted(missing)}"
 
 
+@pytest.mark.proof
 def test_a_mask_only_backend_reaches_empty_rows_and_hidden_nonfinite_keys(tmp_path):
     """A function with no bias argument (the tutorial convention) refuses the three corners, which
     use one; their mask-only twins run instead (conformance/corners.py), so every sdpa property x

@@ -123,7 +123,7 @@ def _kit_tests(session: nox.Session, tier: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the kit's own tests (spec, backends, runner, plugin, reports, docs), all frameworks, but
-    not the proofs: about 10 minutes on 2 cores (tests/tiers.py)."""
+    not the proofs: about 11 minutes on 2 cores (tests/tiers.py)."""
     _kit_tests(session, "not proof")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import traceback
@@ -10,6 +11,7 @@ import pytest
 
 from attnspec import SpecError
 from attnspec.backends import Unsupported
+from attnspec.conformance.judge import judge_call
 from attnspec.conformance.pytest_helpers import label_clauses, resolve_backend
 from attnspec.conformance.recorder import case_key, declared_deviations, dev_id
 from attnspec.spec.clauses import case_clauses, property_clauses
@@ -157,9 +159,28 @@ def judge(attn_backend, attn_device, pytestconfig, request):
                 state.phase = "shrink"  # what Hypothesis runs from here on shrinks this failure
             raise AssertionError(verdict.message)
 
-    # read by the corners and test_fp8 (getattr(judge, "state")): mypy has no type for a function's attributes
-    run.state = state  # type: ignore[attr-defined]
-    return run
+    return Judge(run, attn_backend, attn_device, state)
+
+
+class Judge:
+    """The ``judge`` fixture. ``judge(function, prop, case, body)`` runs one case through ``body``
+    and records its verdict; ``judge.sdpa(prop, case)`` is that for a call of the backend's sdpa
+    judged against the golden (`judge_call`); ``judge.state`` is where the property's run is."""
+
+    def __init__(self, run, backend, device, state: JudgeState) -> None:
+        self._run, self.backend, self.device, self.state = run, backend, device, state
+
+    def __call__(self, function: str, prop: str, case, body, *rest, **kw) -> None:
+        self._run(function, prop, case, body, *rest, **kw)
+
+    def sdpa(self, prop: str, case, golden_case=None) -> None:
+        backend, device = self.backend, self.device
+        self("sdpa", prop, case, lambda: judge_call(backend, device, prop, case, golden_case))
+
+    def through(self, run) -> Judge:
+        """The same judge with its runs made by ``run`` (``run(judge, function, prop, case, body)``
+        calls ``judge(...)`` itself: the corners' watch for refusals)."""
+        return Judge(functools.partial(run, self._run), self.backend, self.device, self.state)
 
 
 class JudgeState:

@@ -573,13 +573,17 @@ def _attempt(inner, args, kwargs, data) -> tuple[bool, AssertionError | None]:
     `Unsupported`), and the failure it raised, if any."""
     refused = [True]
     try:
-        inner(*args, data=data, **{**kwargs, "judge": functools.partial(_watched, kwargs["judge"], refused)})
+        inner(
+            *args,
+            data=data,
+            **{**kwargs, "judge": kwargs["judge"].through(functools.partial(_watched, refused))},
+        )
     except AssertionError as exc:
         return refused[0], exc
     return refused[0], None
 
 
-def _watched(judge, refused: list[bool], function, prop, case, body, *rest, **kw):
+def _watched(refused: list[bool], judge, function, prop, case, body, *rest, **kw):
     """``judge``, noting in ``refused[0]`` whether the backend declined the case."""
     from attnspec.backends import Unsupported
 

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, full_visibility, tag_visibility
+from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, tag_visibility
 from attnspec.conformance.judge import plan_of
 
-__all__ = ["explicit_mask_case", "poison_hidden_keys", "vjp_case"]
+__all__ = ["empty_row_problems", "poison_hidden_keys", "vjp_case"]
 
 
 def vjp_case(case: SDPACase) -> tuple[SDPACase, np.ndarray]:
@@ -22,15 +22,6 @@ def vjp_case(case: SDPACase) -> tuple[SDPACase, np.ndarray]:
     shape = plan_of(case).out_shape
     d_out = np.random.default_rng(case.seed ^ 0x5EED).standard_normal(shape).astype(NP_DTYPES[case.dtype])
     return case, d_out
-
-
-def explicit_mask_case(case: SDPACase) -> SDPACase:
-    """The case with every visibility rule folded into one explicit mask (bias and scale kept)."""
-    vis = full_visibility(plan_of(case), case.options)
-    if case.q.ndim == 2:
-        vis = vis.reshape(vis.shape[-2:])
-    opts = {k: v for k, v in case.options.items() if k in ("bias", "scale")}
-    return replace(case, options={**opts, "mask": vis})
 
 
 def poison_hidden_keys(base, hidden: np.ndarray, poison: float):
@@ -48,3 +39,22 @@ def poison_hidden_keys(base, hidden: np.ndarray, poison: float):
     tag_visibility(tags, base.q, k, v, options)
     clean, d_out = vjp_case(replace(base, options=options, tags=frozenset(tags)))
     return clean, d_out, replace(clean, k=k, v=v)
+
+
+def empty_row_problems(grads: dict[str, np.ndarray], dq_name: str, empty, rows: str) -> list[str]:
+    """What breaks "empty rows zero and finite" in float64 gradients: a NaN/inf in any of
+    ``grads`` (by name; the inputs are finite), or a nonzero ``grads[dq_name]`` (broadcast to
+    ``empty.shape`` plus its feature axis) on an ``empty`` row (``rows`` says which rows those are)."""
+    problems = [
+        f"{name} has {int((~np.isfinite(g)).sum())} NaN/inf entries; the inputs are finite, so every "
+        "gradient must be"
+        for name, g in grads.items()
+        if not np.isfinite(g).all()
+    ]
+    dq = np.broadcast_to(grads[dq_name], (*empty.shape, grads[dq_name].shape[-1]))
+    if empty.any() and not (dq[empty] == 0).all():
+        problems.append(
+            f"{dq_name} of the {int(empty.sum())} {rows} is not exactly 0 "
+            f"(max |{dq_name}| there {np.nanmax(np.abs(dq[empty]), initial=0):.3e})"
+        )
+    return problems

@@ -5,27 +5,46 @@ dtype and device, compares each with the golden within the tolerance rule, and o
 the causes (`attnspec.conformance.causes`) and attaches the reproducer. The chapters
 (``test_sdpa.py``, ``test_variants.py``, ``test_long.py``, ``test_serving.py``, ``test_blocked.py``) all call it;
 `plan_of` is the validated plan of a drawn case.
-
-The chapters import them under their former local names (``_judge_output``, ``_plan``): Hypothesis
-seeds a derandomized property, and keys its database, by the property's source, so a renamed call
-in a property's body would change every case the suite draws.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
 from attnspec.conformance.causes import sdpa_causes
 from attnspec.conformance.hypothesis_helpers import SDPACase, case_plan, full_visibility
-from attnspec.conformance.pytest_helpers import Verdict, check_metadata, failure_message, golden_for
+from attnspec.conformance.pytest_helpers import (
+    Verdict,
+    call_sdpa,
+    check_metadata,
+    failure_message,
+    golden_for,
+)
 from attnspec.spec.tolerance import compare
 
-__all__ = ["judge_output", "plan_of"]
+__all__ = ["explicit_mask_case", "judge_call", "judge_output", "plan_of"]
 
 
 def plan_of(case: SDPACase):
     """The spec's validated `SDPAPlan` of a case's call."""
     return case_plan(case.q, case.k, case.v, case.options)[0]
+
+
+def explicit_mask_case(case: SDPACase, keep: tuple[str, ...] = ("bias", "scale")) -> SDPACase:
+    """The same case with every visibility rule folded into one explicit mask, of the golden's
+    (..., Hq, n, m) shape ((n, m) for a headless call), and of its other options only ``keep``."""
+    vis = full_visibility(plan_of(case), case.options)
+    if case.q.ndim == 2:
+        vis = vis.reshape(vis.shape[-2:])
+    opts = {k: v for k, v in case.options.items() if k in keep}
+    return replace(case, options={**opts, "mask": vis})
+
+
+def judge_call(backend, device, prop, case, golden_case=None) -> Verdict:
+    """Call ``backend``'s sdpa on ``case`` and judge what it returns (`judge_output`)."""
+    return judge_output(backend, device, prop, case, call_sdpa(backend, case, device), golden_case)
 
 
 def judge_output(backend, device, prop, case, result, golden_case=None, **extra) -> Verdict:

@@ -172,6 +172,17 @@ def lsh_cases(draw, dtype: str, features: tuple[str, ...] = LSH_FEATURES) -> LSH
 # -- oracles ------------------------------------------------------------------------------------
 
 
+def backend_inputs(backend, case: LSHCase, device) -> tuple[Any, Any, dict[str, Any]]:
+    """x, v and the keywords of the case's call (rotations among them), as ``backend``'s arrays
+    on ``device``."""
+
+    def on(a):
+        return backend.asarray(a, device=device)
+
+    options = {k: on(v) if isinstance(v, np.ndarray) else v for k, v in case.options.items()}
+    return on(case.x), on(case.v), {"rotations": on(case.rotations), **options}
+
+
 def golden(case: LSHCase, **extra: Any):
     """(out float64, buckets) of the spec, on the case's float64 inputs (before final rounding)."""
     o = {k: v for k, v in {**case.options, **extra}.items()}

@@ -40,8 +40,12 @@ def test_blocked_matches_golden(attn_backend, attn_device, judge, dtype, data):
     if data.draw(st.booleans(), label="return_weights"):
         case = case.with_options(return_weights=True)
     block_q, block_k = data.draw(BLOCKS, label="block_q"), data.draw(BLOCKS, label="block_k")
-    judge(FN, "matches_golden", case,
-          lambda: judge_blocked(attn_backend, attn_device, "matches_golden", case, block_q, block_k))
+    judge(
+        FN,
+        "matches_golden",
+        case,
+        lambda: judge_blocked(attn_backend, attn_device, "matches_golden", case, block_q, block_k),
+    )
 
 
 @DTYPES
@@ -49,8 +53,17 @@ def test_blocked_matches_golden(attn_backend, attn_device, judge, dtype, data):
 @given(data=st.data())
 def test_blocked_one_key_tiles(attn_backend, attn_device, judge, dtype, data):
     """block_k = 1: every key is its own tile, so the running max is rescaled at every new maximum."""
-    case = data.draw(sdpa_cases(dtype, features=("plain", "large_logits", "mask", "causal_lower_right",
-                                                 "bias_neg_inf", "combined")), label="case")
+    case = data.draw(
+        sdpa_cases(
+            dtype,
+            features=("plain", "large_logits", "mask", "causal_lower_right", "bias_neg_inf", "combined"),
+        ),
+        label="case",
+    )
     block_q = data.draw(BLOCKS, label="block_q")
-    judge(FN, "one_key_tiles", case,
-          lambda: judge_blocked(attn_backend, attn_device, "one_key_tiles", case, block_q, 1))
+    judge(
+        FN,
+        "one_key_tiles",
+        case,
+        lambda: judge_blocked(attn_backend, attn_device, "one_key_tiles", case, block_q, 1),
+    )

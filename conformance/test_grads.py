@@ -19,11 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnspec.conformance.corners import with_corners
-
-# the properties keep their local names: Hypothesis seeds each derandomized property from its source
-from attnspec.conformance.grads_cases import explicit_mask_case as _explicit
-from attnspec.conformance.grads_cases import poison_hidden_keys
-from attnspec.conformance.grads_cases import vjp_case as _vjp_case
+from attnspec.conformance.grads_cases import empty_row_problems, poison_hidden_keys, vjp_case
 from attnspec.conformance.hypothesis_helpers import (
     VARIANT_CASE_FEATURES,
     SDPACase,
@@ -32,8 +28,8 @@ from attnspec.conformance.hypothesis_helpers import (
     sdpa_cases,
     variant_cases,
 )
-from attnspec.conformance.judge import plan_of as _plan
-from attnspec.conformance.pytest_helpers import Verdict, check_metadata, repro, to_backend
+from attnspec.conformance.judge import explicit_mask_case, plan_of
+from attnspec.conformance.pytest_helpers import Verdict, check_metadata, comparison_lines, repro, to_backend
 from attnspec.spec.grads import sdpa_vjp
 from attnspec.spec.sdpa import sdpa
 from attnspec.spec.tolerance import Comparison, compare
@@ -50,15 +46,20 @@ EMPTY_ROW_FEATURES = ("no_visible_rows", "q_lengths", "bias_neg_inf")
 def _draw_case(data, dtype: str, features=None):
     """A drawn sdpa case, or (about half the time) one with a variant on top of it."""
     if data.draw(st.booleans(), label="variants"):
-        strategy = variant_cases(dtype, VJP_VARIANTS) if features is None else variant_cases(
-            dtype, VJP_VARIANTS, features)
+        strategy = (
+            variant_cases(dtype, VJP_VARIANTS)
+            if features is None
+            else variant_cases(dtype, VJP_VARIANTS, features)
+        )
         return data.draw(strategy, label="case")
     return data.draw(sdpa_cases(dtype) if features is None else sdpa_cases(dtype, features), label="case")
 
 
 def _f64(options: dict) -> dict:
-    return {k: v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype.name in FLOAT_DTYPES else v
-            for k, v in options.items()}
+    return {
+        k: v.astype(np.float64) if isinstance(v, np.ndarray) and v.dtype.name in FLOAT_DTYPES else v
+        for k, v in options.items()
+    }
 
 
 def golden_vjp(case: SDPACase, d_out: np.ndarray):
@@ -74,8 +75,9 @@ def golden_vjp(case: SDPACase, d_out: np.ndarray):
     undropped = {k: v for k, v in f64.items() if k not in ("dropout_mask", "dropout_p")}
     _, weights = sdpa(q64, k64, v64, **undropped, return_weights=True)  # P before dropout
     vis = full_visibility(plan, o)
-    allowed = sdpa_vjp_allowed(plan, case.q, case.k, case.v, d_out, o.get("bias"), vis, weights, err_ref,
-                               extras)
+    allowed = sdpa_vjp_allowed(
+        plan, case.q, case.k, case.v, d_out, o.get("bias"), vis, weights, err_ref, extras
+    )
     return golden, allowed
 
 
@@ -88,33 +90,53 @@ def call_vjp(backend, case: SDPACase, d_out: np.ndarray, device):
 def _message(backend_name: str, prop: str, case: SDPACase, device, comparisons, problems) -> str:
     lines = [f"[{backend_name}] sdpa_vjp {prop}: {case.describe()} device={device}"]
     lines += [f"  {p}" for p in problems]
-    for name, c in comparisons.items():
-        if not c.ok:
-            where = f" at index {c.worst_index}" if c.worst_index is not None else ""
-            lines.append(f"  {name}: max abs err {c.max_abs_err:.3e}{where} > allowed {c.allowed:.3e} "
-                         f"(budget used {c.budget_used:.3g}); {100 * c.out_of_tolerance:.1f}% of elements "
-                         f"out of tolerance; {c.nonfinite_mismatch} NaN/inf mismatches")
+    lines += comparison_lines(comparisons)
     lines.append("  reproduce with (the forward; the vjp takes d_out = the same seed's normal draw):")
     lines += ["    " + line for line in repro(backend_name, case, device).splitlines()]
     return "\n".join(lines)
 
 
-def judge_grads(backend, device, prop, case, d_out, grads, golden_case=None, extra_problems=()) -> Verdict:
+def judge_grads(
+    backend, device, prop, case, d_out, grads, golden_case=None, extra_problems=(), empty_rows=None
+) -> Verdict:
+    """The verdict on ``grads``, what ``backend``'s sdpa_vjp returned for ``case`` and ``d_out``,
+    against the golden of ``golden_case`` (default ``case``); with ``empty_rows``, the (*batch, Hq,
+    n) rows that see no key, also that every gradient is finite and dq is 0 on those rows."""
     golden, allowed = golden_vjp(golden_case or case, d_out)
     names = grad_names(case.options.get("bias"), case.options.get("sinks"))
     problems = list(extra_problems)
     if not isinstance(grads, tuple) or len(grads) != len(golden):
-        problems.append(f"returned {type(grads).__name__} of {len(grads) if isinstance(grads, tuple) else '?'} "
-                        f"arrays, but should return a tuple ({', '.join(names)})")
+        problems.append(
+            f"returned {type(grads).__name__} of {len(grads) if isinstance(grads, tuple) else '?'} "
+            f"arrays, but should return a tuple ({', '.join(names)})"
+        )
         return Verdict("failed", {}, _message(backend.name, prop, case, device, {}, problems))
+    if empty_rows is not None:
+        arrays = {name: backend.to_numpy(g).astype(np.float64) for name, g in zip(names, grads)}
+        problems += empty_row_problems(arrays, "dq", empty_rows, "rows with no visible key")
     comparisons: dict[str, Comparison] = {}
     for name, g, want in zip(names, grads, golden):
-        problems += [p.replace("out.", f"{name}.") for p in
-                     check_metadata(backend, g, want.shape, case.dtype, device)]
+        problems += [
+            p.replace("out.", f"{name}.") for p in check_metadata(backend, g, want.shape, case.dtype, device)
+        ]
         comparisons[name] = compare(backend.to_numpy(g).astype(np.float64), want, allowed[name])
     if problems or not all(c.ok for c in comparisons.values()):
-        return Verdict("failed", comparisons, _message(backend.name, prop, case, device, comparisons, problems))
+        return Verdict(
+            "failed", comparisons, _message(backend.name, prop, case, device, comparisons, problems)
+        )
     return Verdict("passed", comparisons)
+
+
+def _judge_vjp(judge, backend, device, prop: str, case, d_out, **checks) -> None:
+    """Judge the backend's sdpa_vjp on ``case`` and ``d_out`` as property ``prop`` (`judge_grads`,
+    which takes ``checks``)."""
+
+    def body():
+        return judge_grads(
+            backend, device, prop, case, d_out, call_vjp(backend, case, d_out, device), **checks
+        )
+
+    judge("sdpa_vjp", prop, case, body)
 
 
 @DTYPES
@@ -122,13 +144,8 @@ def judge_grads(backend, device, prop, case, d_out, grads, golden_case=None, ext
 @given(data=st.data())
 def test_vjp_matches_golden(attn_backend, attn_device, judge, dtype, data):
     """dq, dk, dv (and dbias) each equal the golden within the gradient tolerance rule."""
-    case, d_out = _vjp_case(data.draw(sdpa_cases(dtype), label="case"))
-
-    def body():
-        return judge_grads(attn_backend, attn_device, "matches_golden", case, d_out,
-                           call_vjp(attn_backend, case, d_out, attn_device))
-
-    judge("sdpa_vjp", "matches_golden", case, body)
+    case, d_out = vjp_case(data.draw(sdpa_cases(dtype), label="case"))
+    _judge_vjp(judge, attn_backend, attn_device, "matches_golden", case, d_out)
 
 
 @DTYPES
@@ -137,13 +154,8 @@ def test_vjp_matches_golden(attn_backend, attn_device, judge, dtype, data):
 def test_vjp_variants_match_golden(attn_backend, attn_device, judge, dtype, data):
     """With a variant (softcap, ALiBi, sinks, segments, "lower_right_lengths", dropout) or all of
     them: dq, dk, dv, dbias and dsinks each equal the golden within the gradient tolerance rule."""
-    case, d_out = _vjp_case(data.draw(variant_cases(dtype, VJP_VARIANTS), label="case"))
-
-    def body():
-        return judge_grads(attn_backend, attn_device, "variants_match_golden", case, d_out,
-                           call_vjp(attn_backend, case, d_out, attn_device))
-
-    judge("sdpa_vjp", "variants_match_golden", case, body)
+    case, d_out = vjp_case(data.draw(variant_cases(dtype, VJP_VARIANTS), label="case"))
+    _judge_vjp(judge, attn_backend, attn_device, "variants_match_golden", case, d_out)
 
 
 @DTYPES
@@ -152,7 +164,7 @@ def test_vjp_variants_match_golden(attn_backend, attn_device, judge, dtype, data
 def test_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, data):
     """Keys no row may see, even holding NaN or inf, get dk = dv = 0 exactly and change no gradient."""
     base = _draw_case(data, dtype)
-    base = _explicit(base) if "variants" not in base.tags else base
+    base = explicit_mask_case(base) if "variants" not in base.tags else base
     m = base.k.shape[-2]
     hidden = np.asarray(data.draw(st.lists(st.booleans(), min_size=m, max_size=m), label="hidden"), bool)
     poison = data.draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e4]), label="poison")
@@ -165,11 +177,14 @@ def test_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, data)
             for name, g in (("dk", grads[1]), ("dv", grads[2])):
                 got = attn_backend.to_numpy(g).astype(np.float64)[..., hidden, :]
                 if got.size and not (got == 0).all():
-                    problems.append(f"{name} of the {int(hidden.sum())} hidden keys is not exactly 0: "
-                                    f"max |{name}| = {np.nanmax(np.abs(got), initial=0):.3e}, "
-                                    f"{int((~(got == 0)).sum())} nonzero or NaN entries")
-        return judge_grads(attn_backend, attn_device, "masked_keys_get_zero", poisoned, d_out, grads,
-                           golden_case=clean, extra_problems=problems)
+                    problems.append(
+                        f"{name} of the {int(hidden.sum())} hidden keys is not exactly 0: "
+                        f"max |{name}| = {np.nanmax(np.abs(got), initial=0):.3e}, "
+                        f"{int((~(got == 0)).sum())} nonzero or NaN entries"
+                    )
+        return judge_grads(
+            attn_backend, attn_device, "masked_keys_get_zero", poisoned, d_out, grads, clean, problems
+        )
 
     judge("sdpa_vjp", "masked_keys_get_zero", poisoned, body)
 
@@ -179,28 +194,9 @@ def test_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, data)
 @given(data=st.data())
 def test_vjp_empty_rows_zero_and_finite(attn_backend, attn_device, judge, dtype, data):
     """A query row with no visible key gets dq = 0 (and dbias = 0); every gradient is finite."""
-    case, d_out = _vjp_case(_draw_case(data, dtype, EMPTY_ROW_FEATURES))
-    plan = _plan(case)
-    empty = ~full_visibility(plan, case.options).any(axis=-1)  # (*batch, Hq, n)
-
-    def body():
-        grads = call_vjp(attn_backend, case, d_out, attn_device)
-        problems = []
-        if isinstance(grads, tuple) and len(grads) >= 3:
-            arrays = [attn_backend.to_numpy(g).astype(np.float64) for g in grads]
-            for name, g in zip(grad_names(case.options.get("bias"), case.options.get("sinks")), arrays):
-                if not np.isfinite(g).all():
-                    problems.append(f"{name} has {int((~np.isfinite(g)).sum())} NaN/inf entries; the inputs "
-                                    "are finite, so every gradient must be")
-            dq = np.broadcast_to(arrays[0].reshape(_with_head_shape(case.q.shape)),
-                                 (*plan.batch, plan.hq, plan.n, plan.dk))
-            if empty.any() and not (dq[empty] == 0).all():
-                problems.append(f"dq of the {int(empty.sum())} rows with no visible key is not exactly 0 "
-                                f"(max |dq| there {np.nanmax(np.abs(dq[empty]), initial=0):.3e})")
-        return judge_grads(attn_backend, attn_device, "empty_rows_zero_and_finite", case, d_out, grads,
-                           extra_problems=problems)
-
-    judge("sdpa_vjp", "empty_rows_zero_and_finite", case, body)
+    case, d_out = vjp_case(_draw_case(data, dtype, EMPTY_ROW_FEATURES))
+    empty = ~full_visibility(plan_of(case), case.options).any(axis=-1)  # (*batch, Hq, n)
+    _judge_vjp(judge, attn_backend, attn_device, "empty_rows_zero_and_finite", case, d_out, empty_rows=empty)
 
 
 def _with_head_shape(shape):
@@ -212,7 +208,7 @@ def _with_head_shape(shape):
 @given(data=st.data())
 def test_vjp_deterministic(attn_backend, attn_device, judge, dtype, data):
     """Two identical sdpa_vjp calls give bit-identical gradients (NaN where NaN)."""
-    case, d_out = _vjp_case(_draw_case(data, dtype))
+    case, d_out = vjp_case(_draw_case(data, dtype))
 
     def body():
         a = call_vjp(attn_backend, case, d_out, attn_device)
@@ -223,8 +219,13 @@ def test_vjp_deterministic(attn_backend, attn_device, judge, dtype, data):
             if not (x.shape == y.shape and np.array_equal(x, y, equal_nan=True)):
                 diffs.append(f"{name}: max |a - b| = {np.nanmax(np.abs(x - y), initial=0):.3e}")
         if diffs:
-            return Verdict("failed", message=(f"[{attn_backend.name}] sdpa_vjp deterministic: {case.describe()}\n"
-                                              "  two identical calls differ: " + "; ".join(diffs)))
+            return Verdict(
+                "failed",
+                message=(
+                    f"[{attn_backend.name}] sdpa_vjp deterministic: {case.describe()}\n"
+                    "  two identical calls differ: " + "; ".join(diffs)
+                ),
+            )
         return Verdict("passed")
 
     judge("sdpa_vjp", "deterministic", case, body)

@@ -27,10 +27,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnspec.conformance import lsh_cases as lc
+from attnspec.conformance.grads_cases import empty_row_problems
 from attnspec.conformance.hypothesis_helpers import NP_DTYPES, full_visibility
 from attnspec.conformance.lsh_cases import LSHCase, lsh_cases
 from attnspec.conformance.mha_cases import MHA_BASE_FEATURES, MHACase, mha_cases, mha_plan, retag
-from attnspec.conformance.pytest_helpers import Verdict, check_metadata
+from attnspec.conformance.pytest_helpers import Verdict, check_metadata, comparison_lines
 from attnspec.spec.grads_lsh import lsh_attention_vjp
 from attnspec.spec.grads_mha import mha_vjp
 from attnspec.spec.lsh import NORM_EPS, validate_lsh
@@ -66,21 +67,10 @@ def _err_ref(ref: np.ndarray, golden: np.ndarray) -> float:
     return err if np.isfinite(err) else 0.0  # a non-finite mismatch is judged by compare, not here
 
 
-def _comparison_lines(comparisons: dict[str, Comparison]) -> list[str]:
-    lines = []
-    for name, c in comparisons.items():
-        if not c.ok:
-            where = f" at index {c.worst_index}" if c.worst_index is not None else ""
-            lines.append(f"{name}: max abs err {c.max_abs_err:.3e}{where} > allowed {c.allowed:.3e} "
-                         f"(budget used {c.budget_used:.3g}); {100 * c.out_of_tolerance:.1f}% of elements "
-                         f"out of tolerance; {c.nonfinite_mismatch} NaN/inf mismatches")
-    return lines
-
-
 def _failed(backend, fn: str, prop: str, case, device, problems, comparisons=None, note: str = "") -> Verdict:
     lines = [f"[{backend.name}] {fn} {prop}: {case.describe()} device={device}"]
-    lines += [f"  {line}" for line in ([note] if note else []) + list(problems)
-              + _comparison_lines(comparisons or {})]
+    lines += [f"  {line}" for line in ([note] if note else []) + list(problems)]
+    lines += comparison_lines(comparisons or {})
     lines.append("  reproduce with (the forward; the vjp takes d_out = the case seed's normal draw):")
     lines += ["    " + line for line in case.repro(backend.name, device).splitlines()]
     return Verdict("failed", comparisons or {}, "\n".join(lines))
@@ -98,8 +88,11 @@ MHA = "mha_vjp"
 def _mha_vjp_case(case: MHACase) -> tuple[MHACase, np.ndarray]:
     batch = np.broadcast_shapes(case.q.shape[:-2], case.k.shape[:-2], case.v.shape[:-2])
     shape = (*batch, case.q.shape[-2], case.params.embed_dim)
-    case = replace(case, options={k: v for k, v in case.options.items() if k != "return_weights"},
-                   tags=case.tags | {"vjp"})
+    case = replace(
+        case,
+        options={k: v for k, v in case.options.items() if k != "return_weights"},
+        tags=case.tags | {"vjp"},
+    )
     return case, _d_out(case.seed, shape, case.dtype)
 
 
@@ -111,8 +104,16 @@ def golden_mha_vjp(case: MHACase, d_out: np.ndarray) -> tuple[dict, dict]:
     def b64(b: np.ndarray | None) -> np.ndarray | None:
         return None if b is None else b.astype(np.float64)
 
-    params64 = MHAParams(w_q=p.w_q.astype(np.float64), w_k=p.w_k.astype(np.float64), w_v=p.w_v.astype(np.float64),
-                         w_o=p.w_o.astype(np.float64), b_q=b64(p.b_q), b_k=b64(p.b_k), b_v=b64(p.b_v), b_o=b64(p.b_o))
+    params64 = MHAParams(
+        w_q=p.w_q.astype(np.float64),
+        w_k=p.w_k.astype(np.float64),
+        w_v=p.w_v.astype(np.float64),
+        w_o=p.w_o.astype(np.float64),
+        b_q=b64(p.b_q),
+        b_k=b64(p.b_k),
+        b_v=b64(p.b_v),
+        b_o=b64(p.b_o),
+    )
     f64 = {k: v.astype(np.float64) if k == "bias" else v for k, v in o.items()}
     q64, k64, v64 = (x.astype(np.float64) for x in (case.q, case.k, case.v))
     with np.errstate(all="ignore"):
@@ -125,31 +126,48 @@ def golden_mha_vjp(case: MHACase, d_out: np.ndarray) -> tuple[dict, dict]:
 
 def call_mha_vjp(backend, case: MHACase, d_out: np.ndarray, device):
     """The case through ``backend.mha_vjp``, parameters as the backend's MHAArrays."""
-    conv = {k: backend.asarray(v, device=device) if isinstance(v, np.ndarray) else v for k, v in case.options.items()}
-    return backend.mha_vjp(*(backend.asarray(x, device=device) for x in (case.q, case.k, case.v)),
-                           backend.asparams(case.params, case.dtype, device),
-                           backend.asarray(d_out, device=device), **conv)
+    conv = {
+        k: backend.asarray(v, device=device) if isinstance(v, np.ndarray) else v
+        for k, v in case.options.items()
+    }
+    return backend.mha_vjp(
+        *(backend.asarray(x, device=device) for x in (case.q, case.k, case.v)),
+        backend.asparams(case.params, case.dtype, device),
+        backend.asarray(d_out, device=device),
+        **conv,
+    )
 
 
-def judge_mha_grads(backend, device, prop: str, case: MHACase, d_out, grads, golden_case=None,
-                    extra_problems=()) -> Verdict:
+def judge_mha_grads(
+    backend, device, prop: str, case: MHACase, d_out, grads, golden_case=None, extra_problems=()
+) -> Verdict:
     golden, allowed = golden_mha_vjp(golden_case or case, d_out)
     problems = list(extra_problems)
     want = 5 if "bias" in case.options else 4
-    if not isinstance(grads, tuple) or len(grads) != want or not all(hasattr(grads[3], f) for f in PARAM_FIELDS):
-        problems.append(f"returned {type(grads).__name__}, but should return a tuple of {want}: (d_query, "
-                        f"d_key, d_value, d_params{', d_bias' if want == 5 else ''}), d_params an MHAArrays")
+    if (
+        not isinstance(grads, tuple)
+        or len(grads) != want
+        or not all(hasattr(grads[3], f) for f in PARAM_FIELDS)
+    ):
+        problems.append(
+            f"returned {type(grads).__name__}, but should return a tuple of {want}: (d_query, "
+            f"d_key, d_value, d_params{', d_bias' if want == 5 else ''}), d_params an MHAArrays"
+        )
         return _failed(backend, MHA, prop, case, device, problems)
     named = mha_grads_by_name(grads)
     if set(named) != set(golden):
-        problems.append(f"gradients {sorted(named)}, but should be {sorted(golden)} (None exactly for the "
-                        "parameters that are None)")
+        problems.append(
+            f"gradients {sorted(named)}, but should be {sorted(golden)} (None exactly for the "
+            "parameters that are None)"
+        )
     comparisons: dict[str, Comparison] = {}
     for name, g in golden.items():
         if name not in named:
             continue
-        problems += [p.replace("out.", f"{name}.") for p in
-                     check_metadata(backend, named[name], g.shape, case.dtype, device)]
+        problems += [
+            p.replace("out.", f"{name}.")
+            for p in check_metadata(backend, named[name], g.shape, case.dtype, device)
+        ]
         comparisons[name] = compare(_as_float64(backend, named[name]), g, allowed[name])
     if problems or not all(c.ok for c in comparisons.values()):
         return _failed(backend, MHA, prop, case, device, problems, comparisons)
@@ -165,13 +183,29 @@ def test_mha_vjp_matches_golden(attn_backend, attn_device, judge, dtype, data):
     case, d_out = _mha_vjp_case(data.draw(mha_cases(dtype, MHA_BASE_FEATURES), label="case"))
 
     def body():
-        return judge_mha_grads(attn_backend, attn_device, "matches_golden", case, d_out,
-                               call_mha_vjp(attn_backend, case, d_out, attn_device))
+        return judge_mha_grads(
+            attn_backend,
+            attn_device,
+            "matches_golden",
+            case,
+            d_out,
+            call_mha_vjp(attn_backend, case, d_out, attn_device),
+        )
 
     judge(MHA, "matches_golden", case, body, feature_case=case.feature_case)
 
 
-_PADDABLE = ("plain", "no_bias", "kdim_vdim", "gqa", "mqa", "rank2", "causal_lower_right", "window", "q_lengths")
+_PADDABLE = (
+    "plain",
+    "no_bias",
+    "kdim_vdim",
+    "gqa",
+    "mqa",
+    "rank2",
+    "causal_lower_right",
+    "window",
+    "q_lengths",
+)
 
 
 @DTYPES
@@ -194,8 +228,9 @@ def test_mha_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, d
     key = np.where(hidden[..., None], poison, np.broadcast_to(base.k, (*batch, *base.k.shape[-2:])))
     value = np.where(hidden[..., None], poison, np.broadcast_to(base.v, (*batch, *base.v.shape[-2:])))
     poisoned = replace(clean, k=key.astype(base.k.dtype), v=value.astype(base.v.dtype))
-    golden_case = replace(clean, k=np.broadcast_to(base.k, key.shape).copy(),
-                          v=np.broadcast_to(base.v, value.shape).copy())
+    golden_case = replace(
+        clean, k=np.broadcast_to(base.k, key.shape).copy(), v=np.broadcast_to(base.v, value.shape).copy()
+    )
 
     def body():
         grads = call_mha_vjp(attn_backend, poisoned, d_out, attn_device)
@@ -204,10 +239,20 @@ def test_mha_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, d
             for name, g in (("d_key", grads[1]), ("d_value", grads[2])):
                 got = _as_float64(attn_backend, g)[hidden] if tuple(g.shape[:-1]) == hidden.shape else None
                 if got is not None and got.size and not (got == 0).all():
-                    problems.append(f"{name} of the {int(hidden.sum())} keys at or beyond kv_length is not "
-                                    f"exactly 0: max |{name}| = {np.nanmax(np.abs(got), initial=0):.3e}")
-        return judge_mha_grads(attn_backend, attn_device, "masked_keys_get_zero", poisoned, d_out, grads,
-                               golden_case=golden_case, extra_problems=problems)
+                    problems.append(
+                        f"{name} of the {int(hidden.sum())} keys at or beyond kv_length is not "
+                        f"exactly 0: max |{name}| = {np.nanmax(np.abs(got), initial=0):.3e}"
+                    )
+        return judge_mha_grads(
+            attn_backend,
+            attn_device,
+            "masked_keys_get_zero",
+            poisoned,
+            d_out,
+            grads,
+            golden_case=golden_case,
+            extra_problems=problems,
+        )
 
     judge(MHA, "masked_keys_get_zero", poisoned, body, feature_case=poisoned.feature_case)
 
@@ -217,8 +262,9 @@ def test_mha_vjp_masked_keys_get_zero(attn_backend, attn_device, judge, dtype, d
 @given(data=st.data())
 def test_mha_vjp_empty_rows_zero_and_finite(attn_backend, attn_device, judge, dtype, data):
     """Every gradient is finite, and a query row that sees no key in any head gets d_query = 0."""
-    case, d_out = _mha_vjp_case(data.draw(mha_cases(dtype, ("no_visible_rows", "q_lengths", "bias_neg_inf")),
-                                          label="case"))
+    case, d_out = _mha_vjp_case(
+        data.draw(mha_cases(dtype, ("no_visible_rows", "q_lengths", "bias_neg_inf")), label="case")
+    )
     vis = full_visibility(mha_plan(case), case.options)  # (*batch, H, n, m)
     empty = ~vis.any(axis=(-3, -1))  # (*batch, n): no visible key in any head
 
@@ -226,18 +272,18 @@ def test_mha_vjp_empty_rows_zero_and_finite(attn_backend, attn_device, judge, dt
         grads = call_mha_vjp(attn_backend, case, d_out, attn_device)
         problems = []
         if isinstance(grads, tuple) and len(grads) >= 4:
-            for name, g in mha_grads_by_name(grads).items():
-                a = _as_float64(attn_backend, g)
-                if not np.isfinite(a).all():
-                    problems.append(f"{name} has {int((~np.isfinite(a)).sum())} NaN/inf entries; the inputs are "
-                                    "finite, so every gradient must be")
-            dq = _as_float64(attn_backend, grads[0])
-            dq = np.broadcast_to(dq, (*empty.shape, dq.shape[-1]))
-            if empty.any() and not (dq[empty] == 0).all():
-                problems.append(f"d_query of the {int(empty.sum())} rows with no visible key in any head is not "
-                                f"exactly 0 (max |d_query| there {np.nanmax(np.abs(dq[empty]), initial=0):.3e})")
-        return judge_mha_grads(attn_backend, attn_device, "empty_rows_zero_and_finite", case, d_out, grads,
-                               extra_problems=problems)
+            arrays = {name: _as_float64(attn_backend, g) for name, g in mha_grads_by_name(grads).items()}
+            rows = "rows with no visible key in any head"
+            problems = empty_row_problems(arrays, "d_query", empty, rows)
+        return judge_mha_grads(
+            attn_backend,
+            attn_device,
+            "empty_rows_zero_and_finite",
+            case,
+            d_out,
+            grads,
+            extra_problems=problems,
+        )
 
     judge(MHA, "empty_rows_zero_and_finite", case, body, feature_case=case.feature_case)
 
@@ -266,8 +312,8 @@ def test_mha_vjp_deterministic(attn_backend, attn_device, judge, dtype, data):
     def body():
         a, b = (mha_grads_by_name(call_mha_vjp(attn_backend, case, d_out, attn_device)) for _ in range(2))
         if diffs := _differences(attn_backend, a, b):
-            return _failed(attn_backend, MHA, "deterministic", case, attn_device,
-                           ["two identical calls differ: " + "; ".join(diffs)])
+            problem = "two identical calls differ: " + "; ".join(diffs)
+            return _failed(attn_backend, MHA, "deterministic", case, attn_device, [problem])
         return Verdict("passed")
 
     judge(MHA, "deterministic", case, body, feature_case=case.feature_case)
@@ -280,12 +326,19 @@ LSH = "lsh_attention_vjp"
 
 def _lsh_vjp_case(case: LSHCase) -> tuple[LSHCase, np.ndarray]:
     batch = np.broadcast_shapes(case.x.shape[:-2], case.v.shape[:-2])
-    return replace(case, tags=case.tags | {"vjp"}), _d_out(case.seed, (*batch, *case.v.shape[-2:]), case.dtype)
+    return replace(case, tags=case.tags | {"vjp"}), _d_out(
+        case.seed, (*batch, *case.v.shape[-2:]), case.dtype
+    )
 
 
 def _lsh_plan(case: LSHCase):
-    return validate_lsh(LSH, numpy_info(LSH, "x", case.x), numpy_info(LSH, "v", case.v),
-                        numpy_info(LSH, "rotations", case.rotations), **case.options)
+    return validate_lsh(
+        LSH,
+        numpy_info(LSH, "x", case.x),
+        numpy_info(LSH, "v", case.v),
+        numpy_info(LSH, "rotations", case.rotations),
+        **case.options,
+    )
 
 
 def _in_range(golden: np.ndarray, dtype: str) -> np.ndarray:
@@ -310,26 +363,33 @@ def golden_lsh_vjp(case: LSHCase, d_out: np.ndarray):
     plan = _lsh_plan(case)
     o = case.options
     with np.errstate(all="ignore"):
-        dx, dv = lsh_attention_vjp(case.x.astype(np.float64), case.v.astype(np.float64), d_out.astype(np.float64),
-                                   rotations=case.rotations, **o)
+        dx, dv = lsh_attention_vjp(
+            case.x.astype(np.float64),
+            case.v.astype(np.float64),
+            d_out.astype(np.float64),
+            rotations=case.rotations,
+            **o,
+        )
     golden = {"dx": _in_range(dx, case.dtype), "dv": _in_range(dv, case.dtype)}
     x = case.x.astype(np.float64)
     zero = np.sqrt((np.where(np.isfinite(x), x, 0) ** 2).sum(-1)) <= NORM_EPS  # (..., L)
     ref = reference_lsh_vjp(plan, case.x, case.v, d_out, case.rotations)
-    err_ref = {"dv": _err_ref(ref["dv"], golden["dv"]), "dx": _err_ref(ref["dx"][~zero], golden["dx"][~zero]),
-               "dx_zero_x": _err_ref(ref["dx"][zero], golden["dx"][zero])}
+    err_ref = {
+        "dv": _err_ref(ref["dv"], golden["dv"]),
+        "dx": _err_ref(ref["dx"][~zero], golden["dx"][~zero]),
+        "dx_zero_x": _err_ref(ref["dx"][zero], golden["dx"][zero]),
+    }
     return golden, lsh_vjp_allowed(plan, case.x, case.v, d_out, err_ref), zero
 
 
 def call_lsh_vjp(backend, case: LSHCase, d_out: np.ndarray, device):
-    conv = {k: backend.asarray(v, device=device) if isinstance(v, np.ndarray) else v for k, v in case.options.items()}
-    return backend.lsh_attention_vjp(backend.asarray(case.x, device=device), backend.asarray(case.v, device=device),
-                                     backend.asarray(d_out, device=device),
-                                     rotations=backend.asarray(case.rotations, device=device), **conv)
+    x, v, options = lc.backend_inputs(backend, case, device)
+    return backend.lsh_attention_vjp(x, v, backend.asarray(d_out, device=device), **options)
 
 
-def judge_lsh_grads(backend, device, prop: str, case: LSHCase, d_out, grads, golden_case=None,
-                    extra_problems=()) -> Verdict:
+def judge_lsh_grads(
+    backend, device, prop: str, case: LSHCase, d_out, grads, golden_case=None, extra_problems=()
+) -> Verdict:
     gcase = golden_case or case
     golden, allowed, zero = golden_lsh_vjp(gcase, d_out)
     rep = lc.margins(gcase)
@@ -341,8 +401,10 @@ def judge_lsh_grads(backend, device, prop: str, case: LSHCase, d_out, grads, gol
         return _failed(backend, LSH, prop, case, device, problems, note=reason)
     got = {}
     for name, g in zip(("dx", "dv"), grads):
-        problems += [p.replace("out.", f"{name}.") for p in
-                     check_metadata(backend, g, golden[name].shape, case.dtype, device)]
+        problems += [
+            p.replace("out.", f"{name}.")
+            for p in check_metadata(backend, g, golden[name].shape, case.dtype, device)
+        ]
         got[name] = _as_float64(backend, g) if tuple(g.shape) == golden[name].shape else None
     if problems:
         return _failed(backend, LSH, prop, case, device, problems, note=reason)
@@ -357,8 +419,10 @@ def judge_lsh_grads(backend, device, prop: str, case: LSHCase, d_out, grads, gol
     if (kx & zero).any():
         comparisons["dx_zero_x"] = compare(dx[kx & zero], golden["dx"][kx & zero], allowed["dx_zero_x"])
     if not (kv.all() and kx.all()):
-        reason += (f"; gradient batch elements compared: dx {int(kx.sum())} of {kx.size}, "
-                   f"dv {int(kv.sum())} of {kv.size}")
+        reason += (
+            f"; gradient batch elements compared: dx {int(kx.sum())} of {kx.size}, "
+            f"dv {int(kv.sum())} of {kv.size}"
+        )
     if not all(c.ok for c in comparisons.values()):
         return _failed(backend, LSH, prop, case, device, problems, comparisons, note=reason)
     return Verdict("passed", comparisons, reason=reason)
@@ -373,8 +437,14 @@ def test_lsh_attention_vjp_matches_golden(attn_backend, attn_device, judge, dtyp
     case, d_out = _lsh_vjp_case(data.draw(lsh_cases(dtype), label="case"))
 
     def body():
-        return judge_lsh_grads(attn_backend, attn_device, "matches_golden", case, d_out,
-                               call_lsh_vjp(attn_backend, case, d_out, attn_device))
+        return judge_lsh_grads(
+            attn_backend,
+            attn_device,
+            "matches_golden",
+            case,
+            d_out,
+            call_lsh_vjp(attn_backend, case, d_out, attn_device),
+        )
 
     judge(LSH, "matches_golden", case, body)
 
@@ -395,13 +465,17 @@ def test_lsh_attention_vjp_padded_zero_and_finite(attn_backend, attn_device, jud
     hidden = np.arange(L) >= kv[..., None]  # (*batch, L)
     x = np.broadcast_to(base.x, (*batch, *base.x.shape[-2:])).copy()
     v = np.broadcast_to(base.v, (*batch, *base.v.shape[-2:])).copy()
-    clean, d_out = _lsh_vjp_case(replace(base, x=x, v=v, options={**base.options, "kv_lengths": kv},
-                                         tags=base.tags | {"kv_lengths"}))
+    clean, d_out = _lsh_vjp_case(
+        replace(base, x=x, v=v, options={**base.options, "kv_lengths": kv}, tags=base.tags | {"kv_lengths"})
+    )
     poison = data.draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e4]), label="poison")
     npdt = NP_DTYPES[dtype]
-    poisoned = replace(clean, x=np.where(hidden[..., None], poison, x).astype(npdt),
-                       v=np.where(hidden[..., None], poison, v).astype(npdt),
-                       tags=clean.tags | {"masked_nonfinite"})
+    poisoned = replace(
+        clean,
+        x=np.where(hidden[..., None], poison, x).astype(npdt),
+        v=np.where(hidden[..., None], poison, v).astype(npdt),
+        tags=clean.tags | {"masked_nonfinite"},
+    )
     d_poisoned = np.where(hidden[..., None], poison, d_out).astype(npdt)
     zero_x = (x.astype(np.float64) ** 2).sum(-1) <= NORM_EPS**2  # (*batch, L)
 
@@ -415,10 +489,20 @@ def test_lsh_attention_vjp_padded_zero_and_finite(attn_backend, attn_device, jud
                 if bad.any():
                     problems.append(f"{name} has {int(bad.sum())} NaN/inf entries")
                 if a.shape[:-1] == hidden.shape and not (a[hidden] == 0).all():
-                    problems.append(f"{name} of the {int(hidden.sum())} padded positions is not exactly 0 "
-                                    f"(max |{name}| there {np.nanmax(np.abs(a[hidden]), initial=0):.3e})")
-        return judge_lsh_grads(attn_backend, attn_device, "padded_zero_and_finite", poisoned, d_out, grads,
-                               golden_case=clean, extra_problems=problems)
+                    problems.append(
+                        f"{name} of the {int(hidden.sum())} padded positions is not exactly 0 "
+                        f"(max |{name}| there {np.nanmax(np.abs(a[hidden]), initial=0):.3e})"
+                    )
+        return judge_lsh_grads(
+            attn_backend,
+            attn_device,
+            "padded_zero_and_finite",
+            poisoned,
+            d_out,
+            grads,
+            golden_case=clean,
+            extra_problems=problems,
+        )
 
     judge(LSH, "padded_zero_and_finite", poisoned, body)
 
@@ -431,10 +515,12 @@ def test_lsh_attention_vjp_deterministic(attn_backend, attn_device, judge, dtype
     case, d_out = _lsh_vjp_case(data.draw(lsh_cases(dtype), label="case"))
 
     def body():
-        a, b = (dict(zip(("dx", "dv"), call_lsh_vjp(attn_backend, case, d_out, attn_device))) for _ in range(2))
+        a, b = (
+            dict(zip(("dx", "dv"), call_lsh_vjp(attn_backend, case, d_out, attn_device))) for _ in range(2)
+        )
         if diffs := _differences(attn_backend, a, b):
-            return _failed(attn_backend, LSH, "deterministic", case, attn_device,
-                           ["two identical calls differ: " + "; ".join(diffs)])
+            problem = "two identical calls differ: " + "; ".join(diffs)
+            return _failed(attn_backend, LSH, "deterministic", case, attn_device, [problem])
         return Verdict("passed")
 
     judge(LSH, "deterministic", case, body)

@@ -21,10 +21,7 @@ import numpy as np
 import pytest
 
 from attnspec.conformance.hypothesis_helpers import SDPACase
-
-# the properties keep their local names: Hypothesis seeds each derandomized property from its source
-from attnspec.conformance.judge import judge_output as _judge_output
-from attnspec.conformance.pytest_helpers import call_sdpa
+from attnspec.conformance.judge import judge_call
 
 N = 16384
 D = 64
@@ -49,7 +46,6 @@ def test_long_sequence_matches_golden(attn_backend, attn_device, judge, pytestco
     case = long_case()
 
     def body():
-        return _judge_output(attn_backend, attn_device, "matches_golden", case,
-                             call_sdpa(attn_backend, case, attn_device))
+        return judge_call(attn_backend, attn_device, "matches_golden", case)
 
     judge("sdpa", "long", case, body)

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from attnspec.conformance import lsh_cases as lc
 from attnspec.conformance.lsh_cases import LSH_BAD_INPUTS, LSHCase, lsh_cases
-from attnspec.conformance.pytest_helpers import Verdict, bad_input_verdict, check_metadata
+from attnspec.conformance.pytest_helpers import Verdict, bad_input_verdict, check_metadata, comparison_lines
 from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, lsh_rotations
-from attnspec.spec.tolerance import Comparison, compare
+from attnspec.spec.tolerance import compare
 from attnspec.spec.validate import FLOAT_DTYPES
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -25,36 +25,38 @@ FN = "lsh_attention"
 
 
 def call_lsh(backend, case: LSHCase, device, return_buckets: bool = False):
-    conv = {k: backend.asarray(v, device=device) if isinstance(v, np.ndarray) else v
-            for k, v in case.options.items()}
-    return backend.lsh_attention(backend.asarray(case.x, device=device), backend.asarray(case.v, device=device),
-                                 rotations=backend.asarray(case.rotations, device=device),
-                                 return_buckets=return_buckets, **conv)
+    x, v, options = lc.backend_inputs(backend, case, device)
+    return backend.lsh_attention(x, v, return_buckets=return_buckets, **options)
 
 
 def _fail(backend, prop: str, case: LSHCase, device, lines: list[str], comparisons=None) -> Verdict:
     snippet = "\n".join("    " + line for line in case.repro(backend.name, device).splitlines())
-    text = "\n".join([f"[{backend.name}] {FN} {prop}: {case.describe()} device={device}",
-                      *(f"  {line}" for line in lines), "  reproduce with:", snippet])
+    text = "\n".join(
+        [
+            f"[{backend.name}] {FN} {prop}: {case.describe()} device={device}",
+            *(f"  {line}" for line in lines),
+            "  reproduce with:",
+            snippet,
+        ]
+    )
     return Verdict("failed", comparisons or {}, text)
 
 
-def _comparison_lines(name: str, c: Comparison) -> list[str]:
-    where = f" at index {c.worst_index}" if c.worst_index is not None else ""
-    return [f"{name}: max abs err {c.max_abs_err:.3e}{where} > allowed {c.allowed:.3e} (budget used "
-            f"{c.budget_used:.3g}); {100 * c.out_of_tolerance:.1f}% of elements out of tolerance; "
-            f"{c.nonfinite_mismatch} NaN/inf mismatches"]
-
-
-def _judge_against(backend, device, prop, case, out, expected, allowed, keep, margin_text=""):
-    """Compare ``out`` with ``expected`` (float64) on the batch elements in ``keep``."""
+def _judge_against(backend, device, prop, case, out, expected, buckets, rep=None, golden_case=None):
+    """Compare ``out`` with ``expected`` (float64) within the LSH tolerance of ``golden_case``
+    (default ``case``) sorted by ``buckets``: on every batch element, or with a margins report
+    ``rep`` on those it does not exclude (its text then goes with the verdict)."""
+    allowed = lc.allowed(golden_case or case, expected, buckets)
+    keep = ... if rep is None else ~rep.excluded
+    margin_text = "" if rep is None else rep.text
     problems = check_metadata(backend, out, expected.shape, case.dtype, device)
     got = backend.to_numpy(out).astype(np.float64)
     if problems:
         return _fail(backend, prop, case, device, problems)
     c = compare(got[keep], expected[keep], allowed)
     if not c.ok:
-        return _fail(backend, prop, case, device, [*_comparison_lines("out", c), margin_text], {"out": c})
+        lines = [line.strip() for line in comparison_lines({"out": c})]
+        return _fail(backend, prop, case, device, [*lines, margin_text], {"out": c})
     return Verdict("passed", {"out": c}, reason=margin_text)
 
 
@@ -70,18 +72,28 @@ def test_matches_golden(attn_backend, attn_device, judge, dtype, data):
         out, buckets = call_lsh(attn_backend, case, attn_device, return_buckets=True)
         b = attn_backend.to_numpy(buckets)
         if tuple(b.shape) != g_buckets.shape:
-            return _fail(attn_backend, "matches_golden", case, attn_device,
-                         [f"buckets.shape={tuple(b.shape)}, but should be {g_buckets.shape}"])
+            return _fail(
+                attn_backend,
+                "matches_golden",
+                case,
+                attn_device,
+                [f"buckets.shape={tuple(b.shape)}, but should be {g_buckets.shape}"],
+            )
         wrong = (b.astype(np.int64) != g_buckets) & ~rep.low
         if wrong.any():
             where = tuple(int(i) for i in np.argwhere(wrong)[0])
-            return _fail(attn_backend, "matches_golden", case, attn_device, [
-                f"buckets: {int(wrong.sum())} of {wrong.size} differ from the golden's away from low "
-                f"margins; first at (*batch, round, position) {where}: {int(b[where])} vs {int(g_buckets[where])}",
-                rep.text])
-        keep = ~rep.excluded
-        return _judge_against(attn_backend, attn_device, "matches_golden", case, out, g_out,
-                              lc.allowed(case, g_out, g_buckets), keep, rep.text)
+            return _fail(
+                attn_backend,
+                "matches_golden",
+                case,
+                attn_device,
+                [
+                    f"buckets: {int(wrong.sum())} of {wrong.size} differ from the golden's away from low "
+                    f"margins; first at (*batch, round, position) {where}: {int(b[where])} vs {int(g_buckets[where])}",
+                    rep.text,
+                ],
+            )
+        return _judge_against(attn_backend, attn_device, "matches_golden", case, out, g_out, g_buckets, rep)
 
     judge(FN, "matches_golden", case, body)
 
@@ -134,10 +146,8 @@ def test_one_round_two_chunks_is_full_attention(attn_backend, attn_device, judge
     def body():
         expected = _dense_full(case)
         _, g_buckets = lc.golden(case)
-        keep = np.ones(lc.lengths(case).shape, bool)
-        return _judge_against(attn_backend, attn_device, "one_round_is_full", case,
-                              call_lsh(attn_backend, case, attn_device), expected,
-                              lc.allowed(case, expected, g_buckets), keep)
+        out = call_lsh(attn_backend, case, attn_device)
+        return _judge_against(attn_backend, attn_device, "one_round_is_full", case, out, expected, g_buckets)
 
     judge(FN, "one_round_is_full", case, body)
 
@@ -177,9 +187,8 @@ def test_dedup_is_softmax_over_window_union(attn_backend, attn_device, judge, dt
         _, g_buckets = lc.golden(case)
         rep = lc.margins(case)
         expected = _union_softmax(case, g_buckets)
-        return _judge_against(attn_backend, attn_device, "dedup_union", case,
-                              call_lsh(attn_backend, case, attn_device), expected,
-                              lc.allowed(case, expected, g_buckets), ~rep.excluded, rep.text)
+        out = call_lsh(attn_backend, case, attn_device)
+        return _judge_against(attn_backend, attn_device, "dedup_union", case, out, expected, g_buckets, rep)
 
     judge(FN, "dedup_union", case, body)
 
@@ -199,9 +208,17 @@ def test_causal_later_values_never_reach_earlier_rows(attn_backend, attn_device,
     t = data.draw(st.integers(0, max(L - 2, 0)), label="t")
     poison = data.draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e4]), label="poison")
     v = case.v.copy()
-    v[..., t + 1:, :] = poison
-    poisoned = LSHCase(case.feature, case.dtype, case.x, v, case.rotations, case.options,
-                       case.tags | {"masked_nonfinite"}, case.seed)
+    v[..., t + 1 :, :] = poison
+    poisoned = LSHCase(
+        case.feature,
+        case.dtype,
+        case.x,
+        v,
+        case.rotations,
+        case.options,
+        case.tags | {"masked_nonfinite"},
+        case.seed,
+    )
 
     def body():
         a = attn_backend.to_numpy(call_lsh(attn_backend, case, attn_device)).astype(np.float64)
@@ -209,10 +226,17 @@ def test_causal_later_values_never_reach_earlier_rows(attn_backend, attn_device,
         a, b = a[..., : t + 1, :], b[..., : t + 1, :]
         if np.array_equal(a, b, equal_nan=True):
             return Verdict("passed")
-        return _fail(attn_backend, "causal_values", poisoned, attn_device, [
-            f"setting v[..., {t + 1}:, :] = {poison} changed rows <= {t}: max |diff| "
-            f"{np.nanmax(np.abs(a - b), initial=0):.3e}, "
-            f"{int((~((a == b) | (np.isnan(a) & np.isnan(b)))).sum())} elements differ"])
+        return _fail(
+            attn_backend,
+            "causal_values",
+            poisoned,
+            attn_device,
+            [
+                f"setting v[..., {t + 1}:, :] = {poison} changed rows <= {t}: max |diff| "
+                f"{np.nanmax(np.abs(a - b), initial=0):.3e}, "
+                f"{int((~((a == b) | (np.isnan(a) & np.isnan(b)))).sum())} elements differ"
+            ],
+        )
 
     judge(FN, "causal_values", poisoned, body)
 
@@ -231,8 +255,16 @@ def test_padded_positions_are_absent(attn_backend, attn_device, judge, dtype, da
     hidden = np.arange(L) >= kv[..., None]  # (*batch, L)
     x = np.where(hidden[..., None], poison, np.broadcast_to(case.x, (*batch, *case.x.shape[-2:])))
     v = np.where(hidden[..., None], poison, np.broadcast_to(case.v, (*batch, *case.v.shape[-2:])))
-    poisoned = LSHCase(case.feature, dtype, x.astype(case.x.dtype), v.astype(case.v.dtype), case.rotations,
-                       clean.options, case.tags | {"kv_lengths", "masked_nonfinite"}, case.seed)
+    poisoned = LSHCase(
+        case.feature,
+        dtype,
+        x.astype(case.x.dtype),
+        v.astype(case.v.dtype),
+        case.rotations,
+        clean.options,
+        case.tags | {"kv_lengths", "masked_nonfinite"},
+        case.seed,
+    )
 
     def body():
         g_out, g_buckets = lc.golden(clean)
@@ -241,10 +273,24 @@ def test_padded_positions_are_absent(attn_backend, attn_device, judge, dtype, da
         padded = np.broadcast_to(hidden[..., None, :], g_buckets.shape)
         got_b = attn_backend.to_numpy(buckets).astype(np.int64)
         if not (got_b[padded] == 2 * case.rotations.shape[2]).all():
-            return _fail(attn_backend, "padded_absent", poisoned, attn_device,
-                         ["buckets of padded positions are not n_buckets"])
-        return _judge_against(attn_backend, attn_device, "padded_absent", poisoned, out, g_out,
-                              lc.allowed(clean, g_out, g_buckets), ~rep.excluded, rep.text)
+            return _fail(
+                attn_backend,
+                "padded_absent",
+                poisoned,
+                attn_device,
+                ["buckets of padded positions are not n_buckets"],
+            )
+        return _judge_against(
+            attn_backend,
+            attn_device,
+            "padded_absent",
+            poisoned,
+            out,
+            g_out,
+            g_buckets,
+            rep,
+            golden_case=clean,
+        )
 
     judge(FN, "padded_absent", poisoned, body)
 
@@ -262,9 +308,16 @@ def test_deterministic(attn_backend, attn_device, judge, dtype, data):
         same_b = np.array_equal(attn_backend.to_numpy(ab), attn_backend.to_numpy(bb))
         if np.array_equal(a, b, equal_nan=True) and same_b:
             return Verdict("passed")
-        return _fail(attn_backend, "deterministic", case, attn_device, [
-            f"two identical calls differ: max |a - b| = {np.nanmax(np.abs(a - b), initial=0):.3e}, "
-            f"buckets equal: {same_b}"])
+        return _fail(
+            attn_backend,
+            "deterministic",
+            case,
+            attn_device,
+            [
+                f"two identical calls differ: max |a - b| = {np.nanmax(np.abs(a - b), initial=0):.3e}, "
+                f"buckets equal: {same_b}"
+            ],
+        )
 
     judge(FN, "deterministic", case, body)
 
@@ -277,11 +330,18 @@ def test_bad_input_raises_spec_error(attn_backend, attn_device, judge, bad):
     case = LSHCase("bad_input", dtype, x, v, rot, options, frozenset({"bad_input", bad.id}), 0)
 
     def body():
-        conv = {k: attn_backend.asarray(a, device=attn_device) if isinstance(a, np.ndarray) else a
-                for k, a in options.items()}
+        conv = {
+            k: attn_backend.asarray(a, device=attn_device) if isinstance(a, np.ndarray) else a
+            for k, a in options.items()
+        }
         args = [attn_backend.asarray(a, device=attn_device) for a in (x, v, rot)]
-        return bad_input_verdict(attn_backend.name, FN, bad.id, bad.match,
-                                 lambda: attn_backend.lsh_attention(args[0], args[1], rotations=args[2], **conv),
-                                 named=f"{FN}:")
+        return bad_input_verdict(
+            attn_backend.name,
+            FN,
+            bad.id,
+            bad.match,
+            lambda: attn_backend.lsh_attention(args[0], args[1], rotations=args[2], **conv),
+            named=f"{FN}:",
+        )
 
     judge(FN, "bad_input", case, body, feature_case={"bad_input": True})

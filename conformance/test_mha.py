@@ -24,6 +24,7 @@ from attnspec.conformance.pytest_helpers import Verdict, bad_input_verdict, chec
 from attnspec.spec.mha import MHAParams, merge_heads, split_heads
 from attnspec.spec.sdpa import sdpa
 from attnspec.spec.tolerance import Comparison, compare
+from attnspec.spec.tolerance_mha import MHAGolden
 from attnspec.spec.validate import FLOAT_DTYPES
 
 DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -31,8 +32,15 @@ DTYPES = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 SDPA_KEYWORDS = ("mask", "bias", *SDPA_OPTIONS)
 
 
-def _message(backend_name: str, prop: str, case: MHACase, device, comparisons: dict[str, Comparison],
-             problems: list[str], note: str = "") -> str:
+def _message(
+    backend_name: str,
+    prop: str,
+    case: MHACase,
+    device,
+    comparisons: dict[str, Comparison],
+    problems: list[str],
+    note: str = "",
+) -> str:
     lines = [f"[{backend_name}] mha {prop}: {case.describe()} device={device}"]
     lines += [f"  {note}"] if note else []
     lines += [f"  {p}" for p in problems]
@@ -42,33 +50,40 @@ def _message(backend_name: str, prop: str, case: MHACase, device, comparisons: d
     return "\n".join(lines)
 
 
-def _judge(backend, device, prop: str, case: MHACase, result, out_gold, allowed_out,
-           w_gold=None, allowed_w=None, note: str = "", lse_gold=None, allowed_lse=None) -> Verdict:
+def _judge(backend, device, prop: str, case: MHACase, result, g: MHAGolden, note: str = "") -> Verdict:
     """Metadata and values of ``result`` (out, then weights and lse when the case asks for them)
-    against the expected arrays."""
+    against the expected arrays ``g`` holds (the golden's, or a property's own), within its allowed
+    errors."""
     want_w, want_lse = bool(case.options.get("return_weights")), bool(case.options.get("return_lse"))
     parts = list(result) if isinstance(result, tuple) else [result]
     out = parts[0]
-    problems = check_metadata(backend, out, out_gold.shape, case.dtype, device)
+    problems = check_metadata(backend, out, g.out.shape, case.dtype, device)
     if len(parts) != 1 + want_w + want_lse:
-        problems.append(f"returned {len(parts)} arrays, expected {1 + want_w + want_lse} "
-                        f"(out{', weights' * want_w}{', lse' * want_lse})")
+        problems.append(
+            f"returned {len(parts)} arrays, expected {1 + want_w + want_lse} "
+            f"(out{', weights' * want_w}{', lse' * want_lse})"
+        )
         parts = [out, None, None]
     weights = parts[1] if want_w else None
     lse = parts[-1] if want_lse else None
-    comparisons = {"out": compare(backend.to_numpy(out).astype(np.float64), out_gold, allowed_out)}
+    comparisons = {"out": compare(backend.to_numpy(out).astype(np.float64), g.out, g.allowed_out)}
     if want_w and weights is not None:
-        problems += [p.replace("out.", "weights.") for p in
-                     check_metadata(backend, weights, w_gold.shape, case.dtype, device)]
-        comparisons["weights"] = compare(backend.to_numpy(weights).astype(np.float64), w_gold, allowed_w)
+        problems += [
+            p.replace("out.", "weights.")
+            for p in check_metadata(backend, weights, g.weights.shape, case.dtype, device)
+        ]
+        comparisons["weights"] = compare(backend.to_numpy(weights).astype(np.float64), g.weights, g.allowed_w)
     if want_lse and lse is not None:
+        assert g.lse is not None  # the golden has the lse when the case asks for it
         lse_dtype = "float64" if case.dtype == "float64" else "float32"
-        problems += [p.replace("out.", "lse.") for p in
-                     check_metadata(backend, lse, lse_gold.shape, lse_dtype, device)]
-        comparisons["lse"] = compare(backend.to_numpy(lse).astype(np.float64), lse_gold, allowed_lse)
+        problems += [
+            p.replace("out.", "lse.") for p in check_metadata(backend, lse, g.lse.shape, lse_dtype, device)
+        ]
+        comparisons["lse"] = compare(backend.to_numpy(lse).astype(np.float64), g.lse, g.allowed_lse)
     if problems or not all(c.ok for c in comparisons.values()):
-        return Verdict("failed", comparisons, _message(backend.name, prop, case, device, comparisons,
-                                                       problems, note))
+        return Verdict(
+            "failed", comparisons, _message(backend.name, prop, case, device, comparisons, problems, note)
+        )
     return Verdict("passed", comparisons)
 
 
@@ -85,9 +100,8 @@ def test_matches_golden(attn_backend, attn_device, judge, dtype, data):
     def body():
         g = golden_for_mha(case)
         result = call_mha(attn_backend, case, attn_device, as_arrays=as_arrays)
-        return _judge(attn_backend, attn_device, "matches_golden", case, result, g.out, g.allowed_out,
-                      g.weights, g.allowed_w, note=f"params passed as {'MHAArrays' if as_arrays else 'MHAParams'}",
-                      lse_gold=g.lse, allowed_lse=g.allowed_lse)
+        note = f"params passed as {'MHAArrays' if as_arrays else 'MHAParams'}"
+        return _judge(attn_backend, attn_device, "matches_golden", case, result, g, note)
 
     judge("mha", "matches_golden", case, body, feature_case=case.feature_case)
 
@@ -105,8 +119,7 @@ def test_variants_match_golden(attn_backend, attn_device, judge, dtype, data):
     def body():
         g = golden_for_mha(case)
         result = call_mha(attn_backend, case, attn_device)
-        return _judge(attn_backend, attn_device, "variants_match_golden", case, result, g.out, g.allowed_out,
-                      g.weights, g.allowed_w, lse_gold=g.lse, allowed_lse=g.allowed_lse)
+        return _judge(attn_backend, attn_device, "variants_match_golden", case, result, g)
 
     judge("mha", "variants_match_golden", case, body, feature_case=case.feature_case)
 
@@ -129,23 +142,26 @@ def _identity_case(case: MHACase, return_weights: bool) -> MHACase:
 def test_head_split_merge(attn_backend, attn_device, judge, dtype, data):
     """With identity projections, mha is sdpa on the spec's split heads, merged back: head h is
     columns h*hd:(h+1)*hd in and out; out is (..., n, E) and the weights (..., H, n, m)."""
-    case = _identity_case(data.draw(mha_cases(dtype), label="case"),
-                          data.draw(st.booleans(), label="return_weights"))
+    case = _identity_case(
+        data.draw(mha_cases(dtype), label="case"), data.draw(st.booleans(), label="return_weights")
+    )
     o = case.options
     h, hkv = o["num_heads"], o.get("num_kv_heads", o["num_heads"])
     kw = {k: o[k] for k in SDPA_KEYWORDS if k in o}  # the variants too: each head gets them
     f64 = {k: v.astype(np.float64) if k in ("bias", "sinks") else v for k, v in kw.items()}
-    q, k, v = (split_heads(x.astype(np.float64), heads) for x, heads in ((case.q, h), (case.k, hkv), (case.v, hkv)))
+    q, k, v = (
+        split_heads(x.astype(np.float64), heads) for x, heads in ((case.q, h), (case.k, hkv), (case.v, hkv))
+    )
     heads_res = sdpa(q, k, v, return_weights=True, **f64)  # (..., H, n, hd), (..., H, n, m)[, (..., H, n)]
     expected = merge_heads(heads_res[0])  # (..., n, E)
 
     def body():
         g = golden_for_mha(case)  # only its allowed errors: the expected values come from sdpa
         result = call_mha(attn_backend, case, attn_device)
-        return _judge(attn_backend, attn_device, "head_split_merge", case, result, expected, g.allowed_out,
-                      heads_res[1], g.allowed_w,
-                      note="identity projections: expected merge_heads(sdpa(split_heads(...)))",
-                      lse_gold=heads_res[2] if len(heads_res) > 2 else None, allowed_lse=g.allowed_lse)
+        lse = heads_res[2] if len(heads_res) > 2 else None
+        g = replace(g, out=expected, weights=heads_res[1], lse=lse)
+        note = "identity projections: expected merge_heads(sdpa(split_heads(...)))"
+        return _judge(attn_backend, attn_device, "head_split_merge", case, result, g, note)
 
     judge("mha", "head_split_merge", case, body, feature_case=case.feature_case)
 
@@ -162,8 +178,7 @@ def _expanded(params: MHAParams, heads: int, kv_heads: int) -> MHAParams:
         x = x.reshape(kv_heads, hd, *x.shape[1:])  # (Hkv, hd, ...)
         return np.repeat(x, group, axis=0).reshape(heads * hd, *x.shape[2:])  # (H*hd, ...)
 
-    return MHAParams(w_q=params.w_q, b_q=params.b_q, w_k=rep(params.w_k), b_k=rep(params.b_k),
-                     w_v=rep(params.w_v), b_v=rep(params.b_v), w_o=params.w_o, b_o=params.b_o)
+    return replace(params, w_k=rep(params.w_k), b_k=rep(params.b_k), w_v=rep(params.w_v), b_v=rep(params.b_v))
 
 
 @DTYPES
@@ -174,17 +189,23 @@ def test_kv_head_mapping(attn_backend, attn_device, judge, dtype, data):
     case = data.draw(mha_cases(dtype, features=("gqa", "mqa")), label="case")
     o = case.options
     h, hkv = o["num_heads"], o["num_kv_heads"]
-    plain = replace(case, params=_expanded(case.params, h, hkv),
-                    options={k: v for k, v in o.items() if k != "num_kv_heads"})
+    plain = replace(
+        case,
+        params=_expanded(case.params, h, hkv),
+        options={k: v for k, v in o.items() if k != "num_kv_heads"},
+    )
 
     def body():
         g = golden_for_mha(case)
         grouped = attn_backend.to_numpy(call_mha(attn_backend, case, attn_device)).astype(np.float64)
         result = call_mha(attn_backend, plain, attn_device)
         # each call may be off the common golden by allowed_out, so they may differ by twice that
-        return _judge(attn_backend, attn_device, "kv_head_mapping", case, result, grouped, 2 * g.allowed_out,
-                      note=f"out of num_kv_heads={hkv} (the expected values) vs. the same layer with "
-                           f"{h} kv heads, rows repeated (the result)")
+        g = replace(g, out=grouped, allowed_out=2 * g.allowed_out)
+        note = (
+            f"out of num_kv_heads={hkv} (the expected values) vs. the same layer with {h} kv heads, "
+            "rows repeated (the result)"
+        )
+        return _judge(attn_backend, attn_device, "kv_head_mapping", case, result, g, note)
 
     judge("mha", "kv_head_mapping", case, body, feature_case=case.feature_case)
 
@@ -204,10 +225,14 @@ def test_deterministic(attn_backend, attn_device, judge, dtype, data):
         if a.shape == b.shape and np.array_equal(a, b, equal_nan=True):
             return Verdict("passed")
         diff = np.abs(a - b) if a.shape == b.shape else np.array([np.inf])
-        return Verdict("failed", message=(
-            f"[{attn_backend.name}] mha deterministic: {case.describe()}\n"
-            f"  two identical calls differ: shapes {a.shape} and {b.shape}, max |a - b| = "
-            f"{np.nanmax(diff, initial=0):.3e}"))
+        return Verdict(
+            "failed",
+            message=(
+                f"[{attn_backend.name}] mha deterministic: {case.describe()}\n"
+                f"  two identical calls differ: shapes {a.shape} and {b.shape}, max |a - b| = "
+                f"{np.nanmax(diff, initial=0):.3e}"
+            ),
+        )
 
     judge("mha", "deterministic", case, body, feature_case=case.feature_case)
 
@@ -245,11 +270,20 @@ def test_bad_input_raises_spec_error(attn_backend, attn_device, judge, bad):
 
     def body():
         be = attn_backend
-        opts = {k: be.asarray(v, device=attn_device) if isinstance(v, np.ndarray) else v for k, v in options.items()}
+        opts = {
+            k: be.asarray(v, device=attn_device) if isinstance(v, np.ndarray) else v
+            for k, v in options.items()
+        }
         prm = be.asparams(params, "float32", attn_device) if bad.params == "raw" else params
         args = [be.asarray(x, device=attn_device) for x in (query, key, value)]
-        return bad_input_verdict(be.name, "mha", bad.id, bad.match, lambda: be.mha(*args, prm, **opts),
-                                 named=f"{be.name}.mha: ", named_first=True)
+        return bad_input_verdict(
+            be.name,
+            "mha",
+            bad.id,
+            bad.match,
+            lambda: be.mha(*args, prm, **opts),
+            named=f"{be.name}.mha: ",
+            named_first=True,
+        )
 
     judge("mha", "bad_input", case, body, feature_case={"bad_input": True})
-

@@ -12,12 +12,9 @@ from attnspec.conformance.hypothesis_helpers import (
     SDPACase,
     full_visibility,
     sdpa_cases,
+    tag_visibility,
 )
-
-# the properties keep their local names: Hypothesis seeds each derandomized property from its source
-from attnspec.conformance.hypothesis_helpers import tag_visibility as _tag_visibility
-from attnspec.conformance.judge import judge_output as _judge_output
-from attnspec.conformance.judge import plan_of as _plan
+from attnspec.conformance.judge import explicit_mask_case, judge_output, plan_of
 from attnspec.conformance.pytest_helpers import (
     Verdict,
     bad_input_verdict,
@@ -46,11 +43,7 @@ def test_matches_golden(attn_backend, attn_device, judge, dtype, data):
         if not _refuses(attn_backend, attn_device, weighted) or _refuses(attn_backend, attn_device, case):
             case = weighted
 
-    def body():
-        return _judge_output(attn_backend, attn_device, "matches_golden", case,
-                             call_sdpa(attn_backend, case, attn_device))
-
-    judge("sdpa", "matches_golden", case, body)
+    judge.sdpa("matches_golden", case)
 
 
 @DTYPES
@@ -62,10 +55,10 @@ def test_weights_rows_sum_to_one_or_zero(attn_backend, attn_device, judge, dtype
 
     def body():
         out, weights = call_sdpa(attn_backend, case, attn_device)
-        verdict = _judge_output(attn_backend, attn_device, "weights_rows", case, (out, weights))
+        verdict = judge_output(attn_backend, attn_device, "weights_rows", case, (out, weights))
         if verdict.status == "failed":
             return verdict
-        vis = full_visibility(_plan(case), case.options)
+        vis = full_visibility(plan_of(case), case.options)
         w = attn_backend.to_numpy(weights).astype(np.float64).reshape(vis.shape)
         sums = w.sum(axis=-1)
         empty = ~vis.any(axis=-1)
@@ -75,10 +68,12 @@ def test_weights_rows_sum_to_one_or_zero(attn_backend, attn_device, judge, dtype
         bad_full = np.abs(sums[~empty] - 1) > bound
         bad_empty = sums[empty] != 0
         if bad_full.any() or bad_empty.any():
-            msg = (f"[{attn_backend.name}] sdpa weights_rows: {case.describe()}\n"
-                   f"  {int(bad_full.sum())} rows with visible keys do not sum to 1 within {bound:.3e}"
-                   f" (worst {np.abs(sums[~empty] - 1).max(initial=0):.3e}); {int(bad_empty.sum())} rows "
-                   "with no visible key do not sum to exactly 0")
+            msg = (
+                f"[{attn_backend.name}] sdpa weights_rows: {case.describe()}\n"
+                f"  {int(bad_full.sum())} rows with visible keys do not sum to 1 within {bound:.3e}"
+                f" (worst {np.abs(sums[~empty] - 1).max(initial=0):.3e}); {int(bad_empty.sum())} rows "
+                "with no visible key do not sum to exactly 0"
+            )
             return Verdict("failed", verdict.comparisons, msg)
         return verdict
 
@@ -87,17 +82,20 @@ def test_weights_rows_sum_to_one_or_zero(attn_backend, attn_device, judge, dtype
 
 def _refuses(backend, device, case: SDPACase) -> list[str]:
     """Why ``backend`` refuses ``case`` before calling (as the judge asks it)."""
-    return backend.supports("sdpa", dtype=case.dtype, device=device, q_shape=case.q.shape, k_shape=case.k.shape,
-                            v_shape=case.v.shape, **case.options)
+    return backend.supports(
+        "sdpa",
+        dtype=case.dtype,
+        device=device,
+        q_shape=case.q.shape,
+        k_shape=case.k.shape,
+        v_shape=case.v.shape,
+        **case.options,
+    )
 
 
-def _explicit(case: SDPACase) -> SDPACase:
-    """The same case with every visibility rule folded into one explicit (..., Hq, n, m) mask."""
-    vis = full_visibility(_plan(case), case.options)
-    if case.q.ndim == 2:
-        vis = vis.reshape(vis.shape[-2:])
-    opts = {k: v for k, v in case.options.items() if k in ("bias", "scale", "return_weights")}
-    return SDPACase(case.feature, case.dtype, case.q, case.k, case.v, {**opts, "mask": vis}, case.tags, case.seed)
+def _folded(case: SDPACase) -> SDPACase:
+    """The case with its visibility folded into one explicit mask; weights asked for stay asked."""
+    return explicit_mask_case(case, keep=("bias", "scale", "return_weights"))
 
 
 @DTYPES
@@ -105,7 +103,7 @@ def _explicit(case: SDPACase) -> SDPACase:
 @given(data=st.data())
 def test_masked_keys_are_absent(attn_backend, attn_device, judge, dtype, data):
     """Changing keys/values that no row may see, even to NaN or inf, changes nothing."""
-    case = _explicit(data.draw(sdpa_cases(dtype), label="case"))
+    case = _folded(data.draw(sdpa_cases(dtype), label="case"))
     m = case.k.shape[-2]
     hidden = np.asarray(data.draw(st.lists(st.booleans(), min_size=m, max_size=m), label="hidden"), bool)
     poison = data.draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e4]), label="poison")
@@ -123,15 +121,11 @@ def test_masked_keys_are_absent(attn_backend, attn_device, judge, dtype, data):
     v[..., hidden, :] = poison
     # hiding keys can empty a row: the tags (and so the deviations that apply) follow the new case
     tags = set(case.tags)
-    _tag_visibility(tags, case.q, k, v, options)
+    tag_visibility(tags, case.q, k, v, options)
     clean = SDPACase(case.feature, case.dtype, case.q, case.k, case.v, options, frozenset(tags), case.seed)
     poisoned = SDPACase(clean.feature, clean.dtype, case.q, k, v, options, clean.tags, clean.seed)
 
-    def body():
-        return _judge_output(attn_backend, attn_device, "masked_keys_are_absent", poisoned,
-                             call_sdpa(attn_backend, poisoned, attn_device), golden_case=clean)
-
-    judge("sdpa", "masked_keys_are_absent", poisoned, body)
+    judge.sdpa("masked_keys_are_absent", poisoned, golden_case=clean)
 
 
 @DTYPES
@@ -139,21 +133,25 @@ def test_masked_keys_are_absent(attn_backend, attn_device, judge, dtype, data):
 @given(data=st.data())
 def test_key_permutation(attn_backend, attn_device, judge, dtype, data):
     """Permuting keys and values together with their mask and bias leaves the output unchanged."""
-    case = _explicit(data.draw(sdpa_cases(dtype), label="case"))
+    case = _folded(data.draw(sdpa_cases(dtype), label="case"))
     m = case.k.shape[-2]
     perm = np.asarray(data.draw(st.permutations(range(m)), label="perm"), dtype=np.int64)
     opts = dict(case.options)
     opts["mask"] = opts["mask"][..., perm]
     if "bias" in opts:
         opts["bias"] = np.broadcast_to(opts["bias"], opts["bias"].shape[:-1] + (m,))[..., perm]
-    permuted = SDPACase(case.feature, case.dtype, case.q, case.k[..., perm, :], case.v[..., perm, :],
-                        opts, case.tags, case.seed)
+    permuted = SDPACase(
+        case.feature,
+        case.dtype,
+        case.q,
+        case.k[..., perm, :],
+        case.v[..., perm, :],
+        opts,
+        case.tags,
+        case.seed,
+    )
 
-    def body():
-        return _judge_output(attn_backend, attn_device, "key_permutation", permuted,
-                             call_sdpa(attn_backend, permuted, attn_device), golden_case=case)
-
-    judge("sdpa", "key_permutation", permuted, body)
+    judge.sdpa("key_permutation", permuted, golden_case=case)
 
 
 @DTYPES
@@ -169,10 +167,14 @@ def test_deterministic(attn_backend, attn_device, judge, dtype, data):
         if a.shape == b.shape and np.array_equal(a, b, equal_nan=True):
             return Verdict("passed")
         diff = np.abs(a - b)
-        return Verdict("failed", message=(
-            f"[{attn_backend.name}] sdpa deterministic: {case.describe()}\n"
-            f"  two identical calls differ: max |a - b| = {np.nanmax(diff, initial=0):.3e}, "
-            f"{int((~((a == b) | (np.isnan(a) & np.isnan(b)))).sum())} elements differ"))
+        return Verdict(
+            "failed",
+            message=(
+                f"[{attn_backend.name}] sdpa deterministic: {case.describe()}\n"
+                f"  two identical calls differ: max |a - b| = {np.nanmax(diff, initial=0):.3e}, "
+                f"{int((~((a == b) | (np.isnan(a) & np.isnan(b)))).sum())} elements differ"
+            ),
+        )
 
     judge("sdpa", "deterministic", case, body)
 
@@ -186,11 +188,23 @@ def test_bad_input_raises_spec_error(attn_backend, attn_device, judge, bad):
 
     def body():
         (bq, bk, bv), opts = to_backend(attn_backend, case, attn_device)
-        return bad_input_verdict(attn_backend.name, "sdpa", bad.id, bad.match,
-                                 lambda: attn_backend.sdpa(bq, bk, bv, **opts))
+        return bad_input_verdict(
+            attn_backend.name, "sdpa", bad.id, bad.match, lambda: attn_backend.sdpa(bq, bk, bv, **opts)
+        )
 
     # a backend without one of the case's dtypes cannot even build its arrays (bias_dtype's float64)
-    judge("sdpa", "bad_input", case, body,
-          feature_case={"bad_input": True, "dtypes": tuple(d for d in bad.dtypes if d in FLOAT_DTYPES)
-                        + tuple(x.dtype.name for x in options.values()
-                                if isinstance(x, np.ndarray) and x.dtype.name in FLOAT_DTYPES)})
+    judge(
+        "sdpa",
+        "bad_input",
+        case,
+        body,
+        feature_case={
+            "bad_input": True,
+            "dtypes": tuple(d for d in bad.dtypes if d in FLOAT_DTYPES)
+            + tuple(
+                x.dtype.name
+                for x in options.values()
+                if isinstance(x, np.ndarray) and x.dtype.name in FLOAT_DTYPES
+            ),
+        },
+    )

@@ -14,10 +14,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnspec.conformance.corners import with_corners
-
-# the properties keep their local names: Hypothesis seeds each derandomized property from its source
-from attnspec.conformance.judge import judge_output as _judge_output
-from attnspec.conformance.pytest_helpers import call_sdpa
 from attnspec.conformance.serving_cases import KERNEL_CASES, serving_cases
 from attnspec.spec.validate import FLOAT_DTYPES
 
@@ -32,9 +28,4 @@ def test_serving_matches_golden(attn_backend, attn_device, judge, dtype, data):
     and kernel-shaped calls; NaN in the cache slots past a sequence's length never reaches it."""
     case = data.draw(serving_cases(dtype), label="case")
 
-    def body():
-        return _judge_output(
-            attn_backend, attn_device, "matches_golden", case, call_sdpa(attn_backend, case, attn_device)
-        )
-
-    judge("sdpa", "matches_golden", case, body)
+    judge.sdpa("matches_golden", case)

@@ -22,7 +22,12 @@ def test_signatures_match_the_spec(attn_backend, judge):
         problems = spec_signature_mismatches(attn_backend)
         if not problems:
             return Verdict("passed")
-        return Verdict("failed", message=(f"[{attn_backend.name}] signature: the backend's signatures differ "
-                                          "from the spec's:\n" + "\n".join(f"  {p}" for p in problems)))
+        return Verdict(
+            "failed",
+            message=(
+                f"[{attn_backend.name}] signature: the backend's signatures differ "
+                "from the spec's:\n" + "\n".join(f"  {p}" for p in problems)
+            ),
+        )
 
     judge("sdpa", "signature", case, body, feature_case={"no_call": True})

@@ -16,12 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnspec.conformance.corners import with_corners
-from attnspec.conformance.hypothesis_helpers import SDPACase, full_visibility, variant_cases
-
-# the properties keep their local names: Hypothesis seeds each derandomized property from its source
-from attnspec.conformance.hypothesis_helpers import tag_visibility as _tag_visibility
-from attnspec.conformance.judge import judge_output as _judge_output
-from attnspec.conformance.judge import plan_of as _plan
+from attnspec.conformance.hypothesis_helpers import SDPACase, full_visibility, tag_visibility, variant_cases
+from attnspec.conformance.judge import judge_output, plan_of
 from attnspec.conformance.pytest_helpers import Verdict, call_sdpa, golden_for
 from attnspec.spec.validate import FLOAT_DTYPES
 
@@ -37,11 +33,7 @@ def test_variants_match_golden(attn_backend, attn_device, judge, dtype, data):
     if data.draw(st.booleans(), label="return_weights"):
         case = case.with_options(return_weights=True)
 
-    def body():
-        return _judge_output(attn_backend, attn_device, "variants_match_golden", case,
-                             call_sdpa(attn_backend, case, attn_device))
-
-    judge("sdpa", "variants_match_golden", case, body)
+    judge.sdpa("variants_match_golden", case)
 
 
 @DTYPES
@@ -50,14 +42,11 @@ def test_variants_match_golden(attn_backend, attn_device, judge, dtype, data):
 def test_softcap_before_bias(attn_backend, attn_device, judge, dtype, data):
     """Softcap with a bias (and ALiBi at times) on top: the cases where capping before or after
     the additive terms differ (decision 12). variants_match_golden draws these only now and then."""
-    case = data.draw(variant_cases(dtype, ("softcap", "variants_combined"), bases=("bias", "combined")),
-                     label="case")
+    case = data.draw(
+        variant_cases(dtype, ("softcap", "variants_combined"), bases=("bias", "combined")), label="case"
+    )
 
-    def body():
-        return _judge_output(attn_backend, attn_device, "softcap_before_bias", case,
-                             call_sdpa(attn_backend, case, attn_device))
-
-    judge("sdpa", "softcap_before_bias", case, body)
+    judge.sdpa("softcap_before_bias", case)
 
 
 @DTYPES
@@ -68,15 +57,16 @@ def test_alibi_anchor(attn_backend, attn_device, judge, dtype, data):
     where its anchor i' and its sign show (decision 13). With n == m every anchor agrees, and under
     a causal rule a per-row shift of the distance leaves the softmax unchanged, so the draws lean
     on the non-causal and the lower-right cases."""
-    case = data.draw(variant_cases(dtype, ("alibi", "alibi_lower_right_lengths"), bases=(
-        "plain", "gqa", "kv_lengths", "causal_lower_right", "window_lower_right", "combined")),
-        label="case")
+    case = data.draw(
+        variant_cases(
+            dtype,
+            ("alibi", "alibi_lower_right_lengths"),
+            bases=("plain", "gqa", "kv_lengths", "causal_lower_right", "window_lower_right", "combined"),
+        ),
+        label="case",
+    )
 
-    def body():
-        return _judge_output(attn_backend, attn_device, "alibi_anchor", case,
-                             call_sdpa(attn_backend, case, attn_device))
-
-    judge("sdpa", "alibi_anchor", case, body)
+    judge.sdpa("alibi_anchor", case)
 
 
 @DTYPES
@@ -86,14 +76,15 @@ def test_sink_takes_its_share(attn_backend, attn_device, judge, dtype, data):
     """With sinks, each row's weights sum to 1 - p_sink, p_sink = exp(sink - lse) (0 for a row
     with no visible key): the sink has a logit in the denominator and no value."""
     case = data.draw(variant_cases(dtype, ("sinks",)), label="case").with_options(
-        return_weights=True, return_lse=True)
+        return_weights=True, return_lse=True
+    )
 
     def body():
         out, weights, lse = call_sdpa(attn_backend, case, attn_device)
-        verdict = _judge_output(attn_backend, attn_device, "sink_share", case, (out, weights, lse))
+        verdict = judge_output(attn_backend, attn_device, "sink_share", case, (out, weights, lse))
         if verdict.status == "failed":
             return verdict
-        vis = full_visibility(_plan(case), case.options)
+        vis = full_visibility(plan_of(case), case.options)
         g = golden_for(case)
         w = attn_backend.to_numpy(weights).astype(np.float64).reshape(vis.shape)
         sink = case.options["sinks"].astype(np.float64)[:, None]  # (Hq, 1)
@@ -102,10 +93,15 @@ def test_sink_takes_its_share(attn_backend, attn_device, judge, dtype, data):
         bound = max(vis.shape[-1], 1) * g.allowed_w  # each of m weights may be off by allowed_w
         err = np.abs(w.sum(axis=-1) - expected)
         if (err > bound).any():
-            return Verdict("failed", verdict.comparisons, (
-                f"[{attn_backend.name}] sdpa sink_share: weights do not leave the sink its share: "
-                f"{int((err > bound).sum())} rows' sums differ from 1 - exp(sink - lse) by more than "
-                f"{bound:.3e} (worst {err.max():.3e})\n  case: {case.describe()}"))
+            return Verdict(
+                "failed",
+                verdict.comparisons,
+                (
+                    f"[{attn_backend.name}] sdpa sink_share: weights do not leave the sink its share: "
+                    f"{int((err > bound).sum())} rows' sums differ from 1 - exp(sink - lse) by more than "
+                    f"{bound:.3e} (worst {err.max():.3e})\n  case: {case.describe()}"
+                ),
+            )
         return verdict
 
     judge("sdpa", "sink_share", case, body)
@@ -136,9 +132,17 @@ def test_segment_permutation(attn_backend, attn_device, judge, dtype, data):
     base = SDPACase(case.feature, case.dtype, case.q, case.k, case.v, options, case.tags, case.seed)
     moved = dict(options, q_segment_ids=q_ids[pq], kv_segment_ids=kv_ids[pk])
     tags = set(case.tags)
-    _tag_visibility(tags, case.q[..., pq, :], case.k[..., pk, :], case.v[..., pk, :], moved)
-    permuted = SDPACase(case.feature, case.dtype, case.q[..., pq, :], case.k[..., pk, :],
-                        case.v[..., pk, :], moved, frozenset(tags), case.seed)
+    tag_visibility(tags, case.q[..., pq, :], case.k[..., pk, :], case.v[..., pk, :], moved)
+    permuted = SDPACase(
+        case.feature,
+        case.dtype,
+        case.q[..., pq, :],
+        case.k[..., pk, :],
+        case.v[..., pk, :],
+        moved,
+        frozenset(tags),
+        case.seed,
+    )
 
     def body():
         out = attn_backend.to_numpy(call_sdpa(attn_backend, permuted, attn_device)).astype(np.float64)
@@ -148,11 +152,15 @@ def test_segment_permutation(attn_backend, attn_device, judge, dtype, data):
         both_nan = np.isnan(out) & np.isnan(ref[..., pq, :])
         bad = ~both_nan & ~(err <= 2 * g.allowed_out)  # two results, each within allowed of golden
         if bad.any():
-            return Verdict("failed", message=(
-                f"[{attn_backend.name}] sdpa segment_permutation: reordering whole segments "
-                f"{order} did not reorder the output rows: {int(bad.sum())} elements differ by more "
-                f"than {2 * g.allowed_out:.3e} (worst {np.nanmax(np.where(bad, err, 0)):.3e})\n"
-                f"  case: {permuted.describe()}"))
+            return Verdict(
+                "failed",
+                message=(
+                    f"[{attn_backend.name}] sdpa segment_permutation: reordering whole segments "
+                    f"{order} did not reorder the output rows: {int(bad.sum())} elements differ by more "
+                    f"than {2 * g.allowed_out:.3e} (worst {np.nanmax(np.where(bad, err, 0)):.3e})\n"
+                    f"  case: {permuted.describe()}"
+                ),
+            )
         return Verdict("passed")
 
     judge("sdpa", "segment_permutation", permuted, body)
@@ -168,8 +176,4 @@ def test_dropout_keep_all_rescales(attn_backend, attn_device, judge, dtype, data
     keep_all = np.ones_like(case.options["dropout_mask"])
     case = case.with_options(dropout_mask=keep_all)
 
-    def body():
-        return _judge_output(attn_backend, attn_device, "dropout_keep_all", case,
-                             call_sdpa(attn_backend, case, attn_device))
-
-    judge("sdpa", "dropout_keep_all", case, body)
+    judge.sdpa("dropout_keep_all", case)

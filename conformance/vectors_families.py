@@ -135,7 +135,8 @@ class VJPVectors(Family):
         clean case's, and the hidden keys' dk and dv rows must be exactly 0."""
         from hypothesis import strategies as st
 
-        from attnspec.conformance.grads_cases import explicit_mask_case, poison_hidden_keys
+        from attnspec.conformance.grads_cases import poison_hidden_keys
+        from attnspec.conformance.judge import explicit_mask_case
 
         base = explicit_mask_case(base) if "variants" not in base.tags else base
         m = base.k.shape[-2]

@@ -48,7 +48,9 @@ def clause_table() -> str:
 
 def judged_properties() -> set[tuple[str, str]]:
     """Every (function, property) a test of the conformance suite passes to ``judge``: its first
-    two arguments, literal strings or the module's constants (``FN``, ``MHA``, ``LSH``)."""
+    two arguments, literal strings or the module's constants (``FN``, ``MHA``, ``LSH``); sdpa and
+    the first argument of ``judge.sdpa``; and for a helper that passes its own ``prop`` parameter
+    on to ``judge`` (test_grads' ``_judge_vjp``), what each call of it passes there."""
     found = set()
     for path in sorted((ROOT / "conformance").glob("test_*.py")):
         tree = ast.parse(path.read_text())
@@ -59,10 +61,42 @@ def judged_properties() -> set[tuple[str, str]]:
             for t in node.targets
             if isinstance(t, ast.Name) and isinstance(node.value, ast.Constant)
         }
+
+        def value(a, names=names):
+            return (
+                a.value
+                if isinstance(a, ast.Constant)
+                else names.get(a.id)
+                if isinstance(a, ast.Name)
+                else None
+            )
+
+        helpers = {}  # helper name -> (function judged, position of its prop parameter)
+        for fn in tree.body:
+            if isinstance(fn, ast.FunctionDef):
+                params = [a.arg for a in fn.args.args]
+                for node in ast.walk(fn):
+                    if (
+                        isinstance(node, ast.Call)
+                        and ast.unparse(node.func) == "judge"
+                        and len(node.args) > 1
+                    ):
+                        arg = node.args[1]
+                        if isinstance(arg, ast.Name) and arg.id in params:
+                            helpers[fn.name] = (value(node.args[0]), params.index(arg.id))
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "judge":
-                fn, prop = (a.value if isinstance(a, ast.Constant) else names[a.id] for a in node.args[:2])
-                found.add((fn, prop))
+            if not isinstance(node, ast.Call):
+                continue
+            called = ast.unparse(node.func)
+            if called == "judge" and not any(
+                isinstance(a, ast.Name) and a.id == "prop" for a in node.args[1:2]
+            ):
+                found.add((value(node.args[0]), value(node.args[1])))
+            elif called == "judge.sdpa":
+                found.add(("sdpa", value(node.args[0])))  # judge.sdpa(prop, case): judge("sdpa", prop, ...)
+            elif called in helpers:
+                function, at = helpers[called]
+                found.add((function, value(node.args[at])))
     return found
 
 

@@ -86,3 +86,60 @@ def test_a_reproducer_rebuilds_every_array_with_its_shape():
             )
         fp8 = np.ones(shape, np.float32).astype(ml_dtypes.float8_e4m3fn)
         assert eval(_array(fp8), {"np": np, "ml_dtypes": ml_dtypes}).shape == shape
+
+
+def _drawn_by(tmp_path: Path, source: str, hooked: bool, wrapped: bool = False) -> list[int]:
+    """The integers a derandomized property written as ``source`` draws, seeded by the plugin's hook
+    (as in a suite run) when ``hooked``, else by Hypothesis' digest of its source text; ``wrapped``:
+    pytest sees it through a `functools.wraps` wrapper, as `with_corners` makes one."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from attnspec.conformance import plugin
+
+    path = tmp_path / f"prop_{abs(hash(source))}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    item = SimpleNamespace(
+        obj=module.wrapped if wrapped else module.test_prop,
+        config=SimpleNamespace(getoption=lambda name: "numpy"),
+        path=Path("test_sdpa.py"),
+        originalname="test_prop",
+        name="test_prop[float32]",
+        callspec=SimpleNamespace(params={"dtype": "float32", "attn_backend_name": "numpy"}),
+    )
+    if hooked:
+        plugin.pytest_runtest_call(item)
+    item.obj()
+    return module.seen
+
+
+_PROPERTY = """import functools
+
+from hypothesis import given, settings, strategies as st
+
+seen = []
+
+
+@settings(derandomize=True, max_examples=8, database=None)
+@given(st.integers(0, 10**9))
+def test_prop(x):
+    seen.append({})
+
+
+wrapped = functools.wraps(test_prop)(lambda: test_prop())
+"""
+
+
+def test_a_property_laid_out_anew_draws_the_same_cases(tmp_path):
+    """A suite run seeds each property by its name and parameters (`plugin.case_seed`), so a
+    formatter's reflow of a property's body leaves its cases as they were; Hypothesis' own seed, a
+    digest of the source text, does not (the control)."""
+    plain, reflowed = _PROPERTY.format("x"), _PROPERTY.format("\n        x\n    ")
+    hooked = _drawn_by(tmp_path, plain, hooked=True)
+    assert hooked == _drawn_by(tmp_path, reflowed, hooked=True)
+    assert len(set(hooked)) > 4
+    assert hooked == _drawn_by(tmp_path, reflowed, hooked=True, wrapped=True)
+    assert _drawn_by(tmp_path, plain, hooked=False) != _drawn_by(tmp_path, reflowed, hooked=False)

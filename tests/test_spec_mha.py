@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import ml_dtypes
@@ -290,15 +291,8 @@ def expand_kv(params: MHAParams, num_kv_heads: int, group: int, head_dim: int, t
             x = np.repeat(x, group, axis=0)  # (H, hd, ...): query head h gets kv head h // G
         return x.reshape(num_kv_heads * group * head_dim, *x.shape[2:])  # (H*hd, ...)
 
-    return MHAParams(
-        w_q=params.w_q,
-        b_q=params.b_q,
-        w_k=rep(params.w_k),
-        b_k=rep(params.b_k),
-        w_v=rep(params.w_v),
-        b_v=rep(params.b_v),
-        w_o=params.w_o,
-        b_o=params.b_o,
+    return dataclasses.replace(
+        params, w_k=rep(params.w_k), b_k=rep(params.b_k), w_v=rep(params.w_v), b_v=rep(params.b_v)
     )
 
 

@@ -90,16 +90,49 @@ from attnspec.errors import SpecError
 from attnspec.spec.fp8 import FP8_DTYPES
 from attnspec.spec.validate import SDPAPlan
 
-__all__ = ["CANONICAL", "CONVENTIONS", "FP8_NEEDS", "NEEDS", "P_E4M3", "Call", "Convention", "call_needs",
-           "canonical_inputs", "fp8_call_needs", "get_convention", "register_convention"]
+#: the types of `Convention.call`, named once: the function it calls, the call's keywords, and what
+#: it returns (out in the plan's ``out_shape``, then the weights or None)
+Fn = Callable[..., Any]
+Kw = dict[str, Any]
+Called = tuple[Any, Any]
+
+__all__ = [
+    "CANONICAL",
+    "CONVENTIONS",
+    "FP8_NEEDS",
+    "NEEDS",
+    "P_E4M3",
+    "Call",
+    "Convention",
+    "call_needs",
+    "canonical_inputs",
+    "fp8_call_needs",
+    "get_convention",
+    "register_convention",
+]
 
 #: what a call can ask of an implementation, beyond its dtype: the names the probe and the
 #: conventions' refusals use
 NEEDS = (
-    "gqa", "dk_ne_dv", "rank2", "rank3", "rank4", "rank5", "batch_broadcast", "empty", "scale", "mask",
-    "mask_broadcast", "bias",
-    "causal_upper_left", "causal_lower_right", "window", "window_lower_right",
-    "q_lengths", "kv_lengths", "return_weights",
+    "gqa",
+    "dk_ne_dv",
+    "rank2",
+    "rank3",
+    "rank4",
+    "rank5",
+    "batch_broadcast",
+    "empty",
+    "scale",
+    "mask",
+    "mask_broadcast",
+    "bias",
+    "causal_upper_left",
+    "causal_lower_right",
+    "window",
+    "window_lower_right",
+    "q_lengths",
+    "kv_lengths",
+    "return_weights",
     *VARIANT_FEATURES,
 )
 
@@ -119,9 +152,11 @@ class Call:
     m: int
 
 
-def call_needs(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tuple[int, ...],
-               options: dict[str, Any]) -> Call:
+def call_needs(
+    q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tuple[int, ...], options: dict[str, Any]
+) -> Call:
     """The needs of a call with these shapes and spec keywords (``mask``, ``causal``...)."""
+
     def heads(s: tuple[int, ...]) -> int:
         return s[-3] if len(s) >= 3 else 1
 
@@ -159,8 +194,13 @@ def call_needs(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tupl
     return Call(frozenset(needs), n, m)
 
 
-def fp8_call_needs(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: tuple[int, ...],
-                   options: dict[str, Any], q_dtype: str) -> Call:
+def fp8_call_needs(
+    q_shape: tuple[int, ...],
+    k_shape: tuple[int, ...],
+    v_shape: tuple[int, ...],
+    options: dict[str, Any],
+    q_dtype: str,
+) -> Call:
     """The needs of an sdpa_fp8 call: sdpa's (`call_needs`), ``fp8`` or ``fp8_kv_cache`` by q's
     dtype, and ``fp8_out_<dtype>`` for its output dtype (which `Convention.fp8_out_dtypes` limits)."""
     base = call_needs(q_shape, k_shape, v_shape, options)
@@ -172,8 +212,10 @@ def fp8_call_needs(q_shape: tuple[int, ...], k_shape: tuple[int, ...], v_shape: 
 def _variant_refusal(convention: str, variant: str) -> str:
     """Why ``convention`` refuses ``variant``: it maps no argument of the function to it."""
     if variant == "dropout_drawn":  # the function may well take dropout_p: the convention passes none
-        return (f"the {convention} convention passes no dropout_p to the function, so dropout the "
-                f"function draws itself is not checked through it")
+        return (
+            f"the {convention} convention passes no dropout_p to the function, so dropout the "
+            f"function draws itself is not checked through it"
+        )
     return f"the {convention} convention has no argument for the {variant} variant"
 
 
@@ -218,11 +260,20 @@ class Convention:
     #: first of `fp8_out_dtypes`); passed as the dtype's name ("float32") when a call asks another
     fp8_out_keyword: str | None = None
 
-    def extend(self, name: str, *, keywords: dict[str, str] | None = None,
-               refuse: dict[str, str] | None = None, canonical: bool | None = None,
-               signature: str | None = None, descales: str | None = None,
-               fp8_dtypes: tuple[str, ...] | None = None, fp8_out_dtypes: tuple[str, ...] | None = None,
-               fp8_p_precision: str | None = None, fp8_out_keyword: str | None = None) -> Convention:
+    def extend(
+        self,
+        name: str,
+        *,
+        keywords: dict[str, str] | None = None,
+        refuse: dict[str, str] | None = None,
+        canonical: bool | None = None,
+        signature: str | None = None,
+        descales: str | None = None,
+        fp8_dtypes: tuple[str, ...] | None = None,
+        fp8_out_dtypes: tuple[str, ...] | None = None,
+        fp8_p_precision: str | None = None,
+        fp8_out_keyword: str | None = None,
+    ) -> Convention:
         """A new convention: this one, plus keywords, minus features, or with canonical inputs.
 
         Args:
@@ -246,44 +297,59 @@ class Convention:
         if descales not in (None, "qkv", "kv"):
             raise SpecError(f"{self.name}.extend: descales={descales!r} must be None, 'qkv' or 'kv'")
         if fp8_p_precision not in (None, "float32", "float8_e4m3fn"):
-            raise SpecError(f"{self.name}.extend: fp8_p_precision={fp8_p_precision!r} must be 'float32' or "
-                            "'float8_e4m3fn'")
+            raise SpecError(
+                f"{self.name}.extend: fp8_p_precision={fp8_p_precision!r} must be 'float32' or "
+                "'float8_e4m3fn'"
+            )
         bad = sorted(set(fp8_dtypes or ()) - set(FP8_DTYPES))
         if bad or fp8_dtypes == ():
-            raise SpecError(f"{self.name}.extend: fp8_dtypes={fp8_dtypes!r} must be a non-empty subset of "
-                            f"{', '.join(FP8_DTYPES)}")
+            raise SpecError(
+                f"{self.name}.extend: fp8_dtypes={fp8_dtypes!r} must be a non-empty subset of "
+                f"{', '.join(FP8_DTYPES)}"
+            )
 
         keywords = dict(keywords or {})
         bad = sorted(set(keywords) - set(_PASSED_OPTIONS))
         if bad:
-            raise SpecError(f"{self.name}.extend: keywords={keywords!r}: {', '.join(bad)} cannot be passed as a "
-                            f"keyword; expected spec options among {', '.join(_PASSED_OPTIONS)}")
+            raise SpecError(
+                f"{self.name}.extend: keywords={keywords!r}: {', '.join(bad)} cannot be passed as a "
+                f"keyword; expected spec options among {', '.join(_PASSED_OPTIONS)}"
+            )
         bad = sorted(set(refuse or {}) - set(NEEDS))
         if bad:
-            raise SpecError(f"{self.name}.extend: refuse={refuse!r}: {', '.join(bad)} is not a need; expected "
-                            f"names among {', '.join(NEEDS)}")
+            raise SpecError(
+                f"{self.name}.extend: refuse={refuse!r}: {', '.join(bad)} is not a need; expected "
+                f"names among {', '.join(NEEDS)}"
+            )
         new = copy.copy(self)
         new.name = name
         new.keywords = {**self.keywords, **keywords}
         passed = {_PASSED_OPTIONS[o] for o in keywords}
         new.variants = self.variants | passed
         # a class-level table in the built-ins: the new one is this instance's own
-        new.__dict__["cannot"] = {**{k: v for k, v in self.cannot.items() if k not in passed}, **(refuse or {})}
+        new.__dict__["cannot"] = {
+            **{k: v for k, v in self.cannot.items() if k not in passed},
+            **(refuse or {}),
+        }
         if canonical is not None:
             new.canonical = canonical
-        for attr, value in (("descales", descales), ("fp8_dtypes", fp8_dtypes),
-                            ("fp8_out_dtypes", fp8_out_dtypes), ("fp8_p_precision", fp8_p_precision),
-                            ("fp8_out_keyword", fp8_out_keyword)):
+        for attr, value in (
+            ("descales", descales),
+            ("fp8_dtypes", fp8_dtypes),
+            ("fp8_out_dtypes", fp8_out_dtypes),
+            ("fp8_p_precision", fp8_p_precision),
+            ("fp8_out_keyword", fp8_out_keyword),
+        ):
             if value is not None:
                 setattr(new, attr, tuple(value) if isinstance(value, (list, tuple)) else value)
         extra = "".join(f", {kw}=<{o}>" for o, kw in keywords.items())
-        new.signature = signature or (self.signature + (f"; plus {extra[2:]}" if extra else "")
-                                      + ("; canonical 4-D inputs, full-size masks" if new.canonical
-                                         and not self.canonical else "")
-                                      + (f"; FP8 with descales ({new.descales})" if new.descales
-                                         and not self.descales else "")
-                                      + ("; P rounded to e4m3" if new.fp8_p_precision != self.fp8_p_precision
-                                         else ""))
+        new.signature = signature or (
+            self.signature
+            + (f"; plus {extra[2:]}" if extra else "")
+            + ("; canonical 4-D inputs, full-size masks" if new.canonical and not self.canonical else "")
+            + (f"; FP8 with descales ({new.descales})" if new.descales and not self.descales else "")
+            + ("; P rounded to e4m3" if new.fp8_p_precision != self.fp8_p_precision else "")
+        )
         return new
 
     def descale_keywords(
@@ -293,12 +359,22 @@ class Convention:
         (B, Hkv), ones where the call gives none (the spec's default, 1); and the output dtype's
         name under `fp8_out_keyword` when the call asks for another than the function's default."""
         p = fp.sdpa
-        names = ("q_descale", "k_descale", "v_descale") if self.descales == "qkv" else ("k_descale", "v_descale")
+        names = (
+            ("q_descale", "k_descale", "v_descale") if self.descales == "qkv" else ("k_descale", "v_descale")
+        )
         kw = {}
         for name in names:
             value = options.get(name)
-            d = np.ones(()) if value is None else lib.to_numpy(value) if lib.is_array(value) else np.asarray(value)
-            d = np.broadcast_to(np.asarray(d, np.float32), (*p.batch, p.hkv)).reshape(math.prod(p.batch), p.hkv)
+            d = (
+                np.ones(())
+                if value is None
+                else lib.to_numpy(value)
+                if lib.is_array(value)
+                else np.asarray(value)
+            )
+            d = np.broadcast_to(np.asarray(d, np.float32), (*p.batch, p.hkv)).reshape(
+                math.prod(p.batch), p.hkv
+            )
             kw[name] = lib.asarray(np.ascontiguousarray(d), device=device)  # (B, Hkv) float32
         if self.fp8_out_keyword and fp.out_dtype != self.fp8_out_dtypes[0]:
             kw[self.fp8_out_keyword] = fp.out_dtype
@@ -316,8 +392,11 @@ class Convention:
     def refusals(self, call: Call) -> list[str]:
         """Why this convention cannot express ``call`` (empty when it can)."""
         why = [f"the {self.name} convention {why}" for need, why in self.cannot.items() if need in call.needs]
-        why += [_variant_refusal(self.name, v) for v in (*VARIANT_FEATURES, *DRAWN_VARIANTS)
-                if v in call.needs and v not in self.variants and v not in self.cannot]
+        why += [
+            _variant_refusal(self.name, v)
+            for v in (*VARIANT_FEATURES, *DRAWN_VARIANTS)
+            if v in call.needs and v not in self.variants and v not in self.cannot
+        ]
         return why + self._fp8_refusals(call)
 
     def _fp8_refusals(self, call: Call) -> list[str]:
@@ -325,29 +404,37 @@ class Convention:
         if kind is None:
             return []
         if self.descales is None:
-            return [f"the {self.name} convention passes no descales, so FP8 inputs (sdpa_fp8) are not "
-                    "expressible through it (flash3_fp8, flash_kvcache_fp8 and flash_kvcache_paged_fp8 pass "
-                    "them; Convention.extend(descales=...) adds them to another)"]
+            return [
+                f"the {self.name} convention passes no descales, so FP8 inputs (sdpa_fp8) are not "
+                "expressible through it (flash3_fp8, flash_kvcache_fp8 and flash_kvcache_paged_fp8 pass "
+                "them; Convention.extend(descales=...) adds them to another)"
+            ]
         why = []
         if kind == "fp8" and self.descales == "kv":
-            why.append(f"the {self.name} convention takes a wide q over an FP8 KV cache (descales='kv'), "
-                       "not an FP8 q")
+            why.append(
+                f"the {self.name} convention takes a wide q over an FP8 KV cache (descales='kv'), "
+                "not an FP8 q"
+            )
         if kind == "fp8_kv_cache" and self.descales == "qkv":
-            why.append(f"the {self.name} convention takes q in FP8 with its descale, as FlashAttention-3 "
-                       "does (descales='qkv'), not a wide q")
+            why.append(
+                f"the {self.name} convention takes q in FP8 with its descale, as FlashAttention-3 "
+                "does (descales='qkv'), not a wide q"
+            )
         out = next((n.removeprefix("fp8_out_") for n in call.needs if n.startswith("fp8_out_")), None)
         if out is not None and out not in self.fp8_out_dtypes:
-            why.append(f"the {self.name} convention's function returns {' or '.join(self.fp8_out_dtypes)} for "
-                       f"FP8 inputs, not out_dtype={out}")
+            why.append(
+                f"the {self.name} convention's function returns {' or '.join(self.fp8_out_dtypes)} for "
+                f"FP8 inputs, not out_dtype={out}"
+            )
         return why
 
-    def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,
-             options: dict[str, Any]) -> tuple[Any, Any]:
+    def call(self, fn: Fn, lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any, options: Kw) -> Called:
         """Call ``fn`` for the validated call ``p``; return (out in ``p.out_shape``, weights or None)."""
         raise NotImplementedError
 
-    def output_causes(self, p: SDPAPlan, lib: ArrayLibrary, q: Any, k: Any, v: Any, options: dict[str, Any],
-                      out: Any) -> list[str]:
+    def output_causes(
+        self, p: SDPAPlan, lib: ArrayLibrary, q: Any, k: Any, v: Any, options: dict[str, Any], out: Any
+    ) -> list[str]:
         """Causes this convention's layout shows in ``out`` (the spec-shaped output of the call just
         made), each beginning with one of `attnspec.conformance.causes.CAUSE_PREFIXES`; the judge
         adds them to a failure's message. None by default (the paged conventions name a NaN read
@@ -362,8 +449,9 @@ class Convention:
 _PASSED_OPTIONS = {"softcap": "softcap", "sinks": "sinks", "alibi_slopes": "alibi"}
 
 
-def canonical_inputs(p: SDPAPlan, lib: ArrayLibrary, q: Any, k: Any, v: Any,
-                     mask: np.ndarray | None) -> tuple[Any, Any, Any, Any]:
+def canonical_inputs(
+    p: SDPAPlan, lib: ArrayLibrary, q: Any, k: Any, v: Any, mask: np.ndarray | None
+) -> tuple[Any, Any, Any, Any]:
     """q, k, v as (B, H, L, d) and a mask (NumPy, broadcasting to the call) as the full-size
     (B, Hq, n, m) array on q's device, for a convention with canonical inputs."""
     qf, kf, vf = flat_qkv(p, q, k, v)
@@ -373,8 +461,9 @@ def canonical_inputs(p: SDPAPlan, lib: ArrayLibrary, q: Any, k: Any, v: Any,
 def full_mask(p: SDPAPlan, lib: ArrayLibrary, mask: Any, device: str | None) -> Any:
     """A (B, Hq or 1, n, m) mask (NumPy or ``lib``'s) as the full-size (B, Hq, n, m) array of
     ``lib`` on ``device``: no size-1 axis left for the function to broadcast."""
-    full = np.broadcast_to(lib.to_numpy(mask) if lib.is_array(mask) else np.asarray(mask),
-                           (math.prod(p.batch), p.hq, p.n, p.m))
+    full = np.broadcast_to(
+        lib.to_numpy(mask) if lib.is_array(mask) else np.asarray(mask), (math.prod(p.batch), p.hq, p.n, p.m)
+    )
     return lib.asarray(np.ascontiguousarray(full), device=device)
 
 
@@ -399,23 +488,26 @@ def _first(result: Any) -> Any:
 
 class TorchSDPA(Convention):
     name = "torch_sdpa"
-    signature = ("fn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, "
-                 "enable_gqa=False) on (..., H, L, D) arrays")
+    signature = (
+        "fn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, "
+        "enable_gqa=False) on (..., H, L, D) arrays"
+    )
     arrays = "torch"
     cannot: ClassVar[dict[str, str | None]] = {"return_weights": "returns no attention weights"}
     causal_flag = "upper_left"
     #: rules of its own that only decide visibility: folded into attn_mask like lengths and windows
     variants = frozenset({"causal_lower_right_lengths", "segments"})
 
-    def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,
-             options: dict[str, Any]) -> tuple[Any, Any]:
+    def call(self, fn: Fn, lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any, options: Kw) -> Called:
         kw: dict[str, Any] = {}
         if options.get("scale") is not None:
             kw["scale"] = p.scale
         if p.hq != p.hkv:  # GQA, or no query heads at all (Hq = 0: PyTorch needs enable_gqa there too)
             kw["enable_gqa"] = True
-        rules = (options.get(o) is not None for o in ("mask", "bias", "window", "q_lengths", "kv_lengths",
-                                                      "q_segment_ids", "kv_segment_ids"))
+        rules = (
+            options.get(o) is not None
+            for o in ("mask", "bias", "window", "q_lengths", "kv_lengths", "q_segment_ids", "kv_segment_ids")
+        )
         segments = _segment_ids(options)
         mask = None
         if p.causal == "upper_left" and not any(rules):
@@ -437,8 +529,10 @@ class TorchSDPA(Convention):
 
 class Flash(Convention):
     name = "flash"
-    signature = ("fn(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1)) on (B, L, H, D) "
-                 "arrays, causal and window lower-right aligned")
+    signature = (
+        "fn(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1)) on (B, L, H, D) "
+        "arrays, causal and window lower-right aligned"
+    )
     arrays = "torch"
     cannot: ClassVar[dict[str, str | None]] = {
         "mask": "has no mask argument",
@@ -458,17 +552,19 @@ class Flash(Convention):
         why = super().refusals(call)
         lower_right = {"causal_lower_right", "causal_lower_right_lengths"} & call.needs
         if call.n != call.m and "alibi" in call.needs and not lower_right:
-            why.append("the flash convention anchors ALiBi lower-right (i + m - n): the spec's "
-                       "upper-left anchor (no causal, or upper_left) differs when n != m")
+            why.append(
+                "the flash convention anchors ALiBi lower-right (i + m - n): the spec's "
+                "upper-left anchor (no causal, or upper_left) differs when n != m"
+            )
         if call.n != call.m and "causal_upper_left" in call.needs:
             why.append("the flash convention's causal is lower-right: upper-left differs when n != m")
         if call.n != call.m and "window" in call.needs:
-            why.append("the flash convention anchors windows lower-right: an upper-left window differs "
-                       "when n != m")
+            why.append(
+                "the flash convention anchors windows lower-right: an upper-left window differs when n != m"
+            )
         return why
 
-    def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,
-             options: dict[str, Any]) -> tuple[Any, Any]:
+    def call(self, fn: Fn, lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any, options: Kw) -> Called:
         qf, kf, vf = flat_qkv(p, q, k, v, "blhd")  # (B, n, Hq, dk), (B, m, Hkv, dk), (B, m, Hkv, dv)
         kw: dict[str, Any] = {}
         if p.causal is not None:
@@ -483,8 +579,9 @@ class Flash(Convention):
         if slopes is not None:  # (Hq,) or (..., Hq) -> (B, Hq), float32 as FlashAttention wants
             B = math.prod(p.batch)
             slopes = lib.reshape(lib.broadcast_to(slopes, (*p.batch, p.hq)), (B, p.hq))
-            kw["alibi_slopes"] = lib.asarray(np.ascontiguousarray(lib.to_numpy(slopes), np.float32),
-                                             device=_device(lib, q))
+            kw["alibi_slopes"] = lib.asarray(
+                np.ascontiguousarray(lib.to_numpy(slopes), np.float32), device=_device(lib, q)
+            )
         if p.return_lse:
             kw["return_attn_probs"] = True
         result = fn(qf, kf, vf, **kw, **self.pass_keywords(p, options))
@@ -497,9 +594,11 @@ class Flash(Convention):
 
 class Jax(Convention):
     name = "jax"
-    signature = ("fn(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False, "
-                 "query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None) on "
-                 "(B, T, N, H) arrays, is_causal and local_window_size upper-left")
+    signature = (
+        "fn(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False, "
+        "query_seq_lengths=None, key_value_seq_lengths=None, local_window_size=None) on "
+        "(B, T, N, H) arrays, is_causal and local_window_size upper-left"
+    )
     arrays = "jax"
     cannot: ClassVar[dict[str, str | None]] = {"return_weights": "returns no attention weights"}
     causal_flag = "upper_left"
@@ -509,8 +608,7 @@ class Jax(Convention):
     lengths_arguments = True
     window_argument = True
 
-    def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,
-             options: dict[str, Any]) -> tuple[Any, Any]:
+    def call(self, fn: Fn, lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any, options: Kw) -> Called:
         qf, kf, vf = flat_qkv(p, q, k, v, "blhd")  # (B, n, Hq, dk), (B, m, Hkv, dk), (B, m, Hkv, dv)
         dev = _device(lib, q)
         upper = p.causal != "lower_right"
@@ -523,13 +621,17 @@ class Jax(Convention):
             kw["local_window_size"] = p.window
         vis = attend_mask(p, options.get("mask"), structure=fold, lengths=not self.lengths_arguments)
         if vis is not None:
-            kw["mask"] = lib.asarray(np.ascontiguousarray(flatten_mask(p, vis)), device=dev)  # (B, Hq or 1, n, m)
+            kw["mask"] = lib.asarray(
+                np.ascontiguousarray(flatten_mask(p, vis)), device=dev
+            )  # (B, Hq or 1, n, m)
         if options.get("bias") is not None:
             kw["bias"] = flatten_mask(p, options["bias"])  # (B, Hq or 1, n, m)
         for spec_name, name in (("q_lengths", "query_seq_lengths"), ("kv_lengths", "key_value_seq_lengths")):
             lengths = getattr(p, spec_name)
             if lengths is not None and self.lengths_arguments:
-                kw[name] = lib.asarray(np.reshape(lengths, (math.prod(p.batch),)).astype(np.int32), device=dev)  # (B,)
+                kw[name] = lib.asarray(
+                    np.reshape(lengths, (math.prod(p.batch),)).astype(np.int32), device=dev
+                )  # (B,)
         if options.get("scale") is not None:
             kw["scale"] = p.scale
         for name in ("mask", "bias") if self.canonical else ():  # (B, 1, n, m) -> (B, Hq, n, m)
@@ -541,8 +643,10 @@ class Jax(Convention):
 
 class Tutorial(Convention):
     name = "tutorial"
-    signature = ("fn(Q, K, V, mask=None) -> (output, weights) on (..., H, L, D) arrays, mask 1/True = "
-                 "keep, scale fixed at 1/sqrt(dk)")
+    signature = (
+        "fn(Q, K, V, mask=None) -> (output, weights) on (..., H, L, D) arrays, mask 1/True = "
+        "keep, scale fixed at 1/sqrt(dk)"
+    )
     arrays = "torch"
     cannot: ClassVar[dict[str, str | None]] = {
         "bias": "has no bias argument",
@@ -551,8 +655,7 @@ class Tutorial(Convention):
     #: rules that only decide visibility: folded into the mask like lengths and windows
     variants = frozenset({"causal_lower_right_lengths", "segments"})
 
-    def call(self, fn: Callable[..., Any], lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any,
-             options: dict[str, Any]) -> tuple[Any, Any]:
+    def call(self, fn: Fn, lib: ArrayLibrary, p: SDPAPlan, q: Any, k: Any, v: Any, options: Kw) -> Called:
         vis = attend_mask(p, options.get("mask"), **_segment_ids(options))
         if self.canonical:
             q, k, v, vis = canonical_inputs(p, lib, q, k, v, vis)
@@ -608,11 +711,15 @@ def get_convention(name: str | Convention) -> Convention:
         if isinstance(conv, type) and issubclass(conv, Convention):
             conv = conv()
         if not isinstance(conv, Convention):
-            raise SpecError(f"convention={base!r} names a {type(conv).__name__}, not an attnspec Convention "
-                            "(make one with get_convention('torch_sdpa').extend(...) or a Convention subclass)")
+            raise SpecError(
+                f"convention={base!r} names a {type(conv).__name__}, not an attnspec Convention "
+                "(make one with get_convention('torch_sdpa').extend(...) or a Convention subclass)"
+            )
     else:
-        raise SpecError(f"convention={name!r} is not one of {', '.join(CONVENTIONS)}, nor MODULE:ATTRIBUTE "
-                        "naming a Convention")
+        raise SpecError(
+            f"convention={name!r} is not one of {', '.join(CONVENTIONS)}, nor MODULE:ATTRIBUTE "
+            "naming a Convention"
+        )
     if P_E4M3 in suffixes and conv.fp8_p_precision != "float8_e4m3fn":
         conv = conv.extend(name, fp8_p_precision="float8_e4m3fn")
     return conv.extend(name, canonical=True) if canonical and not conv.canonical else conv
@@ -642,20 +749,34 @@ CONVENTIONS.update({c.name: c for c in (FlashVarlen(), FlashKVCache(), FlashKVCa
 
 # FlashAttention-3's FP8 calls: the same functions, with descales (FA3 takes e4m3fn and returns bf16)
 _FA3_SIG = "; FP8 q, k, v (float8_e4m3fn) with q_descale, k_descale, v_descale float32 (B, Hkv); out bfloat16"
-CONVENTIONS.update({c.name: c for c in (
-    CONVENTIONS["flash"].extend(
-        "flash3_fp8", descales="qkv", fp8_dtypes=("float8_e4m3fn",),
-        refuse={"alibi": "has no ALiBi slopes (FlashAttention-3's flash_attn_func)"},
-        signature="fn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, "
-                  "q_descale=None, k_descale=None, v_descale=None, return_attn_probs=False) on (B, L, H, D) "
-                  "arrays (FlashAttention-3's flash_attn_func), causal and window lower-right" + _FA3_SIG),
-    CONVENTIONS["flash_kvcache"].extend(
-        "flash_kvcache_fp8", descales="qkv", fp8_dtypes=("float8_e4m3fn",),
-        signature=CONVENTIONS["flash_kvcache"].signature + _FA3_SIG),
-    CONVENTIONS["flash_kvcache_paged"].extend(
-        "flash_kvcache_paged_fp8", descales="qkv", fp8_dtypes=("float8_e4m3fn",),
-        signature=CONVENTIONS["flash_kvcache_paged"].signature + _FA3_SIG),
-)})
+CONVENTIONS.update(
+    {
+        c.name: c
+        for c in (
+            CONVENTIONS["flash"].extend(
+                "flash3_fp8",
+                descales="qkv",
+                fp8_dtypes=("float8_e4m3fn",),
+                refuse={"alibi": "has no ALiBi slopes (FlashAttention-3's flash_attn_func)"},
+                signature="fn(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, "
+                "q_descale=None, k_descale=None, v_descale=None, return_attn_probs=False) on (B, L, H, D) "
+                "arrays (FlashAttention-3's flash_attn_func), causal and window lower-right" + _FA3_SIG,
+            ),
+            CONVENTIONS["flash_kvcache"].extend(
+                "flash_kvcache_fp8",
+                descales="qkv",
+                fp8_dtypes=("float8_e4m3fn",),
+                signature=CONVENTIONS["flash_kvcache"].signature + _FA3_SIG,
+            ),
+            CONVENTIONS["flash_kvcache_paged"].extend(
+                "flash_kvcache_paged_fp8",
+                descales="qkv",
+                fp8_dtypes=("float8_e4m3fn",),
+                signature=CONVENTIONS["flash_kvcache_paged"].signature + _FA3_SIG,
+            ),
+        )
+    }
+)
 
 # The atlas' outside implementations (MLX, tinygrad, Keras, Flax, Hugging Face, FlexAttention,
 # Pallas, ONNX, Paddle): one registry with the rest, so ``attnspec check FN --convention keras``

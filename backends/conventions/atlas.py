@@ -33,8 +33,10 @@ def _full(p, x: np.ndarray) -> np.ndarray:
 
 class MLX(Convention):
     name = "mlx"
-    signature = ("fn(q, k, v, *, scale, mask=None, sinks=None) on (B, H, L, D) arrays; mask 'causal' "
-                 "(lower-right), bool (True = attend) or additive; sinks (Hq,)")
+    signature = (
+        "fn(q, k, v, *, scale, mask=None, sinks=None) on (B, H, L, D) arrays; mask 'causal' "
+        "(lower-right), bool (True = attend) or additive; sinks (Hq,)"
+    )
     arrays = "mlx"
     cannot: ClassVar[dict[str, str | None]] = {"return_weights": "returns no attention weights"}
     causal_flag = "lower_right"
@@ -61,10 +63,15 @@ class MLX(Convention):
 
 class Tinygrad(TorchSDPA):
     name = "tinygrad"
-    signature = ("Tensor.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, "
-                 "is_causal=False, enable_gqa=False) on (..., H, L, D); no scale argument")
+    signature = (
+        "Tensor.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, "
+        "is_causal=False, enable_gqa=False) on (..., H, L, D); no scale argument"
+    )
     arrays = "tinygrad"
-    cannot: ClassVar[dict[str, str | None]] = {**TorchSDPA.cannot, "scale": "has no scale argument (always 1/sqrt(dk))"}
+    cannot: ClassVar[dict[str, str | None]] = {
+        **TorchSDPA.cannot,
+        "scale": "has no scale argument (always 1/sqrt(dk))",
+    }
     # measured before torch_sdpa folded lower_right_lengths and segment ids into its mask; kept
     # as measured until the atlas is run again (its committed results hold no such cases)
     variants = frozenset()
@@ -72,19 +79,26 @@ class Tinygrad(TorchSDPA):
 
 class Keras(Jax):
     name = "keras"
-    signature = ("keras.ops.dot_product_attention(query, key, value, bias=None, mask=None, scale=None, "
-                 "is_causal=False) on (B, T, N, H); is_causal upper-left")
+    signature = (
+        "keras.ops.dot_product_attention(query, key, value, bias=None, mask=None, scale=None, "
+        "is_causal=False) on (B, T, N, H); is_causal upper-left"
+    )
     lengths_arguments = False
     window_argument = False
 
 
 class Flax(Jax):
     name = "flax"
-    signature = ("flax.nnx.dot_product_attention(query, key, value, bias=None, mask=None, ..., "
-                 "is_causal=False) on (..., L, H, D); no scale argument")
+    signature = (
+        "flax.nnx.dot_product_attention(query, key, value, bias=None, mask=None, ..., "
+        "is_causal=False) on (..., L, H, D); no scale argument"
+    )
     lengths_arguments = False
     window_argument = False
-    cannot: ClassVar[dict[str, str | None]] = {**Jax.cannot, "scale": "has no scale argument (always 1/sqrt(dk))"}
+    cannot: ClassVar[dict[str, str | None]] = {
+        **Jax.cannot,
+        "scale": "has no scale argument (always 1/sqrt(dk))",
+    }
 
 
 class _HF(Convention):
@@ -97,7 +111,8 @@ class _HF(Convention):
     arrays = "torch"
     cannot: ClassVar[dict[str, str | None]] = {
         "bias": "takes a mask, not a bias (transformers' attention functions add only the mask)",
-        "scale": None}
+        "scale": None,
+    }
 
     def refusals(self, call: Call) -> list[str]:
         # the base class' refusals, less the needs whose reason is None (carried after all)
@@ -110,8 +125,9 @@ class _HF(Convention):
             return None
         full = _full(p, vis)
         if full.shape[1] != 1:
-            raise Unsupported(f"the {self.name} convention's masks have no head axis (transformers builds "
-                              "(B, 1, n, m))")
+            raise Unsupported(
+                f"the {self.name} convention's masks have no head axis (transformers builds (B, 1, n, m))"
+            )
         return full
 
     def _mask(self, p, vis, kind: str, dtype, lib):
@@ -131,8 +147,10 @@ class _HF(Convention):
 
 class HFEager(_HF):
     name = "hf_eager"
-    signature = ("eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0) "
-                 "-> (out (B, L, H, D), weights) on (B, H, L, D); additive mask 0 / finfo.min")
+    signature = (
+        "eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0) "
+        "-> (out (B, L, H, D), weights) on (B, H, L, D); additive mask 0 / finfo.min"
+    )
 
     def call(self, fn, lib, p, q, k, v, options):
         qf, kf, vf = flat_qkv(p, q, k, v)  # (B, Hq, n, dk), (B, Hkv, m, dk), (B, Hkv, m, dv)
@@ -146,8 +164,10 @@ class HFEager(_HF):
 
 class HFSdpa(_HF):
     name = "hf_sdpa"
-    signature = ("sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, "
-                 "is_causal=None) -> (out (B, L, H, D), None) on (B, H, L, D); bool mask")
+    signature = (
+        "sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, "
+        "is_causal=None) -> (out (B, L, H, D), None) on (B, H, L, D); bool mask"
+    )
     cannot: ClassVar[dict[str, str | None]] = {**_HF.cannot, "return_weights": "returns no attention weights"}
     causal_flag = "upper_left"  # module.is_causal with no mask: torch's is_causal
 
@@ -164,14 +184,17 @@ class HFSdpa(_HF):
 
 class Flex(Convention):
     name = "flex"
-    signature = ("flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, "
-                 "enable_gqa=False, *, return_aux=None) on (B, H, L, D); visibility as mask_mod, bias, "
-                 "softcap and ALiBi as score_mod, lse through return_aux=AuxRequest(lse=True)")
+    signature = (
+        "flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, "
+        "enable_gqa=False, *, return_aux=None) on (B, H, L, D); visibility as mask_mod, bias, "
+        "softcap and ALiBi as score_mod, lse through return_aux=AuxRequest(lse=True)"
+    )
     arrays = "torch"
     cannot: ClassVar[dict[str, str | None]] = {
         "return_weights": "returns no attention weights",
         "sinks": "has no sink argument (a sink is emulated with an extra key or through the lse)",
-        "dropout": "has no dropout"}
+        "dropout": "has no dropout",
+    }
     variants = frozenset({"softcap", "alibi", "lse", "segments", "causal_lower_right_lengths"})
 
     def call(self, fn, lib, p, q, k, v, options):
@@ -184,8 +207,9 @@ class Flex(Convention):
             kw["enable_gqa"] = True
         dev = _device(lib, q)
         q_ids, kv_ids = options.get("q_segment_ids"), options.get("kv_segment_ids")
-        vis = attend_mask(p, options.get("mask"), options.get("bias"), q_segment_ids=q_ids,
-                          kv_segment_ids=kv_ids)
+        vis = attend_mask(
+            p, options.get("mask"), options.get("bias"), q_segment_ids=q_ids, kv_segment_ids=kv_ids
+        )
         if vis is not None:
             table = torch.from_numpy(_full(p, vis)).to(dev)  # (B, Hq or 1, n, m)
             per_head = table.shape[1] != 1
@@ -193,8 +217,9 @@ class Flex(Convention):
             def mask_mod(b, h, qi, kv):
                 return table[b, h if per_head else 0, qi, kv]
 
-            kw["block_mask"] = create_block_mask(mask_mod, table.shape[0], p.hq if per_head else None, p.n, p.m,
-                                                 device=dev)
+            kw["block_mask"] = create_block_mask(
+                mask_mod, table.shape[0], p.hq if per_head else None, p.n, p.m, device=dev
+            )
         mods = []  # score_mod terms in the spec's order: softcap, then bias, then ALiBi
         if p.softcap is not None:
             cap = p.softcap
@@ -207,6 +232,7 @@ class Flex(Convention):
             slopes, anchor = _alibi_tables(p, lib, options, dev)  # (B, Hq), (B, n): i'
             mods.append(lambda score, b, h, qi, kv: score - slopes[b, h] * (anchor[b, qi] - kv).abs())
         if mods:
+
             def score_mod(score, b, h, qi, kv):
                 for mod in mods:
                     score = mod(score, b, h, qi, kv)
@@ -231,19 +257,33 @@ def _alibi_tables(p, lib, options, dev):
 
     B = math.prod(p.batch)
     slopes = np.broadcast_to(lib.to_numpy(options["alibi_slopes"]), (*p.batch, p.hq)).reshape(B, p.hq)
-    ids = [None if options.get(o) is None else lib.to_numpy(options[o]) for o in ("q_segment_ids", "kv_segment_ids")]
-    anchor = query_anchor(p.n, p.m, p.causal, q_lengths=p.q_lengths, kv_lengths=p.kv_lengths,
-                          q_segment_ids=ids[0], kv_segment_ids=ids[1])
+    ids = [
+        None if options.get(o) is None else lib.to_numpy(options[o])
+        for o in ("q_segment_ids", "kv_segment_ids")
+    ]
+    anchor = query_anchor(
+        p.n,
+        p.m,
+        p.causal,
+        q_lengths=p.q_lengths,
+        kv_lengths=p.kv_lengths,
+        q_segment_ids=ids[0],
+        kv_segment_ids=ids[1],
+    )
     anchor = np.broadcast_to(anchor, (*p.batch, p.n)).reshape(B, p.n)
     dtype = getattr(torch, p.dtype)
-    return (torch.from_numpy(np.ascontiguousarray(slopes)).to(dev, dtype),
-            torch.from_numpy(np.ascontiguousarray(anchor)).to(dev))
+    return (
+        torch.from_numpy(np.ascontiguousarray(slopes)).to(dev, dtype),
+        torch.from_numpy(np.ascontiguousarray(anchor)).to(dev),
+    )
 
 
 class Pallas(Convention):
     name = "pallas"
-    signature = ("mha(q, k, v, segment_ids, sm_scale=1.0, causal=False, interpret=True) on (B, L, H, D) "
-                 "(jax.experimental.pallas.ops.gpu.attention)")
+    signature = (
+        "mha(q, k, v, segment_ids, sm_scale=1.0, causal=False, interpret=True) on (B, L, H, D) "
+        "(jax.experimental.pallas.ops.gpu.attention)"
+    )
     arrays = "jax"
     cannot: ClassVar[dict[str, str | None]] = {
         "mask": "has no mask argument",
@@ -278,11 +318,13 @@ class Onnx(Convention):
     """
 
     name = "onnx"
-    signature = ("Attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None) "
-                 "(ONNX opset 28, Attention-25) as a one-node model on (B, H, L, D) NumPy arrays; "
-                 "attributes is_causal (at i + nonpad_kv_seqlen - n), scale, softcap, left_window_size, "
-                 "right_window_size, qk_matmul_output_mode=3 (the weights); attn_mask bool (True = attend) "
-                 "or additive float")
+    signature = (
+        "Attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None) "
+        "(ONNX opset 28, Attention-25) as a one-node model on (B, H, L, D) NumPy arrays; "
+        "attributes is_causal (at i + nonpad_kv_seqlen - n), scale, softcap, left_window_size, "
+        "right_window_size, qk_matmul_output_mode=3 (the weights); attn_mask bool (True = attend) "
+        "or additive float"
+    )
     arrays = "numpy"
     cannot: ClassVar[dict[str, str | None]] = {}
     causal_flag = "upper_left"  # no cache and no nonpad_kv_seqlen: offset 0
@@ -295,7 +337,9 @@ class Onnx(Convention):
         attrs: dict[str, Any] = {}
         inputs: dict[str, Any] = {}
         if p.kv_lengths is not None:
-            inputs["nonpad_kv_seqlen"] = np.broadcast_to(p.kv_lengths, p.batch).reshape(B).astype(np.int64)  # (B,)
+            inputs["nonpad_kv_seqlen"] = (
+                np.broadcast_to(p.kv_lengths, p.batch).reshape(B).astype(np.int64)
+            )  # (B,)
             native = False  # the operator would anchor causal and window at i + kv_length - n
         else:
             native = True
@@ -327,10 +371,12 @@ class Onnx(Convention):
 
 class Paddle(Convention):
     name = "paddle"
-    signature = ("paddle.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=None, "
-                 "dropout_p=0.0, is_causal=False, training=True, backend=None, scale=None, enable_gqa=True) "
-                 "on (B, L, H, D); is_causal upper-left and only alone (a mask given with it is ignored); "
-                 "attn_mask bool (True = attend) or additive float")
+    signature = (
+        "paddle.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=None, "
+        "dropout_p=0.0, is_causal=False, training=True, backend=None, scale=None, enable_gqa=True) "
+        "on (B, L, H, D); is_causal upper-left and only alone (a mask given with it is ignored); "
+        "attn_mask bool (True = attend) or additive float"
+    )
     arrays = "paddle"
     cannot: ClassVar[dict[str, str | None]] = {"return_weights": "returns no attention weights"}
     causal_flag = "upper_left"
@@ -355,5 +401,7 @@ class Paddle(Convention):
         return unflatten_batch(p, out, layout="blhd"), None
 
 
-ATLAS_CONVENTIONS = {c.name: c for c in (MLX(), Tinygrad(), Keras(), Flax(), HFEager(), HFSdpa(), Flex(), Pallas(),
-                                           Onnx(), Paddle())}
+ATLAS_CONVENTIONS = {
+    c.name: c
+    for c in (MLX(), Tinygrad(), Keras(), Flax(), HFEager(), HFSdpa(), Flex(), Pallas(), Onnx(), Paddle())
+}

@@ -60,8 +60,10 @@ def _alignment_refusals(name: str, call: Call) -> list[str]:
     uses = [u for u in _ALIGNED_USES if u in call.needs]
     if not uses:
         return []
-    return [f"the {name} convention anchors causal, window and ALiBi at i + sk - sq of each sequence's "
-            f"actual lengths (causal='lower_right_lengths'): the spec's {', '.join(uses)} differs here"]
+    return [
+        f"the {name} convention anchors causal, window and ALiBi at i + sk - sq of each sequence's "
+        f"actual lengths (causal='lower_right_lengths'): the spec's {', '.join(uses)} differs here"
+    ]
 
 
 def _options(p, lib, q, options: dict[str, Any], slopes_rows: np.ndarray | None = None) -> dict[str, Any]:
@@ -86,9 +88,11 @@ def _options(p, lib, q, options: dict[str, Any], slopes_rows: np.ndarray | None 
 
 class FlashKVCache(Convention):
     name = "flash_kvcache"
-    signature = ("fn(q, k_cache, v_cache, cache_seqlens=None, softmax_scale=None, causal=False, "
-                 "window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False) on "
-                 "(B, L, H, D) arrays, causal, window and ALiBi aligned on cache_seqlens")
+    signature = (
+        "fn(q, k_cache, v_cache, cache_seqlens=None, softmax_scale=None, causal=False, "
+        "window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False) on "
+        "(B, L, H, D) arrays, causal, window and ALiBi aligned on cache_seqlens"
+    )
     arrays = "torch"
     cannot: ClassVar[dict[str, str | None]] = {
         **_COMMON_CANNOT,
@@ -125,26 +129,32 @@ def _sequences(p, options: dict[str, Any], lib) -> list[tuple[int, np.ndarray, n
     ids = [options.get(name) for name in ("q_segment_ids", "kv_segment_ids")]
     if ids[0] is None:
         return [(b, np.arange(q_len[b]), np.arange(kv_len[b])) for b in range(B)]
-    q_ids, kv_ids = (np.broadcast_to(lib.to_numpy(x), (*p.batch, size)).reshape(B, size)
-                     for x, size in zip(ids, (p.n, p.m)))
+    q_ids, kv_ids = (
+        np.broadcast_to(lib.to_numpy(x), (*p.batch, size)).reshape(B, size)
+        for x, size in zip(ids, (p.n, p.m))
+    )
     seqs = []
     for b in range(B):
-        qi, ki = q_ids[b, :q_len[b]], kv_ids[b, :kv_len[b]]
+        qi, ki = q_ids[b, : q_len[b]], kv_ids[b, : kv_len[b]]
         for s in sorted(set(qi[qi >= 0].tolist()) | set(ki[ki >= 0].tolist())):
             rows = (np.flatnonzero(qi == s), np.flatnonzero(ki == s))
             if any(r.size and r[-1] - r[0] + 1 != r.size for r in rows):
-                raise Unsupported(f"the flash_varlen convention packs each segment as one contiguous "
-                                  f"sequence: segment {s} of batch element {b} is not contiguous")
+                raise Unsupported(
+                    f"the flash_varlen convention packs each segment as one contiguous "
+                    f"sequence: segment {s} of batch element {b} is not contiguous"
+                )
             seqs.append((b, *rows))
     return seqs
 
 
 class FlashVarlen(Convention):
     name = "flash_varlen"
-    signature = ("fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None, "
-                 "causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, "
-                 "return_attn_probs=False) on packed (total, H, D) arrays, causal, window and ALiBi "
-                 "aligned on each sequence")
+    signature = (
+        "fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None, "
+        "causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, "
+        "return_attn_probs=False) on packed (total, H, D) arrays, causal, window and ALiBi "
+        "aligned on each sequence"
+    )
     arrays = "torch"
     cannot: ClassVar[dict[str, str | None]] = dict(_COMMON_CANNOT)
     causal_flag = "lower_right"
@@ -170,20 +180,22 @@ class FlashVarlen(Convention):
         kw = _options(p, lib, q, options, np.array([s[0] for s in seqs], np.int64))
         if p.return_lse:
             kw["return_attn_probs"] = True
-        args = [lib.asarray(np.ascontiguousarray(pack(x, which)), p.dtype, device)
-                for x, which in ((qf, 1), (kf, 2), (vf, 2))]  # (total, H, d) each
+        args = [
+            lib.asarray(np.ascontiguousarray(pack(x, which)), p.dtype, device)
+            for x, which in ((qf, 1), (kf, 2), (vf, 2))
+        ]  # (total, H, d) each
         args += [lib.asarray(c, device=device) for c in (cu_q, cu_k)]
         args += [int(np.diff(cu_q).max(initial=0)), int(np.diff(cu_k).max(initial=0))]
         result = fn(*args, **kw)
         packed = lib.to_numpy(_first(result))  # (total_q, Hq, dv)
         out = np.zeros((qf.shape[0], p.n, p.hq, p.dv), packed.dtype)  # rows in no sequence see no key
         for (b, rows, _), start in zip(seqs, cu_q[:-1]):
-            out[b, rows] = packed[start:start + len(rows)]
+            out[b, rows] = packed[start : start + len(rows)]
         out = unflatten_batch(p, lib.asarray(out, p.dtype, device), layout="blhd")  # -> spec's
         if not p.return_lse:
             return out, None
         packed_lse = lib.to_numpy(result[1])  # (Hq, total_q)
         lse = np.full((qf.shape[0], p.hq, p.n), -np.inf, packed_lse.dtype)
         for (b, rows, _), start in zip(seqs, cu_q[:-1]):
-            lse[b][:, rows] = packed_lse[:, start:start + len(rows)]
+            lse[b][:, rows] = packed_lse[:, start : start + len(rows)]
         return (out, lib.reshape(lib.asarray(lse, device=device), p.lse_shape)), None

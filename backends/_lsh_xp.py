@@ -30,6 +30,7 @@ import numpy as np
 
 from attnspec.backends._common import InfoFn, compute_dtype_name
 from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, LSHPlan, validate_lsh
+from attnspec.spec.options import LSH_OPTIONS, take
 
 __all__ = ["empty", "lsh_attention", "plan"]
 
@@ -47,21 +48,14 @@ ATTEND_BLOCK_ELEMENTS = 1 << 18
 MAX_ATTEND_BLOCKS = 8
 
 
-def plan(
-    fn: str, info: InfoFn, lengths_to_numpy, x, v, rotations, chunk_length, causal, kv_lengths, dedup, scale
-) -> LSHPlan:
-    """`validate_lsh` on framework arrays: the spec's checks, so the spec's messages, under ``fn``."""
-    return validate_lsh(
-        fn,
-        info(fn, "x", x),
-        info(fn, "v", v),
-        info(fn, "rotations", rotations),
-        chunk_length=chunk_length,
-        causal=causal,
-        kv_lengths=lengths_to_numpy(kv_lengths),
-        dedup=dedup,
-        scale=scale,
-    )
+def plan(fn: str, info: InfoFn, lengths_to_numpy, x, v, options, *, outputs: bool = True):
+    """The plan of an lsh_attention call on framework arrays, by the spec's checks (so the spec's
+    messages, under ``fn``), and the call's keywords with their defaults (`take` of `LSH_OPTIONS`;
+    ``outputs``: return_buckets among them)."""
+    o = take(fn, options, outputs=outputs, table=LSH_OPTIONS)
+    checks = {k: value for k, value in o.items() if k not in ("rotations", "kv_lengths", "return_buckets")}
+    infos = (info(fn, name, a) for name, a in (("x", x), ("v", v), ("rotations", o["rotations"])))
+    return validate_lsh(fn, *infos, kv_lengths=lengths_to_numpy(o["kv_lengths"]), **checks), o
 
 
 def kv_flat(p: LSHPlan):

@@ -27,6 +27,7 @@ from attnspec.backends import _lsh_xp, _mha
 from attnspec.backends._common import variant_keywords
 from attnspec.backends.base import Backend, MHAArrays
 from attnspec.errors import SpecError
+from attnspec.spec.options import LSH_OPTIONS, with_options
 
 #: vjp -> the forward method it differentiates
 FORWARD = {"sdpa_vjp": "sdpa", "mha_vjp": "mha", "lsh_attention_vjp": "lsh_attention"}
@@ -182,15 +183,11 @@ def mha_vjp(backend, engine: str, query, key, value, params, d_out, *, num_heads
     return (*grads[:3], d_params, *grads[3 + len(names):])
 
 
-def lsh_attention_vjp(backend, engine: str, x, v, d_out, *, rotations, chunk_length, causal=False,
-                      kv_lengths=None, dedup=False, scale=None) -> tuple:
+def lsh_attention_vjp(backend, engine: str, x, v, d_out, **options) -> tuple:
     fn = f"{backend.name}.lsh_attention_vjp"
     _need(backend, "lsh_attention_vjp")
-    p = _lsh_xp.plan(fn, backend._info, _lengths_to_numpy(backend), x, v, rotations, chunk_length, causal,
-                     kv_lengths, dedup, scale)
+    p, options = _lsh_xp.plan(fn, backend._info, _lengths_to_numpy(backend), x, v, options, outputs=False)
     _check_d_out(fn, backend, d_out, (*p.batch, p.L, p.dv), p.dtype, "x")
-    options: dict[str, Any] = dict(rotations=rotations, chunk_length=chunk_length, causal=causal,
-                                   kv_lengths=kv_lengths, dedup=dedup, scale=scale)
 
     def forward(x, v):  # buckets and sort come from argmax/argsort: constants of the vjp
         return backend.lsh_attention(x, v, **options)
@@ -241,8 +238,6 @@ class Autodiff(_AutodiffBase):
                        scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
                        **variant_keywords(locals()))
 
-    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
-                          dedup=False, scale=None):
-        return lsh_attention_vjp(self, self._engine, x, v, d_out, rotations=rotations,
-                                 chunk_length=chunk_length, causal=causal, kv_lengths=kv_lengths,
-                                 dedup=dedup, scale=scale)
+    @with_options(outputs=False, table=LSH_OPTIONS)
+    def lsh_attention_vjp(self, x, v, d_out, **options):
+        return lsh_attention_vjp(self, self._engine, x, v, d_out, **options)

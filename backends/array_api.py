@@ -37,7 +37,7 @@ from attnspec.backends._common import (
 from attnspec.backends.base import VARIANT_FEATURES, Backend, Unsupported, variant_features
 from attnspec.errors import SpecError
 from attnspec.spec.blocked import check_block
-from attnspec.spec.options import take, with_options
+from attnspec.spec.options import LSH_OPTIONS, take, with_options
 from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS
 from attnspec.spec.validate import SDPAPlan
 
@@ -233,11 +233,11 @@ class ArrayAPIBackend(Backend):
                         lambda: str(self._compat.device(query)), query, key, value, params,
                         num_heads=num_heads, num_kv_heads=num_kv_heads, **take(fn, options))
 
-    def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
-                      dedup=False, scale=None, return_buckets=False):
+    @with_options(table=LSH_OPTIONS)
+    def lsh_attention(self, x, v, **options):
         fn = f"{self.name}.lsh_attention"
-        p = _lsh_xp.plan(fn, self._info, self._lengths_to_numpy, x, v, rotations, chunk_length,
-                         causal, kv_lengths, dedup, scale)
+        p, o = _lsh_xp.plan(fn, self._info, self._lengths_to_numpy, x, v, options)
+        rotations = o["rotations"]
         try:
             xp = self._compat.array_namespace(x, v, rotations)
         except TypeError as e:
@@ -250,7 +250,7 @@ class ArrayAPIBackend(Backend):
             out, buckets = _lsh_xp.lsh_attention(
                 xp, p, x, v, rotations, None if kv is None else xp.asarray(kv, device=device),
                 nonfinite_v=not bool(xp.all(xp.isfinite(v))), device=device)
-        return (out, buckets) if return_buckets else out
+        return (out, buckets) if o["return_buckets"] else out
 
 
 def _with_head(xp, x):

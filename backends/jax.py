@@ -80,7 +80,7 @@ from attnspec.backends._jax_arrays import (  # noqa: F401  (re-exported: jax_nat
 )
 from attnspec.backends.base import VARIANT_FEATURES, variant_features
 from attnspec.errors import SpecError
-from attnspec.spec.options import VARIANT_ARRAYS, take, with_options
+from attnspec.spec.options import LSH_OPTIONS, VARIANT_ARRAYS, take, with_options
 from attnspec.spec.validate import SDPAPlan
 
 __all__ = ["JaxBackend"]
@@ -567,10 +567,10 @@ class JaxBackend(JaxArrays):
         self._last = result
         return result
 
-    def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
-                      dedup=False, scale=None, return_buckets=False):
-        p = _lsh_xp.plan("jax.lsh_attention", self._info, _lengths_to_numpy, x, v, rotations,
-                         chunk_length, causal, kv_lengths, dedup, scale)
+    @with_options(table=LSH_OPTIONS)
+    def lsh_attention(self, x, v, **options):
+        p, o = _lsh_xp.plan("jax.lsh_attention", self._info, _lengths_to_numpy, x, v, options)
+        rotations = o["rotations"]
         if p.L == 0 or 0 in p.batch:
             result = _lsh_xp.empty(jnp, p, x.dtype, None)
         else:
@@ -579,7 +579,7 @@ class JaxBackend(JaxArrays):
                           p=dataclasses.replace(p, kv_lengths=None),
                           nonfinite_v=_nonfinite(v))
         self._last = result
-        return result if return_buckets else result[0]
+        return result if o["return_buckets"] else result[0]
 
 
 @partial(jax.jit, static_argnames=("p", "nonfinite_v"))

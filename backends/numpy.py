@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnspec.backends import _mha
+from attnspec.backends import _lsh_xp, _mha
 from attnspec.backends._common import to_reference
 from attnspec.backends.arrays import ArrayLibrary
 from attnspec.backends.base import VARIANT_FEATURES, Backend, MHAArrays
@@ -20,9 +20,8 @@ from attnspec.spec.grads import sdpa_vjp as spec_sdpa_vjp
 from attnspec.spec.grads_lsh import lsh_attention_vjp as spec_lsh_attention_vjp
 from attnspec.spec.grads_mha import mha_vjp as spec_mha_vjp
 from attnspec.spec.lsh import lsh_attention as spec_lsh_attention
-from attnspec.spec.lsh import validate_lsh
 from attnspec.spec.mha import MHAParams, mha
-from attnspec.spec.options import take, with_options
+from attnspec.spec.options import LSH_OPTIONS, take, with_options
 from attnspec.spec.sdpa import golden
 from attnspec.spec.validate import SDPAExtras
 
@@ -55,7 +54,9 @@ class NumpyBackend(Backend):
     def sdpa(self, q, k, v, **options):
         o = take("numpy.sdpa", options)
         plan, extras = self._plan_of("numpy.sdpa", q, k, v, o), SDPAExtras.of(o)
-        return golden(plan, q, k, v, o["mask"], o["bias"], o["return_weights"], extras)  # tiled for large inputs
+        return golden(
+            plan, q, k, v, o["mask"], o["bias"], o["return_weights"], extras
+        )  # tiled for large inputs
 
     @with_options(after=("block_q", "block_k"))
     def sdpa_blocked(self, q, k, v, *, block_q=256, block_k=512, **options):
@@ -68,8 +69,13 @@ class NumpyBackend(Backend):
     @with_options()
     def sdpa_fp8(self, q, k, v, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None, **options):
         fn = "numpy.sdpa_fp8"
-        o = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale, "out_dtype": out_dtype,
-             **take(fn, options)}
+        o = {
+            "q_descale": q_descale,
+            "k_descale": k_descale,
+            "v_descale": v_descale,
+            "out_dtype": out_dtype,
+            **take(fn, options),
+        }
         fp = plan_fp8(fn, q, k, v, o)
         return finish_fp8(fp, golden_fp8(fp, q, k, v, o, o["return_weights"]), o["return_weights"])
 
@@ -81,18 +87,24 @@ class NumpyBackend(Backend):
         _mha.validate("numpy.mha", _info, _same, inputs, options)
         if isinstance(params, MHAArrays):
             params = MHAParams(**vars(params))
-        return mha(query, key, value, params, num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask,
-                   bias=bias, return_weights=return_weights, **options)
+        return mha(
+            query,
+            key,
+            value,
+            params,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            mask=mask,
+            bias=bias,
+            return_weights=return_weights,
+            **options,
+        )
 
-    def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
-                      dedup=False, scale=None, return_buckets=False):
+    @with_options(table=LSH_OPTIONS)
+    def lsh_attention(self, x, v, **options):
         fn = "numpy.lsh_attention"
-        validate_lsh(fn, _info(fn, "x", x), _info(fn, "v", v), _info(fn, "rotations", rotations),
-                     chunk_length=chunk_length, causal=causal, kv_lengths=kv_lengths, dedup=dedup,
-                     scale=scale)
-        return spec_lsh_attention(x, v, rotations=rotations, chunk_length=chunk_length, causal=causal,
-                                  kv_lengths=kv_lengths, dedup=dedup, scale=scale,
-                                  return_buckets=return_buckets)
+        _, o = _lsh_xp.plan(fn, _info, _same, x, v, options)  # the spec's checks, under this backend's name
+        return spec_lsh_attention(x, v, **o)
 
     # the golden gradients themselves (attnspec.spec.grads*): analytic, float64
     @with_options(outputs=False)
@@ -103,16 +115,23 @@ class NumpyBackend(Backend):
     def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, **options):
         if isinstance(params, MHAArrays):
             params = MHAParams(**vars(params))
-        grads = spec_mha_vjp(query, key, value, params, d_out, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                             **take("numpy.mha_vjp", options, outputs=False))
+        grads = spec_mha_vjp(
+            query,
+            key,
+            value,
+            params,
+            d_out,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            **take("numpy.mha_vjp", options, outputs=False),
+        )
         return (*grads[:3], MHAArrays(**vars(grads[3])), *grads[4:])
 
-    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
-                          dedup=False, scale=None):
-        return spec_lsh_attention_vjp(x, v, d_out, rotations=rotations, chunk_length=chunk_length,
-                                      causal=causal, kv_lengths=kv_lengths, dedup=dedup, scale=scale)
+    @with_options(outputs=False, table=LSH_OPTIONS)
+    def lsh_attention_vjp(self, x, v, d_out, **options):
+        o = take("numpy.lsh_attention_vjp", options, outputs=False, table=LSH_OPTIONS)
+        return spec_lsh_attention_vjp(x, v, d_out, **o)
 
 
 def _same(x):
     return x
-

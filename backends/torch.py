@@ -50,7 +50,7 @@ from attnspec.backends._common import (
 )
 from attnspec.backends.base import DRAWN_VARIANTS, VARIANT_FEATURES, Backend, variant_features
 from attnspec.spec.fp8 import FP8_DTYPES, FP8_NUMPY, validate_fp8
-from attnspec.spec.options import ARRAY_NAMES, VALUE_NAMES, take, with_options
+from attnspec.spec.options import ARRAY_NAMES, LSH_OPTIONS, VALUE_NAMES, take, with_options
 from attnspec.spec.validate import ArrayInfo, SDPAPlan, check_dropout
 
 __all__ = ["TorchBackend"]
@@ -320,15 +320,15 @@ class TorchBackend(TorchArrays):
                         lambda: str(query.device), query, key, value, params, num_heads=num_heads,
                         num_kv_heads=num_kv_heads, **take("torch.mha", options))
 
-    def lsh_attention(self, x, v, *, rotations, chunk_length, causal=False, kv_lengths=None,
-                      dedup=False, scale=None, return_buckets=False):
+    @with_options(table=LSH_OPTIONS)
+    def lsh_attention(self, x, v, **options):
         # `attnspec.backends._lsh_xp` on torch ops, through array-api-compat's torch namespace
         import array_api_compat.torch as xp
 
         from attnspec.backends import _lsh_xp
 
-        p = _lsh_xp.plan("torch.lsh_attention", self._info, _lengths_to_numpy, x, v, rotations,
-                         chunk_length, causal, kv_lengths, dedup, scale)
+        p, o = _lsh_xp.plan("torch.lsh_attention", self._info, _lengths_to_numpy, x, v, options)
+        rotations = o["rotations"]
         if p.L == 0 or 0 in p.batch:
             out, buckets = _lsh_xp.empty(xp, p, x.dtype, x.device)
         else:
@@ -336,7 +336,7 @@ class TorchBackend(TorchArrays):
             out, buckets = _lsh_xp.lsh_attention(
                 xp, p, x, v, rotations.to(x.device), None if kv is None else torch.tensor(kv, device=x.device),
                 nonfinite_v=not bool(torch.isfinite(v).all()), device=x.device)
-        return (out, buckets) if return_buckets else out
+        return (out, buckets) if o["return_buckets"] else out
 
 
 #: logits below this sit where torch's CUDA kernels keep their masking constants (`_below_kernel_floor`)

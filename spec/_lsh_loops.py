@@ -9,29 +9,20 @@ from collections import Counter
 import numpy as np
 
 from attnspec.spec.dtypes import round_to
-from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, plan_lsh_numpy
-
-#: the keywords of `lsh_attention` the loops take besides rotations and chunk_length, with its defaults
-_KEYWORDS = {"causal": False, "kv_lengths": None, "dedup": False, "scale": None}
+from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, plan_lsh_call
+from attnspec.spec.options import LSH_OPTIONS, with_options
 
 
-def _lsh_attention_loops(
-    x: np.ndarray, v: np.ndarray, *, rotations, chunk_length, return_buckets=False, **options
-):
+@with_options(table=LSH_OPTIONS)
+def _lsh_attention_loops(x: np.ndarray, v: np.ndarray, **options):
     """`lsh_attention` as Python loops over the numbered steps: an independent check, tiny inputs.
-    It takes `lsh_attention`'s keywords (``options``: causal, kv_lengths, dedup, scale)."""
+    It takes `lsh_attention`'s keywords (`attnspec.spec.options.LSH_OPTIONS`)."""
     fn = "_lsh_attention_loops"
-    unknown = sorted(set(options) - set(_KEYWORDS))
-    if unknown:
-        raise TypeError(f"{fn}() got an unexpected keyword argument {unknown[0]!r}")
-    kw = {**_KEYWORDS, **options}
-    p = plan_lsh_numpy(
-        fn, x, v, rotations, chunk_length, kw["causal"], kw["kv_lengths"], kw["dedup"], kw["scale"]
-    )
+    p, o = plan_lsh_call(fn, x, v, options)
     L, nh, nb, C, Lp = p.L, p.n_hashes, p.n_buckets, p.chunk_length, p.padded_length
     xs = np.broadcast_to(x.astype(np.float64), (*p.batch, L, p.d))
     vs = np.broadcast_to(v.astype(np.float64), (*p.batch, L, p.dv))
-    R = rotations.astype(np.float64)
+    R = o["rotations"].astype(np.float64)
     out = np.zeros((*p.batch, L, p.dv))
     all_buckets = np.zeros((*p.batch, nh, L), np.int64)
     for b in np.ndindex(*p.batch):
@@ -81,7 +72,7 @@ def _lsh_attention_loops(
             round_w = [math.exp(s - top) for s in lses]
             out[b + (i,)] = sum(rw / sum(round_w) * o for rw, o in zip(round_w, outs))
     out = round_to(out, x.dtype)
-    return (out, all_buckets) if return_buckets else out
+    return (out, all_buckets) if o["return_buckets"] else out
 
 
 def _hash_one(xt: list[float], R: np.ndarray, r: int) -> int:

@@ -38,23 +38,16 @@ from attnspec.errors import SpecError
 from attnspec.spec._lsh_core import NORM_EPS, SELF_LOGIT, _rotated, _weighted_values, _window_counts
 from attnspec.spec.dtypes import round_to
 from attnspec.spec.grads import _sum_to, _visible_matmul
-from attnspec.spec.lsh import LSHPlan, plan_lsh_numpy
+from attnspec.spec.lsh import LSHPlan, plan_lsh_call
+from attnspec.spec.options import LSH_OPTIONS, with_options
 from attnspec.spec.validate import numpy_info
 
 __all__ = ["lsh_attention_vjp"]
 
 
+@with_options(outputs=False, table=LSH_OPTIONS)
 def lsh_attention_vjp(
-    x: np.ndarray,
-    v: np.ndarray,
-    d_out: np.ndarray,
-    *,
-    rotations: np.ndarray,
-    chunk_length: int,
-    causal: bool = False,
-    kv_lengths: np.ndarray | int | None = None,
-    dedup: bool = False,
-    scale: float | None = None,
+    x: np.ndarray, v: np.ndarray, d_out: np.ndarray, **options
 ) -> tuple[np.ndarray, np.ndarray]:
     """The vector-Jacobian product of `lsh_attention`: gradients of ``sum(lsh_attention(...) * d_out)``.
 
@@ -74,7 +67,8 @@ def lsh_attention_vjp(
             shape or dtype.
     """
     fn = "lsh_attention_vjp"
-    p = plan_lsh_numpy(fn, x, v, rotations, chunk_length, causal, kv_lengths, dedup, scale)
+    p, o = plan_lsh_call(fn, x, v, options, outputs=False)
+    rotations = o["rotations"]
     out_shape = (*p.batch, p.L, p.dv)
     info = numpy_info(fn, "d_out", d_out)
     if info.shape != out_shape:

@@ -87,6 +87,7 @@ import numpy as np
 from attnspec.errors import SpecError
 from attnspec.spec._lsh_core import NORM_EPS, SELF_LOGIT, _lsh_core, _rotated
 from attnspec.spec.dtypes import round_to
+from attnspec.spec.options import LSH_OPTIONS, take
 from attnspec.spec.validate import (
     FLOAT_DTYPES,
     ArrayInfo,
@@ -185,12 +186,20 @@ class LSHPlan:
         return self.n_hashes * self.padded_length // self.chunk_length
 
 
-def plan_lsh_numpy(fn: str, x, v, rotations, chunk_length, causal, kv_lengths, dedup, scale) -> LSHPlan:
-    """`validate_lsh` of a call on NumPy arrays (the golden, its loops and its vjp plan through it)."""
+def plan_lsh_numpy(fn: str, x, v, rotations, **checks) -> LSHPlan:
+    """`validate_lsh` of a call on NumPy arrays (the golden, its loops and its vjp plan through it);
+    ``checks``: the call's other keywords but return_buckets (chunk_length, causal, ...)."""
     infos = (numpy_info(fn, name, a) for name, a in (("x", x), ("v", v), ("rotations", rotations)))
-    return validate_lsh(
-        fn, *infos, chunk_length=chunk_length, causal=causal, kv_lengths=kv_lengths, dedup=dedup, scale=scale
-    )
+    return validate_lsh(fn, *infos, **checks)
+
+
+def plan_lsh_call(fn: str, x, v, options, *, outputs: bool = True) -> tuple[LSHPlan, dict]:
+    """The plan of a call that takes lsh_attention's keywords as ``**options`` (its vjp, its loops),
+    and those keywords with their defaults (`take` of `LSH_OPTIONS`; ``outputs``: return_buckets
+    among them)."""
+    o = take(fn, options, outputs=outputs, table=LSH_OPTIONS)
+    checks = {k: value for k, value in o.items() if k not in ("rotations", "return_buckets")}
+    return plan_lsh_numpy(fn, x, v, o["rotations"], **checks), o
 
 
 def validate_lsh(
@@ -315,7 +324,8 @@ def lsh_attention(
     array is built.
     """
     fn = "lsh_attention"
-    p = plan_lsh_numpy(fn, x, v, rotations, chunk_length, causal, kv_lengths, dedup, scale)
+    checks = dict(chunk_length=chunk_length, causal=causal, kv_lengths=kv_lengths, dedup=dedup, scale=scale)
+    p = plan_lsh_numpy(fn, x, v, rotations, **checks)
     B, L = math.prod(p.batch), p.L
     x64 = np.broadcast_to(x.astype(np.float64), (*p.batch, L, p.d)).reshape(B, L, p.d)  # (B, L, d)
     v64 = np.broadcast_to(v.astype(np.float64), (*p.batch, L, p.dv)).reshape(B, L, p.dv)  # (B, L, dv)

@@ -1,4 +1,5 @@
-"""The keywords of sdpa, once: every signature, variant list and option tuple derives from here.
+"""The keywords of sdpa and of lsh_attention, once: every signature, variant list and option tuple
+derives from here.
 
 `attnspec.spec.sdpa` writes its signature out in full, because that signature is the definition
 a reader reads; a test checks that it equals `signature()` below, keyword for keyword (name,
@@ -9,6 +10,7 @@ show the same keywords, and a keyword added to the table reaches every layer at 
 with a keyword the table does not have is refused as Python refuses it (`take`).
 
     OPTIONS                    the table: name, annotation, default, kind, variant
+    LSH_OPTIONS                lsh_attention's table (`lsh_attention_vjp` and every backend's)
     NAMES, INPUT_NAMES         every keyword; those a vjp takes (no return_* keywords)
     ARRAY_NAMES, VALUE_NAMES   the array keywords; those read by value
     VARIANT_FEATURES           the attention variants (issue #15), as feature names
@@ -16,6 +18,9 @@ with a keyword the table does not have is refused as Python refuses it (`take`).
     VARIANT_ARRAYS             those of them that are arrays (the fields of `SDPAExtras`)
     with_options(...)          decorator: ``**options`` shown as the table's keywords
     take(fn, options, ...)     the call's keywords with the table's defaults, unknown ones refused
+
+The functions take ``table=LSH_OPTIONS`` for lsh_attention's keywords; `attnspec.spec.lsh_attention`
+writes its signature out as sdpa does, and a test checks it against that table.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from typing import Any, TypeVar
 __all__ = [
     "ARRAY_NAMES",
     "INPUT_NAMES",
+    "LSH_OPTIONS",
     "NAMES",
     "OPTIONS",
+    "REQUIRED",
     "VALUE_NAMES",
     "VARIANT_ARRAYS",
     "VARIANT_FEATURES",
@@ -44,12 +51,17 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: the default of a keyword the call must give (lsh_attention's rotations and chunk_length)
+REQUIRED = inspect.Parameter.empty
+
+
 @dataclass(frozen=True)
 class Option:
-    """One keyword of sdpa.
+    """One keyword of sdpa (or of lsh_attention).
 
     kind: "array" (an array the call passes, checked by shape and dtype), "value" (a Python
     value: a string, a pair, a number or lengths) or "output" (asks for another result).
+    default: `REQUIRED` where the call must give it.
     variant: the name in `VARIANT_FEATURES` of the variant the keyword belongs to, or None for
     the core of the definition.
     """
@@ -83,6 +95,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("return_lse", "bool", False, "output", "lse"),
 )
 
+#: every keyword of `attnspec.spec.lsh_attention`, in the order of its signature
+LSH_OPTIONS: tuple[Option, ...] = (
+    Option("rotations", "np.ndarray", REQUIRED, "array"),
+    Option("chunk_length", "int", REQUIRED, "value"),
+    Option("causal", "bool", False, "value"),
+    Option("kv_lengths", "np.ndarray | int | None", None, "value"),
+    Option("dedup", "bool", False, "value"),
+    Option("scale", "float | None", None, "value"),
+    Option("return_buckets", "bool", False, "output"),
+)
+
 #: the attention variants, as the feature names a backend's ``variants`` holds and
 #: `attnspec.backends.base.variant_features` reports, in that order. All but
 #: ``causal_lower_right_lengths`` are keywords of the table; that one is a value of ``causal``.
@@ -98,7 +121,9 @@ VARIANT_KEYWORDS = tuple(o.name for o in OPTIONS if o.variant is not None)
 VARIANT_ARRAYS = tuple(o.name for o in OPTIONS if o.variant is not None and o.kind == "array")
 
 
-def parameters(*, outputs: bool = True, annotated: bool = True) -> list[inspect.Parameter]:
+def parameters(
+    *, outputs: bool = True, annotated: bool = True, table: tuple[Option, ...] = OPTIONS
+) -> list[inspect.Parameter]:
     """The table's keywords as keyword-only `inspect.Parameter`s (without the return_* ones when
     ``outputs`` is False; annotations as the golden writes them when ``annotated``)."""
     empty = inspect.Parameter.empty
@@ -109,13 +134,17 @@ def parameters(*, outputs: bool = True, annotated: bool = True) -> list[inspect.
             default=o.default,
             annotation=o.annotation if annotated else empty,
         )
-        for o in OPTIONS
+        for o in table
         if outputs or o.kind != "output"
     ]
 
 
 def signature(
-    fn: Callable[..., Any], *, outputs: bool = True, after: tuple[str, ...] = ()
+    fn: Callable[..., Any],
+    *,
+    outputs: bool = True,
+    after: tuple[str, ...] = (),
+    table: tuple[Option, ...] = OPTIONS,
 ) -> inspect.Signature:
     """``fn``'s signature with its ``**options`` replaced by the table's keywords.
 
@@ -127,30 +156,44 @@ def signature(
     annotated = any(p.annotation is not inspect.Parameter.empty for p in params)
     first = [p for p in params if p.name not in after]
     last = [p for p in params if p.name in after]
-    return own.replace(parameters=[*first, *parameters(outputs=outputs, annotated=annotated), *last])
+    return own.replace(
+        parameters=[*first, *parameters(outputs=outputs, annotated=annotated, table=table), *last]
+    )
 
 
-def with_options(*, outputs: bool = True, after: tuple[str, ...] = ()) -> Callable[[F], F]:
+def with_options(
+    *, outputs: bool = True, after: tuple[str, ...] = (), table: tuple[Option, ...] = OPTIONS
+) -> Callable[[F], F]:
     """Decorator: show a function's ``**options`` as the table's keywords (`signature`).
 
     The function itself reads its keywords with `take`, which refuses one the table lacks.
     """
 
     def decorate(fn: F) -> F:
-        fn.__signature__ = signature(fn, outputs=outputs, after=after)  # type: ignore[attr-defined]
+        fn.__signature__ = signature(fn, outputs=outputs, after=after, table=table)  # type: ignore[attr-defined]
         return fn
 
     return decorate
 
 
-def take(fn: str, options: Mapping[str, Any], *, outputs: bool = True) -> dict[str, Any]:
+def take(
+    fn: str, options: Mapping[str, Any], *, outputs: bool = True, table: tuple[Option, ...] = OPTIONS
+) -> dict[str, Any]:
     """The call's keywords with the table's defaults for those not given.
 
-    Raises ``TypeError`` for a keyword outside the table (or a return_* keyword where
-    ``outputs`` is False), worded as Python words it for a signature that lacks it.
+    Raises ``TypeError`` for a keyword outside the table (or a return_* keyword where ``outputs``
+    is False) and for a `REQUIRED` one not given, worded as Python words it for a signature that
+    lacks or requires it.
     """
-    known = NAMES if outputs else INPUT_NAMES
+    known = [o for o in table if outputs or o.kind != "output"]
+    names = {o.name for o in known}
     for name in options:
-        if name not in known:
+        if name not in names:
             raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}")
-    return {o.name: options.get(o.name, o.default) for o in OPTIONS if o.name in known}
+    missing = [repr(o.name) for o in known if o.default is REQUIRED and o.name not in options]
+    if missing:
+        s = "s" if len(missing) > 1 else ""
+        raise TypeError(
+            f"{fn}() missing {len(missing)} required keyword-only argument{s}: {' and '.join(missing)}"
+        )
+    return {o.name: options.get(o.name, o.default) for o in known}

@@ -22,7 +22,8 @@ from mutants_mha import NaiveMHA, _info
 
 from attnspec.backends import Unsupported, _mha
 from attnspec.backends.base import MHAArrays, variant_features
-from attnspec.spec.lsh import NORM_EPS, validate_lsh
+from attnspec.spec.lsh import NORM_EPS, plan_lsh_call
+from attnspec.spec.options import LSH_OPTIONS, with_options
 from attnspec.spec.validate import ArrayInfo, validate_sdpa
 
 
@@ -198,12 +199,10 @@ class NaiveGradAll(NaiveGrad, NaiveMHA, NaiveLSH):
         result = [g.reshape(x.shape).astype(dt) for g, x in zip(out, (query, key, value))] + [d_params]
         return tuple(result) + (() if bias is None else (grads[3].astype(dt),))
 
-    def lsh_attention_vjp(self, x, v, d_out, *, rotations, chunk_length, causal=False, kv_lengths=None,
-                          dedup=False, scale=None):
-        fn = f"{self.name}.lsh_attention_vjp"
-        info = lambda a: ArrayInfo(tuple(a.shape), a.dtype.name)  # noqa: E731
-        p = validate_lsh(fn, info(x), info(v), info(rotations), chunk_length=chunk_length, causal=causal,
-                         kv_lengths=kv_lengths, dedup=dedup, scale=scale)
+    @with_options(outputs=False, table=LSH_OPTIONS)
+    def lsh_attention_vjp(self, x, v, d_out, **options):
+        p, o = plan_lsh_call(f"{self.name}.lsh_attention_vjp", x, v, options, outputs=False)
+        rotations = o["rotations"]
         L = p.L
         xs = np.broadcast_to(x.astype(np.float64), (*p.batch, L, p.d))
         vs = np.broadcast_to(v.astype(np.float64), (*p.batch, L, p.dv))

@@ -13,8 +13,8 @@ import numpy as np
 
 from attnspec.backends._common import to_reference
 from attnspec.backends.base import Backend
-from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, validate_lsh
-from attnspec.spec.validate import ArrayInfo
+from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, plan_lsh_call
+from attnspec.spec.options import LSH_OPTIONS, with_options
 
 
 class NaiveLSH(Backend):
@@ -27,32 +27,10 @@ class NaiveLSH(Backend):
     def to_numpy(self, x):
         return np.asarray(x)
 
-    def lsh_attention(
-        self,
-        x,
-        v,
-        *,
-        rotations,
-        chunk_length,
-        causal=False,
-        kv_lengths=None,
-        dedup=False,
-        scale=None,
-        return_buckets=False,
-    ):
-        fn = f"{self.name}.lsh_attention"
-        info = lambda a: ArrayInfo(tuple(a.shape), a.dtype.name)  # noqa: E731
-        p = validate_lsh(
-            fn,
-            info(x),
-            info(v),
-            info(rotations),
-            chunk_length=chunk_length,
-            causal=causal,
-            kv_lengths=kv_lengths,
-            dedup=dedup,
-            scale=scale,
-        )
+    @with_options(table=LSH_OPTIONS)
+    def lsh_attention(self, x, v, **options):
+        p, o = plan_lsh_call(f"{self.name}.lsh_attention", x, v, options)
+        rotations = o["rotations"]
         L, nh, nb, C, Lp = p.L, p.n_hashes, p.n_buckets, p.chunk_length, p.padded_length
         xs = np.broadcast_to(x.astype(np.float64), (*p.batch, L, p.d))
         vs = np.broadcast_to(v.astype(np.float64), (*p.batch, L, p.dv))
@@ -65,7 +43,7 @@ class NaiveLSH(Backend):
             n = L if p.kv_lengths is None else int(p.kv_lengths[b])
             out[b], buckets[b] = self._one(xs[b], vs[b], R, n, p, L, nh, nb, C, Lp)
         out = out.astype(x.dtype)
-        return (out, buckets) if return_buckets else out
+        return (out, buckets) if o["return_buckets"] else out
 
     def _one(self, x, v, R, n, p, L, nh, nb, C, Lp):
         xp = np.zeros((Lp, p.d))

@@ -125,11 +125,65 @@ def test_every_backend_method_accepts_the_same_set():
             continue
         backend = get(name)
         for fn in sorted(backend.implements & set(SPEC_FUNCTIONS)):
+            outputs = not fn.endswith("_vjp")
             if fn.startswith("lsh"):
-                continue
-            assert sdpa_keywords(getattr(backend, fn)) == table_keywords(not fn.endswith("_vjp")), (name, fn)
+                assert lsh_keywords(getattr(backend, fn)) == lsh_table(outputs), (name, fn)
+            else:
+                assert sdpa_keywords(getattr(backend, fn)) == table_keywords(outputs), (name, fn)
             checked += 1
-    assert checked >= 6  # numpy alone implements six of them
+    assert checked >= 8  # numpy alone implements eight of them
+
+
+def lsh_table(outputs: bool) -> list[inspect.Parameter]:
+    return options.parameters(outputs=outputs, annotated=False, table=options.LSH_OPTIONS)
+
+
+def lsh_keywords(fn) -> list[inspect.Parameter]:
+    """The keyword-only parameters of ``fn``, unannotated (a backend need not annotate them)."""
+    return [
+        p.replace(annotation=inspect.Parameter.empty)
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+
+
+def test_lsh_attention_is_its_table_keyword_for_keyword():
+    """The golden's signature is `LSH_OPTIONS` (name, order, default, annotation); its vjp, its
+    loops and the Backend contract show the same keywords (the vjp without return_buckets)."""
+    ours = [
+        p
+        for p in inspect.signature(spec.lsh_attention).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    assert ours == options.parameters(table=options.LSH_OPTIONS)
+    from attnspec.spec._lsh_loops import _lsh_attention_loops
+
+    for fn, outputs in [
+        (spec.lsh_attention_vjp, False),
+        (_lsh_attention_loops, True),
+        (Backend.lsh_attention, True),
+        (Backend.lsh_attention_vjp, False),
+    ]:
+        assert lsh_keywords(fn) == lsh_table(outputs), fn
+
+
+def test_lsh_forms_refuse_a_keyword_outside_the_table_and_require_theirs():
+    x = np.zeros((4, 2), np.float32)
+    rotations = np.zeros((2, 1, 1), np.float32)
+    numpy = get("numpy")
+    forms = [
+        (spec.lsh_attention, (x, x)),
+        (spec.lsh_attention_vjp, (x, x, x)),
+        (numpy.lsh_attention, (x, x)),
+        (numpy.lsh_attention_vjp, (x, x, x)),
+    ]
+    for fn, args in forms:
+        with pytest.raises(TypeError, match="unexpected keyword argument 'n_hashes'"):
+            fn(*args, rotations=rotations, chunk_length=2, n_hashes=1)
+        with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'chunk_length'"):
+            fn(*args, rotations=rotations)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'return_buckets'"):
+        spec.lsh_attention_vjp(x, x, x, rotations=rotations, chunk_length=2, return_buckets=True)
 
 
 def test_the_variant_lists_derive_from_the_table():

@@ -62,8 +62,17 @@ MASK_ONLY = (
 #: the sdpa bundles (a bundle must be as strong as the suite), each added when mutation testing
 #: found drawn cases too rare to reach its rule (reports/mutation.md): a window's edges
 #: (`window_edge_case`), NaN/inf values a row sees (`visible_nonfinite_case`), a NaN bias
-#: (`nan_bias_case`), batch axes each of q, k, v carries alone (`batch_carriers_case`)
-EDGE_CORNERS = ("corner_window_edge", "corner_visible_nonfinite", "corner_nan_bias", "corner_batch_carriers")
+#: (`nan_bias_case`), batch axes each of q, k, v carries alone (`batch_carriers_case`); and, when
+#: the draws were seeded anew (session 20) and the dev profile's few examples no longer met them,
+#: the default scale and the softmax axis (`plain_case`) and the causal diagonal (`causal_edge_case`)
+EDGE_CORNERS = (
+    "corner_window_edge",
+    "corner_visible_nonfinite",
+    "corner_nan_bias",
+    "corner_batch_carriers",
+    "corner_plain",
+    "corner_causal_edge",
+)
 _N = _M = 8  # rows and keys: n, m of the corner cases
 _FLOOR_ROWS = (1, 2, 3, 4)  # rows whose visible keys sit at a floor level
 
@@ -114,6 +123,8 @@ def corner_case(kind: str, dtype: str):
             "corner_visible_nonfinite": visible_nonfinite_case,
             "corner_nan_bias": nan_bias_case,
             "corner_batch_carriers": batch_carriers_case,
+            "corner_plain": plain_case,
+            "corner_causal_edge": causal_edge_case,
         }[kind](dtype)
     if kind not in CORNERS:
         raise ValueError(f"corner_case: kind={kind!r}, expected one of {CORNERS + MASK_ONLY + EDGE_CORNERS}")
@@ -167,6 +178,45 @@ def window_edge_case(dtype: str):
     tags = {"corner_window_edge", dtype, "window"}
     tag_visibility(tags, q, k, v, options)
     return SDPACase("corner_window_edge", dtype, q, k, v, options, frozenset(tags), 19)
+
+
+def plain_case(dtype: str):
+    """``corner_plain``: attention with no option at all, on shapes where its rules show.
+
+    The default scale 1/sqrt(dk) differs from 1 and from 1/dk only when dk > 1, and a softmax taken
+    over the wrong axis differs from the spec's only when n > 1 and m > 1: a drawn case can be as
+    small as n = m = dk = 1 (Hypothesis' first example is the smallest), and the dev profile draws
+    few. Here (B, H, n, m, dk) = (2, 2, 8, 8, 4) with q, k, v standard normal."""
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, tag_visibility
+
+    _, q, k, v, _, _ = _drawn(43)
+    npdt = NP_DTYPES[dtype]
+    q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
+    options: dict[str, Any] = {}
+    tags = {"corner_plain", dtype}
+    tag_visibility(tags, q, k, v, options)
+    return SDPACase("corner_plain", dtype, q, k, v, options, frozenset(tags), 19)
+
+
+def causal_edge_case(dtype: str):
+    """``corner_causal_edge``: the causal diagonal, where a key too many (or too few) shows.
+
+    As `window_edge_case` does for a window: q = 0, so every row averages its visible values
+    exactly, and v[j] = j + 1 (exact in every dtype). Under ``causal="upper_left"`` row i averages
+    keys 0 .. i, mean (i + 2) / 2; a rule that lets row i see key i + 1 too (or hides key i) moves
+    that mean by 0.5, far past the tolerance. Square, so the lower-right rule is the same and
+    every convention with a causal flag expresses it."""
+    from attnspec.conformance.hypothesis_helpers import NP_DTYPES, SDPACase, tag_visibility
+
+    _, q, k, v, j, _ = _drawn(47)
+    q[:] = 0.0
+    v[:] = (j + 1.0)[:, None]
+    npdt = NP_DTYPES[dtype]
+    q, k, v = q.astype(npdt), k.astype(npdt), v.astype(npdt)
+    options: dict[str, Any] = {"causal": "upper_left"}
+    tags = {"corner_causal_edge", dtype, "causal_upper_left"}
+    tag_visibility(tags, q, k, v, options)
+    return SDPACase("corner_causal_edge", dtype, q, k, v, options, frozenset(tags), 19)
 
 
 def visible_nonfinite_case(dtype: str):

@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 
 from attnspec.conformance.causes import sdpa_causes
-from attnspec.conformance.hypothesis_helpers import SDPACase, case_plan, full_visibility
+from attnspec.conformance.hypothesis_helpers import SDPACase, case_plan, full_visibility, tag_visibility
 from attnspec.conformance.pytest_helpers import (
     Verdict,
     call_sdpa,
@@ -34,12 +34,16 @@ def plan_of(case: SDPACase):
 
 def explicit_mask_case(case: SDPACase, keep: tuple[str, ...] = ("bias", "scale")) -> SDPACase:
     """The same case with every visibility rule folded into one explicit mask, of the golden's
-    (..., Hq, n, m) shape ((n, m) for a headless call), and of its other options only ``keep``."""
+    (..., Hq, n, m) shape ((n, m) for a headless call), and of its other options only ``keep``.
+    The tags follow the new call (a mask with batch axes q and k lack is tagged so, and the
+    deviations that apply follow)."""
     vis = full_visibility(plan_of(case), case.options)
     if case.q.ndim == 2:
         vis = vis.reshape(vis.shape[-2:])
-    opts = {k: v for k, v in case.options.items() if k in keep}
-    return replace(case, options={**opts, "mask": vis})
+    options = {**{k: v for k, v in case.options.items() if k in keep}, "mask": vis}
+    tags = set(case.tags)
+    tag_visibility(tags, case.q, case.k, case.v, options)
+    return replace(case, options=options, tags=frozenset(tags))
 
 
 def judge_call(backend, device, prop, case, golden_case=None) -> Verdict:

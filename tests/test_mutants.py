@@ -32,6 +32,8 @@ CORNER_OF = {
     "no_visible_rows": "corner_empty_rows",
     "masked_nonfinite": "corner_hidden_nonfinite",
     "window": "corner_window_edge",
+    "plain": "corner_plain",
+    "causal_upper_left": "corner_causal_edge",
 }
 
 
@@ -67,7 +69,9 @@ def test_unshrunk_runs_name_the_same_features_as_shrunk_ones(tmp_path):
         assert proc.returncode == 1, proc.stdout[-2000:]
         assert "reproduce with:" in proc.stdout
         failed[shrink] = {r["feature"] for r in json.loads(path.read_text())["rows"] if r["failed"]}
-    assert failed[True] == failed[False] and "causal_upper_left" in failed[True], failed
+    assert failed[True] == failed[False] and {"causal_upper_left", "corner_causal_edge"} & failed[True], (
+        failed
+    )
 
 
 def test_control_passes(suite_runs):

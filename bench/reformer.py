@@ -68,10 +68,12 @@ def prepare(impl: str, L: int, n_hashes: int) -> Prepared:
         from transformers import ReformerConfig
         from transformers.models.reformer.modeling_reformer import LSHSelfAttention
 
-        cfg = ReformerConfig(hidden_size=D, num_attention_heads=1, attention_head_size=D, num_hashes=n_hashes,
-                             num_buckets=n_buckets, lsh_attn_chunk_length=CHUNK, lsh_num_chunks_before=1,
-                             lsh_num_chunks_after=0, hash_seed=0, is_decoder=False,
-                             lsh_attention_probs_dropout_prob=0.0, max_position_embeddings=L)
+        # one head of width D, the benchmark's hashing, windows reaching one chunk back, no dropout
+        heads = {"hidden_size": D, "num_attention_heads": 1, "attention_head_size": D}
+        hashing = {"num_hashes": n_hashes, "num_buckets": n_buckets, "hash_seed": 0}
+        chunks = {"lsh_attn_chunk_length": CHUNK, "lsh_num_chunks_before": 1, "lsh_num_chunks_after": 0}
+        rest = {"is_decoder": False, "lsh_attention_probs_dropout_prob": 0.0, "max_position_embeddings": L}
+        cfg = ReformerConfig(**heads, **hashing, **chunks, **rest)
         layer = LSHSelfAttention(cfg, layer_idx=0).eval()
 
         def call():
@@ -87,8 +89,9 @@ def prepare(impl: str, L: int, n_hashes: int) -> Prepared:
     return Prepared(no_grad_call, lambda: None, "torch", "cpu", params)
 
 
-def run(Ls, n_hashes: int, *, memory: bool = True, budget_s: float = 1.0, max_repeats: int = 10,
-        log=sys.stderr) -> dict[str, Any]:
+def run(
+    Ls, n_hashes: int, *, memory: bool = True, budget_s: float = 1.0, max_repeats: int = 10, log=sys.stderr
+) -> dict[str, Any]:
     """One results document: every implementation at every L, for one hash count."""
     import torch
 
@@ -99,38 +102,73 @@ def run(Ls, n_hashes: int, *, memory: bool = True, budget_s: float = 1.0, max_re
     rows = []
     for L in Ls:
         preps = {impl: prepare(impl, L, n_hashes) for impl in IMPLS}
-        timings = time_calls({k: p.call for k, p in preps.items()}, lambda: None, budget_s=budget_s,
-                             max_repeats=max_repeats)
+        timings = time_calls(
+            {k: p.call for k, p in preps.items()}, lambda: None, budget_s=budget_s, max_repeats=max_repeats
+        )
         del preps
         for impl, t in timings.items():
-            peak, method = (probe_peak("attnspec.bench.reformer:prepare",
-                                       {"impl": impl, "L": L, "n_hashes": n_hashes})
-                            if memory else (None, "none"))
+            peak, method = (
+                probe_peak("attnspec.bench.reformer:prepare", {"impl": impl, "L": L, "n_hashes": n_hashes})
+                if memory
+                else (None, "none")
+            )
             flops = 4 * L * L * D
-            rows.append({"implementation": impl, "pass": "forward", "dtype": "float32", "B": 1, "H": 1,
-                         "n": L, "m": L, "d": D, "causal": False, "median_s": t.median_s, "min_s": t.min_s,
-                         "max_s": t.max_s, "repeats": t.repeats, "timing": "interleaved", "flops": flops,
-                         "tflops": flops / t.median_s / 1e12, "share_of_matmul": None,
-                         "peak_mem_bytes": peak, "mem_method": method,
-                         "params": {"chunk_length": CHUNK, "n_hashes": n_hashes, "n_buckets": L // CHUNK}})
-            print(f"L={L} nh={n_hashes} {impl}: {human_seconds(t.median_s)} [{human_seconds(t.min_s)}, "
-                  f"{human_seconds(t.max_s)}] x{t.repeats}, peak {human_bytes(peak)}", file=log, flush=True)
+            rows.append(
+                {
+                    "implementation": impl,
+                    "pass": "forward",
+                    "dtype": "float32",
+                    "B": 1,
+                    "H": 1,
+                    "n": L,
+                    "m": L,
+                    "d": D,
+                    "causal": False,
+                    "median_s": t.median_s,
+                    "min_s": t.min_s,
+                    "max_s": t.max_s,
+                    "repeats": t.repeats,
+                    "timing": "interleaved",
+                    "flops": flops,
+                    "tflops": flops / t.median_s / 1e12,
+                    "share_of_matmul": None,
+                    "peak_mem_bytes": peak,
+                    "mem_method": method,
+                    "params": {"chunk_length": CHUNK, "n_hashes": n_hashes, "n_buckets": L // CHUNK},
+                }
+            )
+            print(
+                f"L={L} nh={n_hashes} {impl}: {human_seconds(t.median_s)} [{human_seconds(t.min_s)}, "
+                f"{human_seconds(t.max_s)}] x{t.repeats}, peak {human_bytes(peak)}",
+                file=log,
+                flush=True,
+            )
     from attnspec.backends import get
 
     return {
-        "schema": SCHEMA, "backend": "torch", "device": "cpu",
+        "schema": SCHEMA,
+        "backend": "torch",
+        "device": "cpu",
         "device_name": _device_name(get("torch"), "torch", "cpu"),
         "environment": {**_environment({}, started, load_start), "torch_threads": torch.get_num_threads()},
-        "grid": f"reformer-h{n_hashes}", "interrupted": False,
-        "settings": {"budget_s": budget_s, "max_repeats": max_repeats, "memory": "subprocess" if memory else "none"},
+        "grid": f"reformer-h{n_hashes}",
+        "interrupted": False,
+        "settings": {
+            "budget_s": budget_s,
+            "max_repeats": max_repeats,
+            "memory": "subprocess" if memory else "none",
+        },
         "definitions": {
             "implementations": "attnspec-lsh: the torch backend's lsh_attention; lucidrains-lsh: "
-                               "reformer_pytorch.LSHAttention; hf-lsh: transformers LSHSelfAttention "
-                               "(its two d x d projections included); all float32, torch.no_grad()",
+            "reformer_pytorch.LSHAttention; hf-lsh: transformers LSHSelfAttention "
+            "(its two d x d projections included); all float32, torch.no_grad()",
             "tflops": "dense-equivalent: 4*L*L*d / median_s",
             "peak_mem_bytes": "see mem_method: attnspec.bench.measure's docstring",
         },
-        "matmul_tflops": {}, "rows": rows, "skipped": [], "targets": [],
+        "matmul_tflops": {},
+        "rows": rows,
+        "skipped": [],
+        "targets": [],
     }
 
 
@@ -146,8 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     from attnspec.results import write_json_atomic
 
     for nh in (int(h) for h in args.hashes.split(",")):
-        doc = run([int(x) for x in args.L.split(",")], nh, memory=not args.no_memory,
-                  budget_s=args.budget_s, max_repeats=args.max_repeats)
+        doc = run(
+            [int(x) for x in args.L.split(",")],
+            nh,
+            memory=not args.no_memory,
+            budget_s=args.budget_s,
+            max_repeats=args.max_repeats,
+        )
         out = f"{args.out_dir}/bench-torch-cpu-reformer-h{nh}.json"
         write_json_atomic(out, doc)
         print(f"wrote {out}", file=sys.stderr)

@@ -29,8 +29,7 @@ import math
 import numpy as np
 
 from attnspec.backends._common import InfoFn, compute_dtype_name
-from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, LSHPlan, validate_lsh
-from attnspec.spec.options import LSH_OPTIONS, take
+from attnspec.spec.lsh import NORM_EPS, SELF_LOGIT, LSHPlan, plan_lsh_call
 
 __all__ = ["empty", "lsh_attention", "plan"]
 
@@ -49,13 +48,9 @@ MAX_ATTEND_BLOCKS = 8
 
 
 def plan(fn: str, info: InfoFn, lengths_to_numpy, x, v, options, *, outputs: bool = True):
-    """The plan of an lsh_attention call on framework arrays, by the spec's checks (so the spec's
-    messages, under ``fn``), and the call's keywords with their defaults (`take` of `LSH_OPTIONS`;
-    ``outputs``: return_buckets among them)."""
-    o = take(fn, options, outputs=outputs, table=LSH_OPTIONS)
-    checks = {k: value for k, value in o.items() if k not in ("rotations", "kv_lengths", "return_buckets")}
-    infos = (info(fn, name, a) for name, a in (("x", x), ("v", v), ("rotations", o["rotations"])))
-    return validate_lsh(fn, *infos, kv_lengths=lengths_to_numpy(o["kv_lengths"]), **checks), o
+    """`attnspec.spec.lsh.plan_lsh_call` on a framework's arrays: the plan, and the call's keywords
+    with their defaults."""
+    return plan_lsh_call(fn, x, v, options, outputs=outputs, info=info, lengths_to_numpy=lengths_to_numpy)
 
 
 def kv_flat(p: LSHPlan):

@@ -193,13 +193,18 @@ def plan_lsh_numpy(fn: str, x, v, rotations, **checks) -> LSHPlan:
     return validate_lsh(fn, *infos, **checks)
 
 
-def plan_lsh_call(fn: str, x, v, options, *, outputs: bool = True) -> tuple[LSHPlan, dict]:
-    """The plan of a call that takes lsh_attention's keywords as ``**options`` (its vjp, its loops),
-    and those keywords with their defaults (`take` of `LSH_OPTIONS`; ``outputs``: return_buckets
-    among them)."""
+def plan_lsh_call(
+    fn: str, x, v, options, *, outputs: bool = True, info=numpy_info, lengths_to_numpy=None
+) -> tuple[LSHPlan, dict]:
+    """The plan of a call that takes lsh_attention's keywords as ``**options`` (its vjp, its loops,
+    every backend's), and those keywords with their defaults (`take` of `LSH_OPTIONS`;
+    ``outputs``: return_buckets among them). A backend passes its own ``info(fn, name, array)``
+    and ``lengths_to_numpy`` for its arrays; the spec's checks, so the spec's messages, either way."""
     o = take(fn, options, outputs=outputs, table=LSH_OPTIONS)
-    checks = {k: value for k, value in o.items() if k not in ("rotations", "return_buckets")}
-    return plan_lsh_numpy(fn, x, v, o["rotations"], **checks), o
+    checks = {k: value for k, value in o.items() if k not in ("rotations", "kv_lengths", "return_buckets")}
+    kv = o["kv_lengths"] if lengths_to_numpy is None else lengths_to_numpy(o["kv_lengths"])
+    infos = (info(fn, name, a) for name, a in (("x", x), ("v", v), ("rotations", o["rotations"])))
+    return validate_lsh(fn, *infos, kv_lengths=kv, **checks), o
 
 
 def validate_lsh(

@@ -101,13 +101,16 @@ def validate(
 ) -> SDPAPlan:
     """The spec's mha checks on a backend's arrays; returns the plan of the per-head sdpa call.
 
-    ``inputs`` are mha's ``(query, key, value, params, num_heads, num_kv_heads, mask, bias)``, in
-    that order; ``options`` its other keywords.
+    ``inputs`` are mha's ``(query, key, value, params, num_heads, num_kv_heads)``, in that order;
+    ``options`` its keywords as `attnspec.spec.options.take` gives them, mask and bias among them
+    (return_weights, the caller's to act on, is not read; one the dict lacks is at its default).
 
     ``params`` may be an `MHAParams` (checked when it was built) or an `MHAArrays`, whose fields
     get MHAParams' checks here, named ``params.w_q`` and so on.
     """
-    query, key, value, params, num_heads, num_kv_heads, mask, bias = inputs
+    query, key, value, params, num_heads, num_kv_heads = inputs
+    mask, bias = options.get("mask"), options.get("bias")
+    rest = {name: x for name, x in options.items() if name not in ("mask", "bias", "return_weights")}
 
     def dims() -> ParamDims:
         if isinstance(params, MHAParams):
@@ -125,7 +128,7 @@ def validate(
         )
 
     return validate_mha(
-        fn, info, query, key, value, dims, num_heads, num_kv_heads, mask, bias, options, lengths_to_numpy
+        fn, info, query, key, value, dims, num_heads, num_kv_heads, mask, bias, rest, lengths_to_numpy
     )
 
 
@@ -140,34 +143,22 @@ def run(
     backend: Backend,
     fn: str,
     ops: HeadOps,
-    info: InfoFn,
     lengths_to_numpy: Callable[[Any], Any],
     device: Callable[[], str | None],
-    query,
-    key,
-    value,
-    params,
-    *,
-    num_heads,
-    num_kv_heads,
-    mask,
-    bias,
-    return_weights,
-    return_lse=False,
-    **options,
+    inputs: tuple,
+    options: dict[str, Any],
 ):
-    """mha on one backend; the arguments are `attnspec.spec.mha`'s.
+    """mha on one backend, by `attnspec.spec.mha`'s definition.
 
-    ``options`` are sdpa's keywords besides mask and bias (causal, window, scale, the lengths and
-    the variants), passed to the backend's sdpa unchanged; bias and sinks go in the compute dtype,
-    as that sdpa wants them in q's. A variant the backend lacks is refused (`Unsupported`), named
-    as mha's. ``device()`` names the query's device for `Backend.asparams` (called only for
-    MHAParams).
+    ``inputs`` are mha's ``(query, key, value, params, num_heads, num_kv_heads)``; ``options`` its
+    keywords as `attnspec.spec.options.take` gives them, passed to the backend's sdpa per head
+    unchanged but for bias and sinks, which go in the compute dtype, as that sdpa wants them in
+    q's. A variant the backend lacks is refused (`Unsupported`), named as mha's. ``device()``
+    names the query's device for `Backend.asparams` (called only for MHAParams).
     """
-    every = {**options, "return_lse": return_lse}
-    inputs = (query, key, value, params, num_heads, num_kv_heads, mask, bias)
-    plan = validate(fn, info, lengths_to_numpy, inputs, every)
-    backend.refuse_variants("mha", every)
+    query, key, value, params, num_heads, _ = inputs
+    plan = validate(fn, backend._info, lengths_to_numpy, inputs, options)
+    backend.refuse_variants("mha", options)
     hkv = plan.hkv
     prm = arrays_of(backend, params, plan.dtype, None if isinstance(params, MHAArrays) else device())
     ct = compute_dtype_name(plan.dtype)
@@ -178,10 +169,9 @@ def run(
     q = ops.project(query, prm.w_q, prm.b_q, num_heads, ct)  # (..., H, n, hd)
     k = ops.project(key, prm.w_k, prm.b_k, hkv, ct)  # (..., Hkv, m, hd)
     v = ops.project(value, prm.w_v, prm.b_v, hkv, ct)  # (..., Hkv, m, hd)
-    options["sinks"] = c(options.get("sinks"))
-    result = backend.sdpa(
-        q, k, v, mask=mask, bias=c(bias), return_weights=return_weights, return_lse=return_lse, **options
-    )  # (..., H, n, hd)[, (.., H, n, m)][, (.., H, n)]
+    per_head = {**options, "bias": c(options.get("bias")), "sinks": c(options.get("sinks"))}
+    return_weights, return_lse = options.get("return_weights", False), options.get("return_lse", False)
+    result = backend.sdpa(q, k, v, **per_head)  # (..., H, n, hd)[, (.., H, n, m)][, (.., H, n)]
     result = list(result) if return_weights or return_lse else [result]
     out = ops.unproject(result[0], prm.w_o, prm.b_o, ct)  # (..., n, E)
     results = [ops.astype(out, plan.dtype)]

@@ -24,10 +24,9 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from attnspec.backends import _lsh_xp, _mha
-from attnspec.backends._common import variant_keywords
 from attnspec.backends.base import Backend, MHAArrays
 from attnspec.errors import SpecError
-from attnspec.spec.options import LSH_OPTIONS, with_options
+from attnspec.spec.options import LSH_OPTIONS, take, with_options
 
 #: vjp -> the forward method it differentiates
 FORWARD = {"sdpa_vjp": "sdpa", "mha_vjp": "mha", "lsh_attention_vjp": "lsh_attention"}
@@ -76,6 +75,7 @@ def _lengths_to_numpy(backend) -> Callable[[Any], Any]:
 
 # -- the two autodiff engines: (forward, leaves, d_out) -> gradients of every leaf ---------------
 
+
 def torch_grads(backend, forward: Callable, leaves: list, d_out) -> list:
     import torch
 
@@ -116,71 +116,71 @@ def _zeros_like(engine: str, x):
 
 # -- the three vjps ----------------------------------------------------------------------------
 
-def sdpa_vjp(backend, engine: str, q, k, v, d_out, *, mask=None, bias=None, causal=None,
-             window=None, scale=None, q_lengths=None, kv_lengths=None, **variants) -> tuple:
+
+def sdpa_vjp(backend, engine: str, q, k, v, d_out, **options) -> tuple:
     """(dq, dk, dv), then dbias with a bias, then dsinks with sinks (the spec's order).
 
-    ``variants`` are the keywords of issue #15 the forward takes (softcap, alibi_slopes, sinks,
-    segment ids, dropout_mask and dropout_p); ALiBi slopes, segment ids and the dropout mask are
-    constants of the vjp, sinks a leaf of their own.
+    ``options`` are sdpa's keywords but the return_* ones. ALiBi slopes, segment ids and the
+    dropout mask are constants of the vjp; bias and sinks are leaves of their own.
     """
     fn = f"{backend.name}.sdpa_vjp"
     _need(backend, "sdpa_vjp")
-    p = backend._plan(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
-                      **variants)  # the spec's checks
-    backend.refuse_variants("sdpa_vjp", {**variants, "causal": causal})
+    o = take(fn, options, outputs=False)
+    p = backend._plan_of(fn, q, k, v, o)  # the spec's checks
+    backend.refuse_variants("sdpa_vjp", o)
     _check_d_out(fn, backend, d_out, p.out_shape, p.dtype, "q")
-    sinks = variants.pop("sinks", None)
+    bias, sinks = o.pop("bias"), o.pop("sinks")
     leaves = [q, k, v] + ([] if bias is None else [bias]) + ([] if sinks is None else [sinks])
     if p.n == 0 or p.m == 0 or p.hq == 0:  # nothing is visible: every gradient is 0, no forward to trace
         return tuple(_zeros_like(engine, x) for x in leaves)  # not x * 0: NaN * 0 is NaN
-    options = dict(mask=mask, causal=causal, window=window, scale=scale, q_lengths=q_lengths,
-                   kv_lengths=kv_lengths, **variants)
 
     def forward(q, k, v, *leaves):
         rest = list(leaves)
         b = rest.pop(0) if bias is not None else None
-        return backend.sdpa(q, k, v, bias=b, sinks=rest.pop(0) if sinks is not None else None,
-                            **options)
+        return backend.sdpa(q, k, v, bias=b, sinks=rest.pop(0) if sinks is not None else None, **o)
 
     return tuple(ENGINES[engine](backend, forward, leaves, d_out))
 
 
-def mha_vjp(backend, engine: str, query, key, value, params, d_out, *, num_heads, num_kv_heads=None,
-            mask=None, bias=None, causal=None, window=None, scale=None, q_lengths=None,
-            kv_lengths=None, **variants) -> tuple:
+def mha_vjp(backend, engine: str, query, key, value, params, d_out, num_heads, num_kv_heads=None, **options):
     """(d_query, d_key, d_value, d_params), then d_bias with a bias, then d_sinks with sinks.
 
-    ``variants`` as for `sdpa_vjp`: sinks are a leaf of their own, the rest constants.
+    ``options`` as for `sdpa_vjp`: bias and sinks are leaves of their own, the rest constants.
     """
     fn = f"{backend.name}.mha_vjp"
     _need(backend, "mha_vjp")
     if not isinstance(params, MHAArrays):
-        raise SpecError(f"{fn}: params must be an MHAArrays (from {backend.name}.asparams), "
-                        f"got {type(params).__name__}")
-    sdpa_options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths,
-                        kv_lengths=kv_lengths, **variants)
-    inputs = (query, key, value, params, num_heads, num_kv_heads, mask, bias)
+        raise SpecError(
+            f"{fn}: params must be an MHAArrays (from {backend.name}.asparams), got {type(params).__name__}"
+        )
+    sdpa_options = take(fn, options, outputs=False)
+    inputs = (query, key, value, params, num_heads, num_kv_heads)
     p = _mha.validate(fn, backend._info, _lengths_to_numpy(backend), inputs, sdpa_options)
     backend.refuse_variants("mha_vjp", sdpa_options)
+    mask, bias = sdpa_options.pop("mask"), sdpa_options.pop("bias")
     _check_d_out(fn, backend, d_out, (*p.batch, p.n, params.embed_dim), p.dtype, "query")
-    sinks = sdpa_options.pop("sinks", None)
+    sinks = sdpa_options.pop("sinks")
     options = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, mask=mask, **sdpa_options)
     names = [f.name for f in fields(MHAArrays) if getattr(params, f.name) is not None]
 
     def forward(query, key, value, *leaves):
         rest = list(leaves)
-        p = MHAArrays(**dict(zip(names, rest[:len(names)])))
-        del rest[:len(names)]
+        p = MHAArrays(**dict(zip(names, rest[: len(names)])))
+        del rest[: len(names)]
         b = rest.pop(0) if bias is not None else None
-        return backend.mha(query, key, value, p, bias=b, sinks=rest.pop(0) if sinks is not None else None,
-                           **options)
+        return backend.mha(
+            query, key, value, p, bias=b, sinks=rest.pop(0) if sinks is not None else None, **options
+        )
 
-    leaves = ([query, key, value] + [getattr(params, n) for n in names] + ([] if bias is None else [bias])
-              + ([] if sinks is None else [sinks]))
+    leaves = (
+        [query, key, value]
+        + [getattr(params, n) for n in names]
+        + ([] if bias is None else [bias])
+        + ([] if sinks is None else [sinks])
+    )
     grads = ENGINES[engine](backend, forward, leaves, d_out)
-    d_params = MHAArrays(**dict(zip(names, grads[3:3 + len(names)])))
-    return (*grads[:3], d_params, *grads[3 + len(names):])
+    d_params = MHAArrays(**dict(zip(names, grads[3 : 3 + len(names)])))
+    return (*grads[:3], d_params, *grads[3 + len(names) :])
 
 
 def lsh_attention_vjp(backend, engine: str, x, v, d_out, **options) -> tuple:
@@ -215,12 +215,9 @@ class Autodiff(_AutodiffBase):
     def supports(self, feature: str, **case) -> list[str]:
         return refusals(self, feature, super().supports(feature, **case))
 
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None,
-                 scale=None, q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None,
-                 sinks=None, q_segment_ids=None, kv_segment_ids=None, dropout_mask=None,
-                 dropout_p=None):
-        options = dict(mask=mask, bias=bias, causal=causal, window=window, scale=scale,
-                       q_lengths=q_lengths, kv_lengths=kv_lengths, **variant_keywords(locals()))
+    @with_options(outputs=False)
+    def sdpa_vjp(self, q, k, v, d_out, **options):
+        options = take(f"{self.name}.sdpa_vjp", options, outputs=False)
         with self._routed(q, k, v, options):
             return sdpa_vjp(self, self._engine, q, k, v, d_out, **options)
 
@@ -229,14 +226,11 @@ class Autodiff(_AutodiffBase):
         (the conformant jax backend chooses its route there); none by default."""
         return contextlib.nullcontext()
 
-    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
-                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
-                dropout_mask=None, dropout_p=None):
-        return mha_vjp(self, self._engine, query, key, value, params, d_out, num_heads=num_heads,
-                       num_kv_heads=num_kv_heads, mask=mask, bias=bias, causal=causal, window=window,
-                       scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                       **variant_keywords(locals()))
+    @with_options(outputs=False)
+    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, **options):
+        return mha_vjp(
+            self, self._engine, query, key, value, params, d_out, num_heads, num_kv_heads, **options
+        )
 
     @with_options(outputs=False, table=LSH_OPTIONS)
     def lsh_attention_vjp(self, x, v, d_out, **options):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -30,7 +31,6 @@ from attnspec.backends._common import (
     is_empty,
     lengths_column,
     to_reference,
-    variant_keywords,
     visibility,
     with_mask_and_bias,
 )
@@ -43,8 +43,23 @@ from attnspec.spec.validate import SDPAPlan
 
 __all__ = ["ArrayAPIBackend", "ArrayAPICupy", "ArrayAPINumpy", "ArrayAPIStrict", "ArrayAPITorch"]
 
-_DTYPE_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
+_DTYPE_NAMES = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+)
 # Narrow floats travel as float32 (which holds them exactly): not every namespace can take
 # float16/bfloat16 from NumPy or hand it back (DLPack has no bfloat16 in NumPy).
 _NARROW = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -127,9 +142,12 @@ class ArrayAPIBackend(Backend):
         reasons = super().supports(feature, **case)
         if feature.endswith("_vjp"):  # replaces "does not implement" with the reason why
             reasons = [r for r in reasons if not r.endswith(f"does not implement {feature}")]
-            reasons.insert(0, f"{self.name} has no {feature}: the array API standard defines no "
-                              "automatic differentiation, and a hand-written backward is not this "
-                              "backend's point")
+            reasons.insert(
+                0,
+                f"{self.name} has no {feature}: the array API standard defines no "
+                "automatic differentiation, and a hand-written backward is not this "
+                "backend's point",
+            )
         return reasons
 
     # -- sdpa -------------------------------------------------------------------------------
@@ -143,7 +161,9 @@ class ArrayAPIBackend(Backend):
         try:
             xp = self._compat.array_namespace(*(x for x in (q, k, v, mask, bias) if x is not None))
         except TypeError as e:
-            raise SpecError(f"{fn}: q, k, v, mask and bias must come from one array namespace ({e})") from None
+            raise SpecError(
+                f"{fn}: q, k, v, mask and bias must come from one array namespace ({e})"
+            ) from None
         return xp, self._compat.device(q)
 
     def _lengths_to_numpy(self, x):
@@ -154,42 +174,54 @@ class ArrayAPIBackend(Backend):
     def variant_refusals(self, feature: str, options) -> list[str]:
         reasons = super().variant_refusals(feature, options)
         if feature == "sdpa_blocked":  # the tiles of _xp_blocked have none of them yet
-            reasons += [f"{self.name}.sdpa_blocked does not implement the {v} variant (its tiled path "
-                        "has none yet; sdpa has it)" for v in variant_features(options)
-                        if v in self.variants]
+            reasons += [
+                f"{self.name}.sdpa_blocked does not implement the {v} variant (its tiled path "
+                "has none yet; sdpa has it)"
+                for v in variant_features(options)
+                if v in self.variants
+            ]
         return reasons
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
-             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
-             return_weights=False, return_lse=False):
+    @with_options()
+    def sdpa(self, q, k, v, **options):
         fn = f"{self.name}.sdpa"
-        variants = variant_keywords(locals())
-        p = self._plan(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, **variants)
+        o = take(fn, options)
+        mask, bias, return_weights, sinks = o["mask"], o["bias"], o["return_weights"], o["sinks"]
+        p = self._plan_of(fn, q, k, v, o)
         xp, device = self._namespace(fn, q, k, v, mask, bias)
         if is_empty(p):
             return _xp_core.empty(xp, p, q.dtype, device, return_weights, sinks)
         nonfinite_v = not bool(xp.all(xp.isfinite(v)))
-        if variant_features({**variants, "causal": causal}):
+        if variant_features(o):
             # whole, not tiled: the variants are in _xp_core only (O(n * m) memory, like the
             # golden's reference for these calls)
-            return self._variants(xp, p, device, q, k, v, mask, bias, nonfinite_v, return_weights,
-                                  alibi_slopes, sinks, q_segment_ids, kv_segment_ids, dropout_mask)
+            return self._variants(xp, p, device, q, k, v, mask, bias, nonfinite_v, o)
         if math.prod(p.full_weights_shape) >= BLOCKED_MIN_LOGITS:  # as the golden: tiled when large
             out, weights = _xp_blocked.attention_blocked(
-                xp, p, _with_head(xp, q), _with_head(xp, k), _with_head(xp, v), mask, bias,
-                nonfinite_v=nonfinite_v, want_weights=return_weights, block_q=BLOCK_Q,
-                block_k=BLOCK_K, device=device)
+                xp,
+                p,
+                *_with_heads(xp, q, k, v),
+                mask,
+                bias,
+                nonfinite_v=nonfinite_v,
+                want_weights=return_weights,
+                block_q=BLOCK_Q,
+                block_k=BLOCK_K,
+                device=device,
+            )
             return (out, weights) if return_weights else out
         vis = _visibility(xp, p, device, mask, bias)
-        out, weights, _ = _xp_core.attention(xp, p, _with_head(xp, q), _with_head(xp, k),
-                                             _with_head(xp, v), vis, bias, nonfinite_v=nonfinite_v,
-                                             want_weights=return_weights)
+        out, weights, _ = _xp_core.attention(
+            xp, p, *_with_heads(xp, q, k, v), vis, bias, nonfinite_v=nonfinite_v, want_weights=return_weights
+        )
         return (out, weights) if return_weights else out
 
-    def _variants(self, xp, p, device, q, k, v, mask, bias, nonfinite_v, want_weights,
-                  alibi_slopes, sinks, q_segment_ids, kv_segment_ids, keep):
-        q_ids, kv_ids = self._lengths_to_numpy(q_segment_ids), self._lengths_to_numpy(kv_segment_ids)
+    def _variants(self, xp, p, device, q, k, v, mask, bias, nonfinite_v, o):
+        alibi_slopes, sinks = o["alibi_slopes"], o["sinks"]
+        q_ids, kv_ids = (
+            self._lengths_to_numpy(o["q_segment_ids"]),
+            self._lengths_to_numpy(o["kv_segment_ids"]),
+        )
         rules, per_sequence = fold_per_sequence(p, q_ids, kv_ids)
         vis = _visibility(xp, rules, device, mask, bias)
         if per_sequence is not None:
@@ -202,26 +234,42 @@ class ArrayAPIBackend(Backend):
             slopes = xp.astype(alibi_slopes, ct)
             alibi = -xp.reshape(slopes, (*slopes.shape, 1, 1)) * dist  # (..., Hq, n, m)
         out, weights, lse = _xp_core.attention(
-            xp, rules, _with_head(xp, q), _with_head(xp, k), _with_head(xp, v), vis, bias,
-            nonfinite_v=nonfinite_v, want_weights=want_weights, alibi=alibi, sinks=sinks, keep=keep)
+            xp,
+            rules,
+            *_with_heads(xp, q, k, v),
+            vis,
+            bias,
+            nonfinite_v=nonfinite_v,
+            want_weights=o["return_weights"],
+            alibi=alibi,
+            sinks=sinks,
+            keep=o["dropout_mask"],
+        )
         return _xp_core.results(p, out, weights, lse)
 
-    def sdpa_blocked(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-                     q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
-                     q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
-                     return_weights=False, return_lse=False, block_q=256, block_k=512):
+    @with_options(after=("block_q", "block_k"))
+    def sdpa_blocked(self, q, k, v, *, block_q=256, block_k=512, **options):
         fn = f"{self.name}.sdpa_blocked"
-        variants = variant_keywords(locals())
-        p = self._plan(fn, q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths, **variants)
-        self.refuse_variants("sdpa_blocked", {**variants, "causal": causal})
+        o = take(fn, options)
+        mask, bias, return_weights = o["mask"], o["bias"], o["return_weights"]
+        p = self._plan_of(fn, q, k, v, o)
+        self.refuse_variants("sdpa_blocked", o)
         bq, bk = check_block("block_q", block_q, fn), check_block("block_k", block_k, fn)
         xp, device = self._namespace(fn, q, k, v, mask, bias)
         if is_empty(p):
             return _xp_core.empty(xp, p, q.dtype, device, return_weights)
         out, weights = _xp_blocked.attention_blocked(
-            xp, p, _with_head(xp, q), _with_head(xp, k), _with_head(xp, v), mask, bias,
-            nonfinite_v=not bool(xp.all(xp.isfinite(v))), want_weights=return_weights,
-            block_q=bq, block_k=bk, device=device)
+            xp,
+            p,
+            *_with_heads(xp, q, k, v),
+            mask,
+            bias,
+            nonfinite_v=not bool(xp.all(xp.isfinite(v))),
+            want_weights=return_weights,
+            block_q=bq,
+            block_k=bk,
+            device=device,
+        )
         return (out, weights) if return_weights else out
 
     @with_options()
@@ -229,9 +277,9 @@ class ArrayAPIBackend(Backend):
         # `attnspec.backends._mha` on the query's namespace, then self.sdpa per head
         fn = f"{self.name}.mha"
         xp = self._compat.array_namespace(query) if self._compat.is_array_api_obj(query) else None
-        return _mha.run(self, fn, _mha.XPHeadOps(xp), self._info, self._lengths_to_numpy,
-                        lambda: str(self._compat.device(query)), query, key, value, params,
-                        num_heads=num_heads, num_kv_heads=num_kv_heads, **take(fn, options))
+        inputs, o = (query, key, value, params, num_heads, num_kv_heads), take(fn, options)
+        device = lambda: str(self._compat.device(query))  # noqa: E731
+        return _mha.run(self, fn, _mha.XPHeadOps(xp), self._lengths_to_numpy, device, inputs, o)
 
     @with_options(table=LSH_OPTIONS)
     def lsh_attention(self, x, v, **options):
@@ -248,9 +296,20 @@ class ArrayAPIBackend(Backend):
         else:
             kv = _lsh_xp.kv_flat(p)
             out, buckets = _lsh_xp.lsh_attention(
-                xp, p, x, v, rotations, None if kv is None else xp.asarray(kv, device=device),
-                nonfinite_v=not bool(xp.all(xp.isfinite(v))), device=device)
+                xp,
+                p,
+                x,
+                v,
+                rotations,
+                None if kv is None else xp.asarray(kv, device=device),
+                nonfinite_v=not bool(xp.all(xp.isfinite(v))),
+                device=device,
+            )
         return (out, buckets) if o["return_buckets"] else out
+
+
+def _with_heads(xp, q, k, v) -> tuple[Any, Any, Any]:
+    return _with_head(xp, q), _with_head(xp, k), _with_head(xp, v)
 
 
 def _with_head(xp, x):
@@ -259,8 +318,7 @@ def _with_head(xp, x):
 
 def _visibility(xp, p: SDPAPlan, device, mask, bias):
     q_len, kv_len = (None if a is None else xp.asarray(a, device=device) for a in lengths_column(p))
-    vis = visibility(p.n, p.m, p.causal, p.window, q_len, kv_len,
-                     lambda size: xp.arange(size, device=device))
+    vis = visibility(p.n, p.m, p.causal, p.window, q_len, kv_len, lambda size: xp.arange(size, device=device))
     return with_mask_and_bias(vis, mask, bias, -math.inf)
 
 

@@ -26,6 +26,7 @@ from attnspec.backends.arrays import ArrayLibrary, array_library, library_of
 from attnspec.backends.base import FLOAT_DTYPES, Backend, MHAArrays, Unsupported
 from attnspec.errors import SpecError
 from attnspec.spec.masks import causal_mask, padding_mask, query_padding_mask, visible, window_mask
+from attnspec.spec.options import ARRAY_NAMES, OPTIONS, VALUE_NAMES, take, with_options
 from attnspec.spec.validate import ArrayInfo, SDPAExtras, SDPAPlan, validate_sdpa
 
 __all__ = [
@@ -56,55 +57,62 @@ __all__ = [
 ]
 
 
-def plan_sdpa(fn: str, q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None,
-              causal: str | None = None, window: tuple[int, int] | None = None, scale: float | None = None,
-              q_lengths: Any = None, kv_lengths: Any = None, softcap: float | None = None,
-              alibi_slopes: Any = None, sinks: Any = None, q_segment_ids: Any = None,
-              kv_segment_ids: Any = None, dropout_mask: Any = None, dropout_p: float | None = None,
-              return_lse: bool = False, library: ArrayLibrary | str | None = None) -> SDPAPlan:
+#: plan_sdpa's keywords: sdpa's but return_weights, which asks for a result and changes no check
+_PLANNED = tuple(o for o in OPTIONS if o.name != "return_weights")
+
+
+@with_options(after=("library",), table=_PLANNED)
+def plan_sdpa(
+    fn: str, q: Any, k: Any, v: Any, *, library: ArrayLibrary | str | None = None, **options: Any
+) -> SDPAPlan:
     """Validate one sdpa call on a framework's arrays by the spec's rules; return its plan.
 
-    ``fn`` names the caller in messages (``"mine.sdpa"``). q, k, v, mask, bias and the variants'
-    arrays (alibi_slopes, sinks, segment ids, dropout_mask) must be arrays of one library
-    (``library``, default: q's); softcap, dropout_p and return_lse land in the plan; lengths may
-    be that library's integer arrays, NumPy arrays or ints. Nothing is converted silently: an array
-    of another library is refused.
+    ``fn`` names the caller in messages (``"mine.sdpa"``). The keywords are sdpa's (but
+    return_weights). q, k, v, mask, bias and the variants' arrays (alibi_slopes, sinks, segment
+    ids, dropout_mask) must be arrays of one library (``library``, default: q's); softcap,
+    dropout_p and return_lse land in the plan; lengths may be that library's integer arrays, NumPy
+    arrays or ints. Nothing is converted silently: an array of another library is refused, and so
+    is a keyword sdpa does not have.
 
     Raises:
         SpecError: the first problem, worded as the spec words it.
+        TypeError: a keyword sdpa does not have, as Python words it.
     """
+    o = take(fn, options, table=_PLANNED)
     lib = array_library(library) if library is not None else _library(fn, "q", q)
 
-    def info(name: str, x: Any) -> ArrayInfo:
-        return lib.info(fn, name, x)
-
-    return validate_sdpa(
-        fn, info("q", q), info("k", k), info("v", v),
-        mask=None if mask is None else info("mask", mask),
-        bias=None if bias is None else info("bias", bias),
-        causal=causal, window=window, scale=scale,
-        q_lengths=lib.lengths_to_numpy(q_lengths), kv_lengths=lib.lengths_to_numpy(kv_lengths),
-        softcap=softcap, dropout_p=dropout_p, return_lse=return_lse,
-        **{name: None if x is None else info(name, x) for name, x in (
-            ("alibi_slopes", alibi_slopes), ("sinks", sinks), ("q_segment_ids", q_segment_ids),
-            ("kv_segment_ids", kv_segment_ids), ("dropout_mask", dropout_mask))},
-    )
+    arrays = {name: None if o[name] is None else lib.info(fn, name, o[name]) for name in ARRAY_NAMES}
+    values = {
+        name: lib.lengths_to_numpy(o[name]) if name.endswith("_lengths") else o[name] for name in VALUE_NAMES
+    }
+    q_info, k_info, v_info = (lib.info(fn, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+    return validate_sdpa(fn, q_info, k_info, v_info, **arrays, **values, return_lse=o["return_lse"])
 
 
 def _library(fn: str, name: str, x: object) -> ArrayLibrary:
     try:
         return library_of(x)
     except SpecError:
-        raise SpecError(f"{fn}: {name} must be an array, got {type(x).__module__}.{type(x).__name__}") from None
+        raise SpecError(
+            f"{fn}: {name} must be an array, got {type(x).__module__}.{type(x).__name__}"
+        ) from None
 
 
 def _numpy(x: Any) -> np.ndarray | None:
     return None if x is None else (x if isinstance(x, np.ndarray) else library_of(x).to_numpy(x))
 
 
-def attend_mask(plan: SDPAPlan, mask: Any = None, bias: Any = None, *, structure: bool = True,
-                lengths: bool = True, full: bool = False, q_segment_ids: Any = None,
-                kv_segment_ids: Any = None) -> np.ndarray | None:
+def attend_mask(
+    plan: SDPAPlan,
+    mask: Any = None,
+    bias: Any = None,
+    *,
+    structure: bool = True,
+    lengths: bool = True,
+    full: bool = False,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+) -> np.ndarray | None:
     """The one boolean "may attend" mask of a call (NumPy, True = attend), or None if all visible.
 
     Folds in, with AND: causal and window on the plan's alignment (``structure``), q/kv lengths
@@ -116,8 +124,9 @@ def attend_mask(plan: SDPAPlan, mask: Any = None, bias: Any = None, *, structure
     ``mask`` and ``bias`` may be any library's arrays; they are read, never modified.
     """
     if structure and not lengths and plan.causal == "lower_right_lengths":
-        raise SpecError("attend_mask: causal='lower_right_lengths' is anchored on the lengths; "
-                        "it needs lengths=True")
+        raise SpecError(
+            "attend_mask: causal='lower_right_lengths' is anchored on the lengths; it needs lengths=True"
+        )
     ids = SDPAExtras(q_segment_ids=_numpy(q_segment_ids), kv_segment_ids=_numpy(kv_segment_ids))
     vis = visible(plan, _numpy(mask), _numpy(bias), ids, structure=structure, lengths=lengths)
     if full and vis is None:
@@ -127,18 +136,21 @@ def attend_mask(plan: SDPAPlan, mask: Any = None, bias: Any = None, *, structure
     return vis
 
 
-def additive_mask(plan: SDPAPlan, mask: Any = None, bias: Any = None, *, structure: bool = True,
-                  lengths: bool = True, dtype: str | None = None, q_segment_ids: Any = None,
-                  kv_segment_ids: Any = None) -> np.ndarray | None:
+def additive_mask(
+    plan: SDPAPlan, mask: Any = None, bias: Any = None, *, dtype: str | None = None, **visibility: Any
+) -> np.ndarray | None:
     """The call as one additive float mask (NumPy): ``bias`` (or 0) where visible, -inf elsewhere.
 
     None when nothing is masked and there is no bias. ``dtype`` defaults to the plan's (q's)
     dtype; -inf is exact in every float dtype. Broadcasts against (*batch, Hq, n, m).
+    ``visibility`` are `attend_mask`'s keywords (``structure``, ``lengths``, the segment ids),
+    which say what the mask folds in.
     """
     from attnspec.backends._common import numpy_dtype
 
-    vis = attend_mask(plan, mask, None, structure=structure, lengths=lengths,
-                      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
+    if "full" in visibility:  # the one attend_mask keyword that shapes its result, not its rules
+        raise TypeError("additive_mask() got an unexpected keyword argument 'full'")
+    vis = attend_mask(plan, mask, None, **visibility)
     b = _numpy(bias)
     if vis is None and b is None:
         return None
@@ -202,4 +214,3 @@ def unflatten_batch(plan: SDPAPlan, out: Any, *, layout: str = "bhld") -> Any:
     elif layout != "bhld":
         raise SpecError(f"unflatten_batch: layout={layout!r} must be 'bhld' or 'blhd'")
     return lib.reshape(out, plan.out_shape)
-

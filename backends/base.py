@@ -30,14 +30,27 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from attnspec.spec.fp8 import FP8_DTYPES
 from attnspec.spec.mha_params import ParamSizes
-from attnspec.spec.options import VARIANT_FEATURES
+from attnspec.spec.options import (
+    FP8_OPTIONS,
+    LSH_OPTIONS,
+    VARIANT_FEATURES,
+    FP8Options,
+    LSHInputs,
+    LSHOptions,
+    SDPAInputs,
+    SDPAOptions,
+    with_options,
+)
 from attnspec.spec.validate import FLOAT_DTYPES
+
+if TYPE_CHECKING:  # typing.Unpack is 3.11's; mypy reads typing_extensions' from its own stubs
+    from typing_extensions import Unpack
 
 __all__ = [
     "DRAWN_VARIANTS",
@@ -51,8 +64,16 @@ __all__ = [
 ]
 
 #: the spec functions a backend may implement (methods of the same name and signature)
-SPEC_FUNCTIONS = ("sdpa", "sdpa_vjp", "mha", "mha_vjp", "lsh_attention", "lsh_attention_vjp",
-                  "sdpa_blocked", "sdpa_fp8")
+SPEC_FUNCTIONS = (
+    "sdpa",
+    "sdpa_vjp",
+    "mha",
+    "mha_vjp",
+    "lsh_attention",
+    "lsh_attention_vjp",
+    "sdpa_blocked",
+    "sdpa_fp8",
+)
 
 
 #: variants the spec cannot compute, because the backend draws random numbers of its own:
@@ -158,20 +179,21 @@ class Backend:
 
         return BackendArrays(self)
 
-    def _plan(self, fn: str, q: Any, k: Any, v: Any, mask: Any, bias: Any, causal: Any, window: Any,
-              scale: Any, q_lengths: Any, kv_lengths: Any, **variants: Any) -> Any:
-        """The spec's checks of one sdpa call on this backend's arrays (an `SDPAPlan`), by the
-        public `attnspec.backends.authoring.plan_sdpa`; ``variants`` are the variant keywords."""
-        return self._plan_of(fn, q, k, v, dict(mask=mask, bias=bias, causal=causal, window=window, scale=scale,
-                                               q_lengths=q_lengths, kv_lengths=kv_lengths, **variants))
-
     def _plan_of(self, fn: str, q: Any, k: Any, v: Any, options: dict[str, Any]) -> Any:
-        """`_plan` of a call whose keywords are one dict (as `attnspec.spec.options.take` gives
-        them; ``return_weights``, the caller's to act on, is left out)."""
+        """The spec's checks of one sdpa call on this backend's arrays (an `SDPAPlan`), by the
+        public `attnspec.backends.authoring.plan_sdpa`. ``options`` are the call's keywords as
+        one dict (as `attnspec.spec.options.take` gives them); ``return_weights``, the caller's
+        to act on, is left out."""
         from attnspec.backends.authoring import plan_sdpa
 
-        return plan_sdpa(fn, q, k, v, library=self.library,
-                         **{name: x for name, x in options.items() if name != "return_weights"})
+        return plan_sdpa(
+            fn,
+            q,
+            k,
+            v,
+            library=self.library,
+            **{name: x for name, x in options.items() if name != "return_weights"},
+        )
 
     def _info(self, fn: str, name: str, x: Any) -> Any:
         """The `ArrayInfo` of argument ``name`` of ``fn``, or SpecError when it is not one of
@@ -215,11 +237,14 @@ class Backend:
 
     def asparams(self, params: Any, dtype: str | None = None, device: str | None = None) -> MHAArrays:
         """`MHAParams` (NumPy) -> `MHAArrays` of this backend's arrays, each through `asarray`."""
-        return MHAArrays(**{
-            f.name: None if getattr(params, f.name) is None
-            else self.asarray(getattr(params, f.name), dtype, device)
-            for f in fields(MHAArrays)
-        })
+        return MHAArrays(
+            **{
+                f.name: None
+                if getattr(params, f.name) is None
+                else self.asarray(getattr(params, f.name), dtype, device)
+                for f in fields(MHAArrays)
+            }
+        )
 
     # -- capability -------------------------------------------------------------------------
     def supports(self, feature: str, **case: Any) -> list[str]:
@@ -241,14 +266,20 @@ class Backend:
             reasons += self.variant_refusals(feature, case)
         elif feature == "sdpa" and case.get("bad_input"):
             # dropout_p without a mask is bad input to the spec, but valid to a backend that draws one
-            reasons += [f"{self.name}.sdpa implements the {v} variant: this call is valid input to it"
-                        for v in variant_features(case) if v in DRAWN_VARIANTS and v in self.variants]
+            reasons += [
+                f"{self.name}.sdpa implements the {v} variant: this call is valid input to it"
+                for v in variant_features(case)
+                if v in DRAWN_VARIANTS and v in self.variants
+            ]
         return reasons
 
     def variant_refusals(self, feature: str, options: dict[str, Any]) -> list[str]:
         """Why ``feature`` cannot run the variants of ``options`` (empty when it can)."""
-        return [f"{self.name}.{feature} does not implement the {v} variant"
-                for v in variant_features(options) if v not in self.variants]
+        return [
+            f"{self.name}.{feature} does not implement the {v} variant"
+            for v in variant_features(options)
+            if v not in self.variants
+        ]
 
     def refuse_variants(self, feature: str, options: dict[str, Any]) -> None:
         """Raise `Unsupported` when ``options`` use a variant this backend does not implement:
@@ -258,65 +289,70 @@ class Backend:
             raise Unsupported("; ".join(reasons))
 
     # -- the spec's functions ---------------------------------------------------------------
-    # Written out, keyword for keyword, as the contract a backend author reads and overrides
-    # (mypy checks an override against these); tests/test_options.py checks they are the
-    # keywords of attnspec.spec.options, the one table.
-    def sdpa(self, q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None, causal: str | None = None,
-             window: tuple[int, int] | None = None, scale: float | None = None, q_lengths: Any = None,
-             kv_lengths: Any = None, softcap: float | None = None, alibi_slopes: Any = None, sinks: Any = None,
-             q_segment_ids: Any = None, kv_segment_ids: Any = None, dropout_mask: Any = None,
-             dropout_p: float | None = None, return_weights: bool = False, return_lse: bool = False) -> Any:
+    # The contract a backend author reads and overrides. The keywords are those of
+    # attnspec.spec.options, the one table: ``**options`` is typed by its TypedDicts, so mypy
+    # checks an override that spells them out (as the example plugin does) against the table,
+    # and ``with_options`` shows them to ``inspect.signature`` and ``help``.
+    @with_options()
+    def sdpa(self, q: Any, k: Any, v: Any, **options: Unpack[SDPAOptions]) -> Any:
         raise Unsupported(f"{self.name} does not implement sdpa")
 
-    def sdpa_blocked(self, q: Any, k: Any, v: Any, *, mask: Any = None, bias: Any = None,
-                     causal: str | None = None, window: tuple[int, int] | None = None,
-                     scale: float | None = None, q_lengths: Any = None, kv_lengths: Any = None,
-                     softcap: float | None = None, alibi_slopes: Any = None, sinks: Any = None,
-                     q_segment_ids: Any = None, kv_segment_ids: Any = None, dropout_mask: Any = None,
-                     dropout_p: float | None = None, return_weights: bool = False, return_lse: bool = False,
-                     block_q: int = 256, block_k: int = 512) -> Any:
+    @with_options(after=("block_q", "block_k"))
+    def sdpa_blocked(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        *,
+        block_q: int = 256,
+        block_k: int = 512,
+        **options: Unpack[SDPAOptions],
+    ) -> Any:
         raise Unsupported(f"{self.name} does not implement sdpa_blocked")
 
-    def sdpa_fp8(self, q: Any, k: Any, v: Any, *, q_descale: Any = None, k_descale: Any = None,
-                 v_descale: Any = None, out_dtype: str | None = None, mask: Any = None, bias: Any = None,
-                 causal: str | None = None, window: tuple[int, int] | None = None, scale: float | None = None,
-                 q_lengths: Any = None, kv_lengths: Any = None, softcap: float | None = None,
-                 alibi_slopes: Any = None, sinks: Any = None, q_segment_ids: Any = None,
-                 kv_segment_ids: Any = None, dropout_mask: Any = None, dropout_p: float | None = None,
-                 return_weights: bool = False, return_lse: bool = False) -> Any:
+    @with_options(table=FP8_OPTIONS)
+    def sdpa_fp8(self, q: Any, k: Any, v: Any, **options: Unpack[FP8Options]) -> Any:
         raise Unsupported(f"{self.name} does not implement sdpa_fp8")
 
-    def sdpa_vjp(self, q: Any, k: Any, v: Any, d_out: Any, *, mask: Any = None, bias: Any = None,
-                 causal: str | None = None, window: tuple[int, int] | None = None, scale: float | None = None,
-                 q_lengths: Any = None, kv_lengths: Any = None, softcap: float | None = None,
-                 alibi_slopes: Any = None, sinks: Any = None, q_segment_ids: Any = None,
-                 kv_segment_ids: Any = None, dropout_mask: Any = None, dropout_p: float | None = None) -> Any:
+    @with_options(outputs=False)
+    def sdpa_vjp(self, q: Any, k: Any, v: Any, d_out: Any, **options: Unpack[SDPAInputs]) -> Any:
         raise Unsupported(f"{self.name} does not implement sdpa_vjp")
 
-    def mha(self, query: Any, key: Any, value: Any, params: Any, *, num_heads: int,
-            num_kv_heads: int | None = None, mask: Any = None, bias: Any = None, causal: str | None = None,
-            window: tuple[int, int] | None = None, scale: float | None = None, q_lengths: Any = None,
-            kv_lengths: Any = None, softcap: float | None = None, alibi_slopes: Any = None, sinks: Any = None,
-            q_segment_ids: Any = None, kv_segment_ids: Any = None, dropout_mask: Any = None,
-            dropout_p: float | None = None, return_weights: bool = False, return_lse: bool = False) -> Any:
+    @with_options()
+    def mha(
+        self,
+        query: Any,
+        key: Any,
+        value: Any,
+        params: Any,
+        *,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        **options: Unpack[SDPAOptions],
+    ) -> Any:
         raise Unsupported(f"{self.name} does not implement mha")
 
-    def lsh_attention(self, x: Any, v: Any, *, rotations: Any, chunk_length: int, causal: bool = False,
-                      kv_lengths: Any = None, dedup: bool = False, scale: float | None = None,
-                      return_buckets: bool = False) -> Any:
+    @with_options(table=LSH_OPTIONS)
+    def lsh_attention(self, x: Any, v: Any, **options: Unpack[LSHOptions]) -> Any:
         raise Unsupported(f"{self.name} does not implement lsh_attention")
 
-    def mha_vjp(self, query: Any, key: Any, value: Any, params: Any, d_out: Any, *, num_heads: int,
-                num_kv_heads: int | None = None, mask: Any = None, bias: Any = None, causal: str | None = None,
-                window: tuple[int, int] | None = None, scale: float | None = None, q_lengths: Any = None,
-                kv_lengths: Any = None, softcap: float | None = None, alibi_slopes: Any = None,
-                sinks: Any = None, q_segment_ids: Any = None, kv_segment_ids: Any = None,
-                dropout_mask: Any = None, dropout_p: float | None = None) -> Any:
+    @with_options(outputs=False)
+    def mha_vjp(
+        self,
+        query: Any,
+        key: Any,
+        value: Any,
+        params: Any,
+        d_out: Any,
+        *,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        **options: Unpack[SDPAInputs],
+    ) -> Any:
         raise Unsupported(f"{self.name} does not implement mha_vjp")
 
-    def lsh_attention_vjp(self, x: Any, v: Any, d_out: Any, *, rotations: Any, chunk_length: int,
-                          causal: bool = False, kv_lengths: Any = None, dedup: bool = False,
-                          scale: float | None = None) -> Any:
+    @with_options(outputs=False, table=LSH_OPTIONS)
+    def lsh_attention_vjp(self, x: Any, v: Any, d_out: Any, **options: Unpack[LSHInputs]) -> Any:
         raise Unsupported(f"{self.name} does not implement lsh_attention_vjp")
 
     def __repr__(self) -> str:

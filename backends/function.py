@@ -33,7 +33,7 @@ from attnspec.backends.conventions import Convention, call_needs, describe, fp8_
 from attnspec.backends.probe import Capabilities, probe
 from attnspec.errors import SpecError
 from attnspec.spec.fp8 import FP8_DTYPES, validate_fp8
-from attnspec.spec.options import ARRAY_NAMES, VALUE_NAMES, take, with_options
+from attnspec.spec.options import ARRAY_NAMES, FP8_OPTIONS, VALUE_NAMES, take, with_options
 from attnspec.spec.validate import ArrayInfo
 
 __all__ = ["FunctionBackend", "from_function"]
@@ -47,10 +47,18 @@ class FunctionBackend(Backend):
 
     implements = frozenset({"sdpa"})
 
-    def __init__(self, fn: Callable[..., Any], convention: str | Convention, *, name: str | None = None,
-                 dtypes: tuple[str, ...] | None = None, device: str | None = None,
-                 arrays: str | ArrayLibrary | None = None, capabilities: Capabilities | None = None,
-                 deviations: str | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        convention: str | Convention,
+        *,
+        name: str | None = None,
+        dtypes: tuple[str, ...] | None = None,
+        device: str | None = None,
+        arrays: str | ArrayLibrary | None = None,
+        capabilities: Capabilities | None = None,
+        deviations: str | None = None,
+    ) -> None:
         if not callable(fn):
             raise SpecError(f"from_function: fn must be callable, got {type(fn).__name__}")
         self.fn = fn
@@ -64,8 +72,10 @@ class FunctionBackend(Backend):
         if dtypes is not None:
             bad = [d for d in dtypes if d not in FLOAT_DTYPES]
             if bad or not dtypes:
-                raise SpecError(f"from_function: dtypes={tuple(dtypes)!r} must be a non-empty subset of "
-                                f"{', '.join(FLOAT_DTYPES)}")
+                raise SpecError(
+                    f"from_function: dtypes={tuple(dtypes)!r} must be a non-empty subset of "
+                    f"{', '.join(FLOAT_DTYPES)}"
+                )
         self.dtypes = tuple(dtypes) if dtypes else FLOAT_DTYPES
         self.device = device
         self._capabilities = capabilities
@@ -119,7 +129,9 @@ class FunctionBackend(Backend):
 
     def supports(self, feature: str, **case: Any) -> list[str]:
         if feature == "sdpa_fp8" and not self.convention.descales:
-            return self.convention.refusals(fp8_call_needs((1, 1, 1), (1, 1, 1), (1, 1, 1), {}, FP8_DTYPES[0]))
+            return self.convention.refusals(
+                fp8_call_needs((1, 1, 1), (1, 1, 1), (1, 1, 1), {}, FP8_DTYPES[0])
+            )
         reasons = super().supports(feature, **case)
         if reasons or feature not in ("sdpa", "sdpa_fp8") or case.get("bad_input") or case.get("no_call"):
             return reasons  # bad input is refused by the spec's validation, before the function
@@ -133,8 +145,12 @@ class FunctionBackend(Backend):
 
     def describe(self) -> dict[str, str]:
         """What the report shows about this backend."""
-        return {"function": describe(self.fn), "convention": self.convention.name,
-                "signature": self.convention.signature, "arrays": self.arrays.name}
+        return {
+            "function": describe(self.fn),
+            "convention": self.convention.name,
+            "signature": self.convention.signature,
+            "arrays": self.arrays.name,
+        }
 
     # -- the spec's function -------------------------------------------------------------------
     def variant_refusals(self, feature: str, options: dict[str, Any]) -> list[str]:
@@ -146,27 +162,44 @@ class FunctionBackend(Backend):
     def sdpa(self, q: Any, k: Any, v: Any, **options: Any) -> Any:
         fn = f"{self.name}.sdpa"
         options = take(fn, options)
-        p = plan_sdpa(fn, q, k, v, library=self.arrays,
-                      **{name: value for name, value in options.items() if name != "return_weights"})
+        p = plan_sdpa(
+            fn,
+            q,
+            k,
+            v,
+            library=self.arrays,
+            **{name: value for name, value in options.items() if name != "return_weights"},
+        )
         return_weights = options["return_weights"]
         refused = self.convention.refusals(call_needs(q.shape, k.shape, v.shape, options))
         if refused:
             raise Unsupported(f"{fn}: " + "; ".join(refused))
         return self._through_convention(fn, p, q, k, v, options, return_weights)
 
-    def _through_convention(self, fn: str, p: Any, q: Any, k: Any, v: Any, options: dict[str, Any],
-                            return_weights: bool, extra: dict[str, Any] | None = None) -> Any:
+    def _through_convention(
+        self,
+        fn: str,
+        p: Any,
+        q: Any,
+        k: Any,
+        v: Any,
+        options: dict[str, Any],
+        return_weights: bool,
+        extra: dict[str, Any] | None = None,
+    ) -> Any:
         """Call the function once through the convention (``extra`` keywords added to its call:
         an FP8 call's descales) and return what the spec function returns."""
         self.last_causes = []
         call = self.fn
         if self.record_calls or extra:  # keep the exact arguments, for reproducers that call fn directly
+
             def call(*args: Any, **kwargs: Any) -> Any:
                 kwargs.update(extra or {})
                 if self.record_calls:
                     self.last_call = (args, kwargs)
                 self.last_result = self.fn(*args, **kwargs)
                 return self.last_result
+
         out, weights = self.convention.call(call, self.arrays, p, q, k, v, options)
         lse = None
         if p.return_lse:  # a convention that carries lse returns (out, lse) as its output
@@ -177,38 +210,51 @@ class FunctionBackend(Backend):
         found = [out] + ([weights] if return_weights else []) + ([lse] if p.return_lse else [])
         return found[0] if len(found) == 1 else tuple(found)
 
-    @with_options()
-    def sdpa_fp8(self, q: Any, k: Any, v: Any, *, q_descale: Any = None, k_descale: Any = None,
-                 v_descale: Any = None, out_dtype: str | None = None, **options: Any) -> Any:
+    @with_options(table=FP8_OPTIONS)
+    def sdpa_fp8(self, q: Any, k: Any, v: Any, **options: Any) -> Any:
         fn = f"{self.name}.sdpa_fp8"
         lib = self.arrays
-        o = take(fn, options)
+        o = take(fn, options, table=FP8_OPTIONS)
+        given = {name: o.pop(name) for name in ("q_descale", "k_descale", "v_descale")}
+        out_dtype = o.pop("out_dtype")
 
-        def info(name: str, x: Any) -> ArrayInfo | None:
-            return None if x is None else ArrayInfo(tuple(x.shape), lib.dtype_name(x))
+        def info(x: Any) -> ArrayInfo:
+            return ArrayInfo(tuple(x.shape), lib.dtype_name(x))
 
         def host(x: Any) -> Any:  # descales and lengths are read by value
             return lib.to_numpy(x) if lib.is_array(x) else x
 
-        fp = validate_fp8(fn, info("q", q), info("k", k), info("v", v),  # type: ignore[arg-type]
-                          q_descale=host(q_descale), k_descale=host(k_descale), v_descale=host(v_descale),
-                          out_dtype=out_dtype, return_lse=o["return_lse"],
-                          **{name: info(name, o[name]) for name in ARRAY_NAMES},
-                          **{name: host(o[name]) if name.endswith("_lengths") else o[name] for name in VALUE_NAMES})
+        fp = validate_fp8(
+            fn,
+            info(q),
+            info(k),
+            info(v),
+            **{name: host(x) for name, x in given.items()},
+            out_dtype=out_dtype,
+            return_lse=o["return_lse"],
+            **{name: None if o[name] is None else info(o[name]) for name in ARRAY_NAMES},
+            **{name: host(o[name]) if name.endswith("_lengths") else o[name] for name in VALUE_NAMES},
+        )
         options = {**o, "out_dtype": fp.out_dtype}
         return_weights = o["return_weights"]
         refused = self.convention.refusals(fp8_call_needs(q.shape, k.shape, v.shape, options, fp.q_dtype))
         if refused:
             raise Unsupported(f"{fn}: " + "; ".join(refused))
         device = self.device_of(q) if lib.is_array(q) else self.device
-        descales = self.convention.descale_keywords(
-            fp, lib, {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}, device)
+        descales = self.convention.descale_keywords(fp, lib, given, device)
         return self._through_convention(fn, fp.sdpa, q, k, v, options, return_weights, descales)
 
 
-def from_function(fn: Callable[..., Any], convention: str | Convention, *, name: str | None = None,
-                  dtypes: tuple[str, ...] | None = None, device: str | None = None,
-                  arrays: str | ArrayLibrary | None = None, deviations: str | None = None) -> FunctionBackend:
+def from_function(
+    fn: Callable[..., Any],
+    convention: str | Convention,
+    *,
+    name: str | None = None,
+    dtypes: tuple[str, ...] | None = None,
+    device: str | None = None,
+    arrays: str | ArrayLibrary | None = None,
+    deviations: str | None = None,
+) -> FunctionBackend:
     """A Backend that checks ``fn`` called by ``convention``.
 
     Args:
@@ -226,5 +272,6 @@ def from_function(fn: Callable[..., Any], convention: str | Convention, *, name:
     Raises:
         SpecError: an unknown convention or array library, or a bad dtype.
     """
-    return FunctionBackend(fn, convention, name=name, dtypes=dtypes, device=device, arrays=arrays,
-                           deviations=deviations)
+    return FunctionBackend(
+        fn, convention, name=name, dtypes=dtypes, device=device, arrays=arrays, deviations=deviations
+    )

@@ -64,7 +64,6 @@ from attnspec.backends._common import (
     fold_per_sequence,
     is_empty,
     static_plan,
-    variant_keywords,
     with_mask_and_bias,
 )
 from attnspec.backends._jax_arrays import (  # noqa: F401  (re-exported: jax_native and arrays use them)
@@ -88,6 +87,7 @@ __all__ = ["JaxBackend"]
 
 # -- the conformant adapter -----------------------------------------------------------------
 
+
 @partial(jax.jit, static_argnames=("p",))
 def _fused(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan):
     vis = full_visibility(p, mask, bias, q_len, kv_len)
@@ -109,19 +109,28 @@ def _fused(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan):
 
 
 @partial(jax.jit, static_argnames=("p", "nonfinite_v", "want_weights"))
-def _exact(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan, nonfinite_v: bool, want_weights: bool):
+def _exact(
+    q, k, v, mask, bias, q_len, kv_len, variants=(None,) * 3, *, p: SDPAPlan, nonfinite_v, want_weights
+):
+    """The exact path: (out, weights, lse). ``variants`` are issue #15's ``(alibi, sinks, keep)``,
+    None where the call has none."""
+    alibi, sinks, keep = variants
     vis = full_visibility(p, mask, bias, q_len, kv_len)
-    return _xp_core.attention(jnp, p, with_head(q), with_head(k), with_head(v), vis, bias,
-                              nonfinite_v=nonfinite_v, want_weights=want_weights)[:2]
-
-
-@partial(jax.jit, static_argnames=("p", "nonfinite_v", "want_weights"))
-def _exact_variants(q, k, v, mask, bias, q_len, kv_len, alibi, sinks, keep, *, p: SDPAPlan,
-                    nonfinite_v: bool, want_weights: bool):
-    vis = full_visibility(p, mask, bias, q_len, kv_len)
-    return _xp_core.attention(jnp, p, with_head(q), with_head(k), with_head(v), vis, bias,
-                              nonfinite_v=nonfinite_v, want_weights=want_weights, alibi=alibi,
-                              sinks=sinks, keep=keep)
+    q, k, v = (with_head(x) for x in (q, k, v))
+    return _xp_core.attention(
+        jnp,
+        p,
+        q,
+        k,
+        v,
+        vis,
+        bias,
+        nonfinite_v=nonfinite_v,
+        want_weights=want_weights,
+        alibi=alibi,
+        sinks=sinks,
+        keep=keep,
+    )
 
 
 @partial(jax.jit, static_argnames=("p",))
@@ -216,8 +225,14 @@ class Route:
 def route(p: SDPAPlan, q, k, v, mask, bias, q_len, kv_len, want_weights: bool) -> Route:
     """The route for concrete inputs. Raises TracerArrayConversionError under a trace."""
     sp = static_plan(p)
-    has_rules = (p.causal or p.window or mask is not None or bias is not None or q_len is not None
-                 or kv_len is not None)
+    has_rules = (
+        p.causal
+        or p.window
+        or mask is not None
+        or bias is not None
+        or q_len is not None
+        or kv_len is not None
+    )
     finite_q, finite_k, finite_v = _finite(q, k, v)
     drop = not (finite_k and finite_v) and bool(has_rules)
     if drop:  # fixes jax.masked-nonfinite-v (and masked keys generally) where it can stay fused
@@ -240,9 +255,10 @@ def run(r: Route, p: SDPAPlan, q, k, v, mask, bias, q_len, kv_len, want_weights:
         k, v = _drop_hidden_keys(k, v, mask, bias, q_len, kv_len, p=sp)
     if not r.exact:
         return _fused(q, k, v, mask, bias, q_len, kv_len, p=sp)
-    result = _exact(q, k, v, mask, bias, q_len, kv_len, p=sp, nonfinite_v=r.nonfinite_v,
-                    want_weights=want_weights)
-    return result if want_weights else result[0]
+    result = _exact(
+        q, k, v, mask, bias, q_len, kv_len, p=sp, nonfinite_v=r.nonfinite_v, want_weights=want_weights
+    )
+    return result[:2] if want_weights else result[0]
 
 
 def _traced(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan, want_weights: bool, exact: bool):
@@ -252,14 +268,18 @@ def _traced(q, k, v, mask, bias, q_len, kv_len, *, p: SDPAPlan, want_weights: bo
     kernel may be used, ``lax.cond`` picks it on device for all-finite inputs (both branches are
     compiled, one runs).
     """
+
     def exact_path():
-        out, w = _exact(q, k, v, mask, bias, q_len, kv_len, p=p, nonfinite_v=True, want_weights=want_weights)
+        out, w, _ = _exact(
+            q, k, v, mask, bias, q_len, kv_len, p=p, nonfinite_v=True, want_weights=want_weights
+        )
         return (out, w) if want_weights else out
 
     if exact:
         return exact_path()
     fused_ok = _finite_flags(q, k, v).all() & (
-        _logit_floor_on_device(q, k, bias, p.scale) > _fill_limit(q.dtype))  # jax.finite-mask-fill
+        _logit_floor_on_device(q, k, bias, p.scale) > _fill_limit(q.dtype)
+    )  # jax.finite-mask-fill
     return jax.lax.cond(fused_ok, lambda: _fused(q, k, v, mask, bias, q_len, kv_len, p=p), exact_path)
 
 
@@ -321,6 +341,7 @@ class JaxHeadOps(_mha.XPHeadOps):
 
 # -- length buckets (see the module docstring) ------------------------------------------------
 
+
 def bucket(size: int) -> int:
     """The padded length for ``size``: the next power of two, at least 8."""
     return max(8, 1 << max(size - 1, 0).bit_length())
@@ -353,11 +374,13 @@ def crop(x, shape: tuple[int, ...]):
 def padded_plan(p: SDPAPlan, n: int, m: int) -> SDPAPlan:
     """``p`` at lengths (n, m), with lengths that hide the padding: a query row past the call's
     own n sees no key (it is cut off), a key past its m is masked."""
+
     def lengths(given, size):
         return np.broadcast_to(np.asarray(size if given is None else given, np.int64), p.batch).copy()
 
-    return dataclasses.replace(p, n=n, m=m, q_lengths=lengths(p.q_lengths, p.n),
-                               kv_lengths=lengths(p.kv_lengths, p.m))
+    return dataclasses.replace(
+        p, n=n, m=m, q_lengths=lengths(p.q_lengths, p.n), kv_lengths=lengths(p.kv_lengths, p.m)
+    )
 
 
 def pad_call(pp: SDPAPlan, q, k, v, mask, bias):
@@ -393,8 +416,18 @@ class JaxBackend(JaxArrays):
         """sdpa at the padded plan ``pp``, its results cut back to ``p``'s sizes."""
         q, k, v, mask, bias = pad_call(pp, q, k, v, mask, bias)
         q_len, kv_len = lengths_arrays(pp)
-        result = run(route(pp, q, k, v, mask, bias, q_len, kv_len, want_weights), pp, q, k, v, mask,
-                     bias, q_len, kv_len, want_weights)
+        result = run(
+            route(pp, q, k, v, mask, bias, q_len, kv_len, want_weights),
+            pp,
+            q,
+            k,
+            v,
+            mask,
+            bias,
+            q_len,
+            kv_len,
+            want_weights,
+        )
         if want_weights:
             return crop(result[0], p.out_shape), crop(result[1], p.weights_shape)
         return crop(result, p.out_shape)
@@ -410,28 +443,48 @@ class JaxBackend(JaxArrays):
             q, k, v, mask_p, bias_p = pad_call(pp, q, k, v, mask, bias[0] if bias else None)
             d_out = pad_axes(d_out, {-2: pp.n})
             r = route(pp, q, k, v, mask_p, bias_p, q_len, kv_len, False)
-            grads = _vjp_on_route(q, k, v, *([bias_p] if bias else []), d_out, mask=mask_p, q_len=q_len,
-                                  kv_len=kv_len, p=static_plan(pp), r=r)
+            grads = _vjp_on_route(
+                q,
+                k,
+                v,
+                *([bias_p] if bias else []),
+                d_out,
+                mask=mask_p,
+                q_len=q_len,
+                kv_len=kv_len,
+                p=static_plan(pp),
+                r=r,
+            )
             return [crop(g, shape) for g, shape in zip(grads, shapes)]
 
         return whole
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
-             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
-             return_weights=False, return_lse=False):
-        variants = variant_keywords(locals())
-        p = self._plan("jax.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
-                       **variants)
+    @with_options()
+    def sdpa(self, q, k, v, **options):
+        o = take("jax.sdpa", options)
+        mask, bias, return_weights, sinks = o["mask"], o["bias"], o["return_weights"], o["sinks"]
+        p = self._plan_of("jax.sdpa", q, k, v, o)
         if is_empty(p):
             # a tracer (mha_vjp's jax.vjp through an empty mha) has no device: the default one
             device = None if isinstance(q, jax.core.Tracer) else q.device
             result = _xp_core.empty(jnp, p, q.dtype, device, return_weights, sinks)
             self._last = result
             return result
-        if variant_features({**variants, "causal": causal}):
-            result = self._variants(p, q, k, v, mask, bias, return_weights, alibi_slopes, sinks,
-                                    q_segment_ids, kv_segment_ids, dropout_mask)
+        if variant_features(o):
+            result = self._variants(
+                p,
+                q,
+                k,
+                v,
+                mask,
+                bias,
+                return_weights,
+                o["alibi_slopes"],
+                sinks,
+                o["q_segment_ids"],
+                o["kv_segment_ids"],
+                o["dropout_mask"],
+            )
             self._last = result
             return result
         chosen = self.__dict__.pop("_route", None)  # sdpa_vjp's, from its concrete inputs
@@ -444,8 +497,18 @@ class JaxBackend(JaxArrays):
             chosen = chosen or route(p, q, k, v, mask, bias, q_len, kv_len, return_weights)
         except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
             # traced by the caller's jax.jit: the values are not known yet, so decide on device
-            result = _traced(q, k, v, mask, bias, q_len, kv_len, p=static_plan(p),
-                             want_weights=return_weights, exact=return_weights or not _fused_ok(p, q))
+            result = _traced(
+                q,
+                k,
+                v,
+                mask,
+                bias,
+                q_len,
+                kv_len,
+                p=static_plan(p),
+                want_weights=return_weights,
+                exact=return_weights or not _fused_ok(p, q),
+            )
             self._last = result
             return result
         result = run(chosen, p, q, k, v, mask, bias, q_len, kv_len, return_weights)
@@ -461,13 +524,17 @@ class JaxBackend(JaxArrays):
         whole vjp (forward and pullback) is then one jitted program, `_vjp_on_route`: one XLA
         compile per new shape where jax.vjp of the jitted forward needs two and more."""
         try:
-            o = dict(options)
-            mask, bias, causal = o.pop("mask"), o.pop("bias"), o["causal"]
-            p = self._plan("jax.sdpa_vjp", q, k, v, mask, bias, o.pop("causal"), o.pop("window"),
-                           o.pop("scale"), o.pop("q_lengths"), o.pop("kv_lengths"), **o)
-            variants = variant_features({**o, "causal": causal})
-            pp = None if is_empty(p) else self._buckets(p, q, k, v, mask, bias, *(
-                x for x in o.values() if isinstance(x, jax.Array)))
+            p = self._plan_of("jax.sdpa_vjp", q, k, v, options)
+            variants = variant_features(options)
+            o = {name: options[name] for name in VARIANT_ARRAYS}
+            mask, bias = options["mask"], options["bias"]
+            pp = (
+                None
+                if is_empty(p)
+                else self._buckets(
+                    p, q, k, v, mask, bias, *(x for x in o.values() if isinstance(x, jax.Array))
+                )
+            )
             if pp is not None and variants:
                 self._vjp_on_route = self._padded_variants_vjp(p, mask, bias, o)
             elif pp is not None:
@@ -476,8 +543,9 @@ class JaxBackend(JaxArrays):
                 q_len, kv_len = lengths_arrays(p)
                 chosen = route(p, q, k, v, mask, bias, q_len, kv_len, False)
                 self._route = chosen  # for the forward, should the engine trace it itself
-                self._vjp_on_route = partial(_vjp_on_route, mask=mask, q_len=q_len, kv_len=kv_len,
-                                             p=static_plan(p), r=chosen)
+                self._vjp_on_route = partial(
+                    _vjp_on_route, mask=mask, q_len=q_len, kv_len=kv_len, p=static_plan(p), r=chosen
+                )
         except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError, SpecError):
             pass  # traced by the caller (decided on device), or bad input (the vjp names it)
         try:
@@ -486,8 +554,9 @@ class JaxBackend(JaxArrays):
             self.__dict__.pop("_route", None)  # never left for another call
             self.__dict__.pop("_vjp_on_route", None)
 
-    def _variants(self, p, q, k, v, mask, bias, want_weights, alibi_slopes, sinks, q_segment_ids,
-                  kv_segment_ids, keep):
+    def _variants(
+        self, p, q, k, v, mask, bias, want_weights, alibi_slopes, sinks, q_segment_ids, kv_segment_ids, keep
+    ):
         """The variants of issue #15, all on the exact path: jax.nn has none of them (no softcap,
         ALiBi, sinks, segment ids or lengths-aligned causal), and its logsumexp (return_residual)
         is not the spec's. The segment ids are read back (a sync; concrete ids only) for the
@@ -495,7 +564,8 @@ class JaxBackend(JaxArrays):
         # fixes jax.lse-empty-row-finite and jax.lse-in-input-dtype: the lse comes from the exact
         # path, -inf for a row with no visible key and float32 (float64 for float64 inputs)
         rules, q, k, v, mask, bias, alibi, keep = self._variant_call(
-            p, q, k, v, mask, bias, alibi_slopes, sinks, q_segment_ids, kv_segment_ids, keep)
+            p, q, k, v, mask, bias, alibi_slopes, sinks, q_segment_ids, kv_segment_ids, keep
+        )
         out, weights, lse = _variants_on(rules, q, k, v, mask, bias, alibi, sinks, keep, want_weights)
         if (rules.n, rules.m) != (p.n, p.m):  # ran in length buckets: cut back to the call's sizes
             out = crop(out, (*out.shape[:-2], p.n, out.shape[-1]))
@@ -503,8 +573,7 @@ class JaxBackend(JaxArrays):
             lse = None if lse is None else crop(lse, (*lse.shape[:-1], p.n))
         return _xp_core.results(p, out, weights, lse)
 
-    def _variant_call(self, p, q, k, v, mask, bias, alibi_slopes, sinks, q_segment_ids, kv_segment_ids,
-                      keep):
+    def _variant_call(self, p, q, k, v, mask, bias, alibi_slopes, sinks, q_segment_ids, kv_segment_ids, keep):
         """(rules, q, k, v, mask, bias, alibi, keep) for `_variants_on`: the per-sequence rules
         folded into the mask, the ALiBi term built, and all of it padded to the length buckets
         when the call runs in them (the rules' plan then has the padded lengths)."""
@@ -541,10 +610,21 @@ class JaxBackend(JaxArrays):
             b = leaves[0] if bias is not None else None
             sinks = leaves[-1] if o["sinks"] is not None else None
             rules, qp, kp, vp, mask_p, bias_p, alibi, keep = self._variant_call(
-                p, q, k, v, mask, b, o["alibi_slopes"], sinks, o["q_segment_ids"], o["kv_segment_ids"],
-                o["dropout_mask"])
-            padded_leaves = [qp, kp, vp] + ([bias_p] if b is not None else []) + (
-                [sinks] if sinks is not None else [])
+                p,
+                q,
+                k,
+                v,
+                mask,
+                b,
+                o["alibi_slopes"],
+                sinks,
+                o["q_segment_ids"],
+                o["kv_segment_ids"],
+                o["dropout_mask"],
+            )
+            padded_leaves = (
+                [qp, kp, vp] + ([bias_p] if b is not None else []) + ([sinks] if sinks is not None else [])
+            )
 
             def forward(q, k, v, *extra):
                 rest = list(extra)
@@ -561,11 +641,10 @@ class JaxBackend(JaxArrays):
     @with_options()
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, **options):
         # `attnspec.backends._mha`: jnp projections, then self.sdpa per head
-        result = _mha.run(self, "jax.mha", JaxHeadOps(self.length_buckets), self._info, _lengths_to_numpy,
-                          lambda: device_name(query), query, key, value, params, num_heads=num_heads,
-                          num_kv_heads=num_kv_heads, **take("jax.mha", options))
-        self._last = result
-        return result
+        inputs, o = (query, key, value, params, num_heads, num_kv_heads), take("jax.mha", options)
+        ops = JaxHeadOps(self.length_buckets)
+        self._last = _mha.run(self, "jax.mha", ops, _lengths_to_numpy, lambda: device_name(query), inputs, o)
+        return self._last
 
     @with_options(table=LSH_OPTIONS)
     def lsh_attention(self, x, v, **options):
@@ -575,9 +654,14 @@ class JaxBackend(JaxArrays):
             result = _lsh_xp.empty(jnp, p, x.dtype, None)
         else:
             kv = _lsh_xp.kv_flat(p)
-            result = _lsh(x, v, rotations, None if kv is None else jnp.asarray(kv),
-                          p=dataclasses.replace(p, kv_lengths=None),
-                          nonfinite_v=_nonfinite(v))
+            result = _lsh(
+                x,
+                v,
+                rotations,
+                None if kv is None else jnp.asarray(kv),
+                p=dataclasses.replace(p, kv_lengths=None),
+                nonfinite_v=_nonfinite(v),
+            )
         self._last = result
         return result if o["return_buckets"] else result[0]
 
@@ -602,5 +686,17 @@ def _variants_on(rules: SDPAPlan, q, k, v, mask, bias, alibi, sinks, keep, want_
         # their logits with a where, but a NaN k still reaches dq as 0 * NaN in dS @ K, and
         # softcap's tanh' at a NaN logit reaches dk (fixes jax.masked-nonfinite-v under autodiff)
         k, v = _drop_hidden_keys(k, v, mask, bias, q_len, kv_len, p=sp)
-    return _exact_variants(q, k, v, mask, bias, q_len, kv_len, alibi, sinks, keep, p=sp,
-                           nonfinite_v=_nonfinite(v), want_weights=want_weights)
+    nonfinite_v = _nonfinite(v)
+    return _exact(
+        q,
+        k,
+        v,
+        mask,
+        bias,
+        q_len,
+        kv_len,
+        (alibi, sinks, keep),
+        p=sp,
+        nonfinite_v=nonfinite_v,
+        want_weights=want_weights,
+    )

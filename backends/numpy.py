@@ -21,7 +21,7 @@ from attnspec.spec.grads_lsh import lsh_attention_vjp as spec_lsh_attention_vjp
 from attnspec.spec.grads_mha import mha_vjp as spec_mha_vjp
 from attnspec.spec.lsh import lsh_attention as spec_lsh_attention
 from attnspec.spec.mha import MHAParams, mha
-from attnspec.spec.options import LSH_OPTIONS, take, with_options
+from attnspec.spec.options import FP8_OPTIONS, LSH_OPTIONS, take, with_options
 from attnspec.spec.sdpa import golden
 from attnspec.spec.validate import SDPAExtras
 
@@ -66,39 +66,20 @@ class NumpyBackend(Backend):
         bq, bk = check_block("block_q", block_q, fn), check_block("block_k", block_k, fn)
         return blocked_core(plan, q, k, v, o["mask"], o["bias"], o["return_weights"], bq, bk, extras=extras)
 
-    @with_options()
-    def sdpa_fp8(self, q, k, v, *, q_descale=None, k_descale=None, v_descale=None, out_dtype=None, **options):
+    @with_options(table=FP8_OPTIONS)
+    def sdpa_fp8(self, q, k, v, **options):
         fn = "numpy.sdpa_fp8"
-        o = {
-            "q_descale": q_descale,
-            "k_descale": k_descale,
-            "v_descale": v_descale,
-            "out_dtype": out_dtype,
-            **take(fn, options),
-        }
+        o = take(fn, options, table=FP8_OPTIONS)
         fp = plan_fp8(fn, q, k, v, o)
         return finish_fp8(fp, golden_fp8(fp, q, k, v, o, o["return_weights"]), o["return_weights"])
 
     @with_options()
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, **options):
-        options = take("numpy.mha", options)
-        mask, bias, return_weights = options.pop("mask"), options.pop("bias"), options.pop("return_weights")
-        inputs = (query, key, value, params, num_heads, num_kv_heads, mask, bias)
-        _mha.validate("numpy.mha", _info, _same, inputs, options)
+        o = take("numpy.mha", options)
+        _mha.validate("numpy.mha", _info, _same, (query, key, value, params, num_heads, num_kv_heads), o)
         if isinstance(params, MHAArrays):
             params = MHAParams(**vars(params))
-        return mha(
-            query,
-            key,
-            value,
-            params,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            mask=mask,
-            bias=bias,
-            return_weights=return_weights,
-            **options,
-        )
+        return mha(query, key, value, params, num_heads=num_heads, num_kv_heads=num_kv_heads, **o)
 
     @with_options(table=LSH_OPTIONS)
     def lsh_attention(self, x, v, **options):
@@ -115,15 +96,9 @@ class NumpyBackend(Backend):
     def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, **options):
         if isinstance(params, MHAArrays):
             params = MHAParams(**vars(params))
+        o = take("numpy.mha_vjp", options, outputs=False)
         grads = spec_mha_vjp(
-            query,
-            key,
-            value,
-            params,
-            d_out,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            **take("numpy.mha_vjp", options, outputs=False),
+            query, key, value, params, d_out, num_heads=num_heads, num_kv_heads=num_kv_heads, **o
         )
         return (*grads[:3], MHAArrays(**vars(grads[3])), *grads[4:])
 

@@ -44,7 +44,6 @@ from attnspec.backends._common import (
     per_sequence_rules,
     spec_visibility,
     to_reference,
-    variant_keywords,
     visibility,
     with_mask_and_bias,
 )
@@ -111,10 +110,15 @@ class TorchArrays(_vjp.Autodiff, Backend):
 
     def supports(self, feature: str, **case) -> list[str]:
         reasons = super().supports(feature, **case)  # _vjp.Autodiff's, then the base class'
-        if (feature in ("lsh_attention", "lsh_attention_vjp") and feature in self.implements
-                and importlib.util.find_spec("array_api_compat") is None):
-            reasons.append(f"{self.name}.{feature} runs on array-api-compat's torch namespace, which is "
-                           "not installed (pip install 'attnspec[torch]')")
+        if (
+            feature in ("lsh_attention", "lsh_attention_vjp")
+            and feature in self.implements
+            and importlib.util.find_spec("array_api_compat") is None
+        ):
+            reasons.append(
+                f"{self.name}.{feature} runs on array-api-compat's torch namespace, which is "
+                "not installed (pip install 'attnspec[torch]')"
+            )
         return reasons
 
     def variant_refusals(self, feature: str, options: dict) -> list[str]:
@@ -151,13 +155,16 @@ def with_head(x: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(0) if x.ndim == 2 else x  # (L, d) -> (1, L, d): one head
 
 
-def structural_visibility(p: SDPAPlan, device, q_segment_ids=None, kv_segment_ids=None) -> torch.Tensor | None:
+def structural_visibility(
+    p: SDPAPlan, device, q_segment_ids=None, kv_segment_ids=None
+) -> torch.Tensor | None:
     if per_sequence_rules(p, q_segment_ids, kv_segment_ids):  # data-dependent anchors: read the ids back
         vis = spec_visibility(p, _ids_to_numpy(q_segment_ids), _ids_to_numpy(kv_segment_ids))
         return None if vis is None else torch.from_numpy(np.ascontiguousarray(vis)).to(device)
     q_len, kv_len = (None if a is None else torch.from_numpy(a).to(device) for a in lengths_column(p))
-    return visibility(p.n, p.m, p.causal, p.window, q_len, kv_len,
-                      lambda size: torch.arange(size, device=device))
+    return visibility(
+        p.n, p.m, p.causal, p.window, q_len, kv_len, lambda size: torch.arange(size, device=device)
+    )
 
 
 def _ids_to_numpy(ids) -> np.ndarray | None:
@@ -205,14 +212,18 @@ class TorchBackend(TorchArrays):
     name = "torch"
     variants = frozenset(VARIANT_FEATURES + DRAWN_VARIANTS)
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
-             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
-             return_weights=False, return_lse=False):
-        variants = variant_keywords(locals())
-        drawn_p = drawn_dropout_p("torch.sdpa", variants)
-        p = self._plan("torch.sdpa", q, k, v, mask, bias, causal, window, scale, q_lengths, kv_lengths,
-                       **variants)
+    @with_options()
+    def sdpa(self, q, k, v, **options):
+        o = take("torch.sdpa", options)
+        mask, bias, alibi_slopes, sinks = o["mask"], o["bias"], o["alibi_slopes"], o["sinks"]
+        q_segment_ids, kv_segment_ids, dropout_mask = (
+            o["q_segment_ids"],
+            o["kv_segment_ids"],
+            o["dropout_mask"],
+        )
+        return_weights, return_lse = o["return_weights"], o["return_lse"]
+        drawn_p = drawn_dropout_p("torch.sdpa", o)
+        p = self._plan_of("torch.sdpa", q, k, v, o)
         if is_empty(p):
             return _xp_core.empty(_xp(), p, q.dtype, q.device, return_weights, sinks)
         if drawn_p:  # keep each weight with probability 1 - p, independently (rand is in [0, 1))
@@ -225,51 +236,83 @@ class TorchBackend(TorchArrays):
         v = with_head(v).expand(*p.batch, p.hkv, p.m, p.dv)
         finite_q, finite_k, finite_v = _finite(q, k, v)
         # softcap, sinks, lse and dropout change the softmax: no fused kernel has them
-        softmax_variant = (softcap is not None or sinks is not None or return_lse
-                           or dropout_mask is not None)
-        plain_causal = (p.causal == "upper_left" and mask is None and bias is None
-                        and p.window is None and p.q_lengths is None and p.kv_lengths is None
-                        and q_segment_ids is None and alibi_slopes is None and not softmax_variant)
+        softmax_variant = p.softcap is not None or sinks is not None or return_lse or dropout_mask is not None
+        plain_causal = (
+            p.causal == "upper_left"
+            and mask is None
+            and bias is None
+            and p.window is None
+            and p.q_lengths is None
+            and p.kv_lengths is None
+            and q_segment_ids is None
+            and alibi_slopes is None
+            and not softmax_variant
+        )
         if plain_causal and finite_q and finite_k and finite_v and not return_weights:
             # the common case needs no mask at all
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=p.scale,
-                                                 enable_gqa=p.group > 1)
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=p.scale, enable_gqa=p.group > 1
+            )
             return out.reshape(p.out_shape)
 
-        vis = with_mask_and_bias(structural_visibility(p, q.device, q_segment_ids, kv_segment_ids),
-                                 mask, bias, -math.inf)
+        vis = with_mask_and_bias(
+            structural_visibility(p, q.device, q_segment_ids, kv_segment_ids), mask, bias, -math.inf
+        )
         if not (finite_k and finite_v) and vis is not None:
             # fixes torch.masked-nonfinite-k and torch.masked-nonfinite-v where it can stay fused
             k, v = _drop_hidden_keys(p, vis, k, v)
             finite_q, finite_k, finite_v = _finite(q, k, v)
         # the exact path covers torch.masked-nonfinite-k/-v where zeroing cannot, and fixes
         # torch.nonfinite-query-row-zeroed
-        if (return_weights or softmax_variant or not (finite_q and finite_k and finite_v)
-                or _below_kernel_floor(p, q, k, bias)):
+        if (
+            return_weights
+            or softmax_variant
+            or not (finite_q and finite_k and finite_v)
+            or _below_kernel_floor(p, q, k, bias)
+        ):
             ct = torch.float64 if q.dtype == torch.float64 else torch.float32
-            alibi = None if alibi_slopes is None else alibi_term(p, alibi_slopes, q_segment_ids,
-                                                                 kv_segment_ids, ct)
+            alibi = (
+                None
+                if alibi_slopes is None
+                else alibi_term(p, alibi_slopes, q_segment_ids, kv_segment_ids, ct)
+            )
             out, weights, lse = _xp_core.attention(
-                _xp(), p, q, k, v, vis, bias, nonfinite_v=not bool(torch.isfinite(v).all()),
-                want_weights=return_weights, alibi=alibi, sinks=sinks, keep=dropout_mask)
+                _xp(),
+                p,
+                q,
+                k,
+                v,
+                vis,
+                bias,
+                nonfinite_v=not bool(torch.isfinite(v).all()),
+                want_weights=return_weights,
+                alibi=alibi,
+                sinks=sinks,
+                keep=dropout_mask,
+            )
             return _xp_core.results(p, out, weights, lse)
 
         additive = bias
         if alibi_slopes is not None:  # ALiBi is one more additive term, after bias (no softcap here)
             alibi = alibi_term(p, alibi_slopes, q_segment_ids, kv_segment_ids, q.dtype)
             additive = alibi if bias is None else bias + alibi
-        attn_mask = vis if additive is None else (
-            additive if vis is None else torch.where(vis, additive, -math.inf))  # one additive term
+        attn_mask = (
+            vis if additive is None else (additive if vis is None else torch.where(vis, additive, -math.inf))
+        )  # one additive term
         if attn_mask is not None and attn_mask.ndim < 2:  # torch wants (..., n, m)
             attn_mask = attn_mask.expand(p.n, p.m)
-        if attn_mask is not None and q.device.type != "cpu" and (
-                attn_mask.shape[-1] != p.m or attn_mask.stride(-1) != 1):
+        if (
+            attn_mask is not None
+            and q.device.type != "cpu"
+            and (attn_mask.shape[-1] != p.m or attn_mask.stride(-1) != 1)
+        ):
             # CUDA's memory-efficient backward refuses a mask broadcast along the keys ("(*bias):
             # last dimension must be contiguous"; H200, torch 2.11: q_lengths' (..., n, 1) mask,
             # in sdpa_vjp and in mha_vjp)
             attn_mask = attn_mask.expand(*attn_mask.shape[:-1], p.m).contiguous()
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=p.scale,
-                                             enable_gqa=p.group > 1)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, scale=p.scale, enable_gqa=p.group > 1
+        )
         if vis is not None and q.device.type != "cpu":
             # Rows with no visible key: every CPU kernel of torch 2.13 returns 0 (measured, so no
             # deviation is declared); GPU kernels could not be measured here, so make it sure.
@@ -288,19 +331,29 @@ class TorchBackend(TorchArrays):
             return None if x is None else self._info(fn, name, x)
 
         fp = validate_fp8(
-            fn, self._info(fn, "q", q), self._info(fn, "k", k), self._info(fn, "v", v),
-            q_descale=_descale_to_numpy(q_descale), k_descale=_descale_to_numpy(k_descale),
-            v_descale=_descale_to_numpy(v_descale), out_dtype=out_dtype,
+            fn,
+            self._info(fn, "q", q),
+            self._info(fn, "k", k),
+            self._info(fn, "v", v),
+            q_descale=_descale_to_numpy(q_descale),
+            k_descale=_descale_to_numpy(k_descale),
+            v_descale=_descale_to_numpy(v_descale),
+            out_dtype=out_dtype,
             **{name: info(name, o[name]) for name in ARRAY_NAMES},
-            **{name: _lengths_to_numpy(o[name]) if name.endswith("_lengths") else o[name] for name in VALUE_NAMES},
-            return_lse=o["return_lse"])
+            **{
+                name: _lengths_to_numpy(o[name]) if name.endswith("_lengths") else o[name]
+                for name in VALUE_NAMES
+            },
+            return_lse=o["return_lse"],
+        )
 
         def dequantize(x, descale):  # (..., H, L, d) float32; descale (*batch, H)
             d = torch.from_numpy(descale.astype(np.float32)).to(x.device)
             return with_head(x).to(torch.float32) * d[..., :, None, None]
 
-        results = self.sdpa(dequantize(q, fp.q_descale), dequantize(k, fp.k_descale), dequantize(v, fp.v_descale),
-                            **o)
+        results = self.sdpa(
+            dequantize(q, fp.q_descale), dequantize(k, fp.k_descale), dequantize(v, fp.v_descale), **o
+        )
         results = list(results) if isinstance(results, tuple) else [results]
         p, out_dt = fp.sdpa, getattr(torch, fp.out_dtype)
         shaped = [results[0].reshape(p.out_shape).to(out_dt)]  # a rank-2 q gained a head axis above
@@ -316,9 +369,10 @@ class TorchBackend(TorchArrays):
         # deviations of torch.nn.MultiheadAttention: the mask keeps the spec's polarity, True =
         # may attend (torch.mha-mask-polarity); a row with no visible key gets sdpa's 0, so b_o
         # (torch.mha-empty-row-nan); weights come back per head (torch.mha-weights-head-averaged).
-        return _mha.run(self, "torch.mha", TorchHeadOps(), self._info, _lengths_to_numpy,
-                        lambda: str(query.device), query, key, value, params, num_heads=num_heads,
-                        num_kv_heads=num_kv_heads, **take("torch.mha", options))
+        inputs, o = (query, key, value, params, num_heads, num_kv_heads), take("torch.mha", options)
+        return _mha.run(
+            self, "torch.mha", TorchHeadOps(), _lengths_to_numpy, lambda: str(query.device), inputs, o
+        )
 
     @with_options(table=LSH_OPTIONS)
     def lsh_attention(self, x, v, **options):
@@ -334,8 +388,15 @@ class TorchBackend(TorchArrays):
         else:
             kv = _lsh_xp.kv_flat(p)
             out, buckets = _lsh_xp.lsh_attention(
-                xp, p, x, v, rotations.to(x.device), None if kv is None else torch.tensor(kv, device=x.device),
-                nonfinite_v=not bool(torch.isfinite(v).all()), device=x.device)
+                xp,
+                p,
+                x,
+                v,
+                rotations.to(x.device),
+                None if kv is None else torch.tensor(kv, device=x.device),
+                nonfinite_v=not bool(torch.isfinite(v).all()),
+                device=x.device,
+            )
         return (out, buckets) if o["return_buckets"] else out
 
 

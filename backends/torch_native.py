@@ -96,8 +96,9 @@ class TorchNativeBackend(TorchArrays):
         variants = variant_keywords(o)
         mask, bias, causal, return_weights = o["mask"], o["bias"], o["causal"], o["return_weights"]
         options = {name: o[name] for name in ("causal", "window", "scale", "q_lengths", "kv_lengths")}
-        inputs = (query, key, value, params, num_heads, num_kv_heads, mask, bias)
-        p = _mha.validate(fn, self._info, _lengths_to_numpy, inputs, {**options, **variants})
+        p = _mha.validate(
+            fn, self._info, _lengths_to_numpy, (query, key, value, params, num_heads, num_kv_heads), o
+        )
         # the module has none of the variants (its dropout draws its own mask): refused, not emulated
         self.refuse_variants("mha", {**variants, "causal": causal})
         prm = _mha.arrays_of(self, params, p.dtype, str(query.device))

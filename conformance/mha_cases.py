@@ -1,4 +1,5 @@
-"""Hypothesis strategies, calls and the bad-input catalogue for the mha conformance properties.
+"""Hypothesis strategies and calls for the mha conformance properties (its bad inputs are in
+`attnspec.spec.bad_inputs`, beside sdpa's).
 
 A drawn `MHACase` is one multi-head attention layer and one call of it: NumPy inputs already
 rounded to the case dtype, `MHAParams` drawn in that dtype too (so a backend that converts them
@@ -10,8 +11,7 @@ menus of `attnspec.conformance.hypothesis_helpers`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
-from types import SimpleNamespace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -33,21 +33,20 @@ from attnspec.spec.mha import MHAParams, plan_mha_numpy
 from attnspec.spec.options import NAMES
 from attnspec.spec.tolerance_mha import MHAGolden, mha_golden
 
-__all__ = ["MHA_BAD_INPUTS", "MHA_FEATURES", "MHABadInput", "MHACase", "call_mha", "golden_for_mha",
-           "mha_cases", "mha_plan"]
+__all__ = ["MHA_FEATURES", "MHACase", "call_mha", "golden_for_mha", "mha_cases", "mha_plan"]
 
 MHA_FEATURES = (
-    "plain", "no_bias", "kdim_vdim", "gqa", "mqa", "rank2", "batch_broadcast", "scale",
-    "mask", "bias", "bias_neg_inf", "causal_upper_left", "causal_lower_right", "window",
-    "kv_lengths", "q_lengths", "no_visible_rows", "empty", "combined",
+    *("plain", "no_bias", "kdim_vdim", "gqa", "mqa", "rank2", "batch_broadcast", "scale"),  # the layer
+    *("mask", "bias", "bias_neg_inf", "causal_upper_left", "causal_lower_right", "window"),  # visibility
+    *("kv_lengths", "q_lengths", "no_visible_rows", "empty", "combined"),  # lengths, edges, all at once
     *VARIANT_CASE_FEATURES,  # sdpa's variants (issue #15), passed through to every head
 )
 #: the variant features of `MHA_FEATURES` (the names `attnspec.backends.VARIANT_FEATURES` uses)
-MHA_VARIANT_FEATURES = MHA_FEATURES[MHA_FEATURES.index("softcap"):]
+MHA_VARIANT_FEATURES = MHA_FEATURES[MHA_FEATURES.index("softcap") :]
 #: the others; mha_vjp's gradient properties draw only these, since its gradient tolerance
 #: (`attnspec.spec.tolerance_grads.mha_vjp_allowed`) has no reference backward with the variants
 #: yet (sdpa_vjp's has)
-MHA_BASE_FEATURES = MHA_FEATURES[:MHA_FEATURES.index("softcap")]
+MHA_BASE_FEATURES = MHA_FEATURES[: MHA_FEATURES.index("softcap")]
 #: sdpa's keywords besides mask and bias, which mha passes through
 SDPA_OPTIONS = tuple(name for name in NAMES if name not in ("mask", "bias", "return_weights"))
 PARAM_FIELDS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
@@ -69,42 +68,61 @@ class MHACase(DrawnCase):
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {"query": self.q.shape, "key": self.k.shape, "value": self.v.shape,
-                "w_k": self.params.w_k.shape}
+        return {
+            "query": self.q.shape,
+            "key": self.k.shape,
+            "value": self.v.shape,
+            "w_k": self.params.w_k.shape,
+        }
 
     @property
     def feature_case(self) -> dict[str, Any]:
         """What `Backend.supports` needs to know about the parameters."""
         biases = [getattr(self.params, b) is not None for b in ("b_q", "b_k", "b_v", "b_o")]
-        return {"embed_dim": self.params.embed_dim, "kdim": self.params.kdim, "vdim": self.params.vdim,
-                "kv_dim": self.params.kv_dim,
-                "param_biases": "all" if all(biases) else "some" if any(biases) else "none"}
+        return {
+            "embed_dim": self.params.embed_dim,
+            "kdim": self.params.kdim,
+            "vdim": self.params.vdim,
+            "kv_dim": self.params.kv_dim,
+            "param_biases": "all" if all(biases) else "some" if any(biases) else "none",
+        }
 
     def describe(self) -> str:
         p = self.params
         opts = options_text(self.options)
         biases = "on" if p.b_q is not None else "off"
-        return (f"feature={self.feature} dtype={self.dtype} query{self.q.shape} key{self.k.shape} "
-                f"value{self.v.shape} E={p.embed_dim} kdim={p.kdim} vdim={p.vdim} kv_dim={p.kv_dim} "
-                f"biases={biases} {opts}").rstrip()
+        return (
+            f"feature={self.feature} dtype={self.dtype} query{self.q.shape} key{self.k.shape} "
+            f"value{self.v.shape} E={p.embed_dim} kdim={p.kdim} vdim={p.vdim} kv_dim={p.kv_dim} "
+            f"biases={biases} {opts}"
+        ).rstrip()
 
     def asking_weights(self) -> MHACase:
-        return replace(self, options={**self.options, "return_weights": True},
-                       tags=self.tags | {"return_weights"})
+        return replace(
+            self, options={**self.options, "return_weights": True}, tags=self.tags | {"return_weights"}
+        )
 
     def repro(self, backend_name: str, device: str | None, **extra: Any) -> str:
         """A self-contained snippet: rebuild the case, call the backend and the golden."""
         dt = "ml_dtypes.bfloat16" if self.dtype == "bfloat16" else f"np.{self.dtype}"
-        lines = ["import numpy as np, ml_dtypes", "import attnspec.spec",
-                 "from attnspec.conformance.pytest_helpers import resolve_backend",
-                 f"b = resolve_backend({backend_name!r})"]
+        lines = [
+            "import numpy as np, ml_dtypes",
+            "import attnspec.spec",
+            "from attnspec.conformance.pytest_helpers import resolve_backend",
+            f"b = resolve_backend({backend_name!r})",
+        ]
         inputs = (("query", self.q), ("key", self.k), ("value", self.v))
         lines += [f"{name} = {array_source(x, dt)}" for name, x in inputs]
-        prm = ", ".join(f"{f}={array_source(getattr(self.params, f), dt)}" for f in PARAM_FIELDS
-                        if getattr(self.params, f) is not None)
+        prm = ", ".join(
+            f"{f}={array_source(getattr(self.params, f), dt)}"
+            for f in PARAM_FIELDS
+            if getattr(self.params, f) is not None
+        )
         lines.append(f"params = attnspec.spec.MHAParams({prm})")
-        opts = [f"{k}={array_source(v, dt) if isinstance(v, np.ndarray) else repr(v)}"
-                for k, v in sorted({**self.options, **extra}.items())]
+        opts = [
+            f"{k}={array_source(v, dt) if isinstance(v, np.ndarray) else repr(v)}"
+            for k, v in sorted({**self.options, **extra}.items())
+        ]
         dev = f", device={device!r}" if device else ""
         lines += [
             f"golden = attnspec.spec.mha(query, key, value, params, {', '.join(opts)})",
@@ -120,8 +138,18 @@ class MHACase(DrawnCase):
 def mha_plan(case: MHACase):
     """The validated plan of the case's per-head sdpa call (q (..., H, n, hd) and so on)."""
     o = case.options
-    return plan_mha_numpy("mha", case.q, case.k, case.v, case.params, o["num_heads"], o.get("num_kv_heads"),
-                     o.get("mask"), o.get("bias"), {k: o[k] for k in SDPA_OPTIONS if k in o})
+    return plan_mha_numpy(
+        "mha",
+        case.q,
+        case.k,
+        case.v,
+        case.params,
+        o["num_heads"],
+        o.get("num_kv_heads"),
+        o.get("mask"),
+        o.get("bias"),
+        {k: o[k] for k in SDPA_OPTIONS if k in o},
+    )
 
 
 @st.composite
@@ -136,8 +164,11 @@ def mha_cases(draw, dtype: str, features: tuple[str, ...] = MHA_FEATURES) -> MHA
     kv_heads = heads
     if feature in ("gqa", "combined"):
         heads = draw(st.sampled_from([2, 4, 6]))
-        kv_heads = draw(st.sampled_from([d for d in range(1, heads + 1) if heads % d == 0
-                                         and (d < heads or feature == "combined")]))
+        kv_heads = draw(
+            st.sampled_from(
+                [d for d in range(1, heads + 1) if heads % d == 0 and (d < heads or feature == "combined")]
+            )
+        )
     if feature == "mqa":
         heads, kv_heads = draw(st.sampled_from([2, 4])), 1
     hd = draw(st.sampled_from(HEAD_DIMS))
@@ -148,8 +179,16 @@ def mha_cases(draw, dtype: str, features: tuple[str, ...] = MHA_FEATURES) -> MHA
         vdim = draw(st.sampled_from([2, 4, 7, e]))
     with_bias = feature != "no_bias" and (feature != "combined" or draw(st.booleans()))
     npdt = NP_DTYPES[dtype]
-    params = MHAParams.init(e, heads, num_kv_heads=kv_heads, kdim=kdim, vdim=vdim, bias=with_bias,
-                            seed=int(rng.integers(2**31)), dtype=npdt)
+    params = MHAParams.init(
+        e,
+        heads,
+        num_kv_heads=kv_heads,
+        kdim=kdim,
+        vdim=vdim,
+        bias=with_bias,
+        seed=int(rng.integers(2**31)),
+        dtype=npdt,
+    )
     if kv_heads < heads:
         tags.add("gqa")
     if kdim != e or vdim != e:
@@ -186,7 +225,9 @@ def mha_cases(draw, dtype: str, features: tuple[str, ...] = MHA_FEATURES) -> MHA
             bias = np.where(rng.random(bias.shape) < 0.3, -np.inf, bias)
         options["bias"] = bias.astype(npdt)
     if feature in ("causal_upper_left", "window", "combined"):
-        options["causal"] = draw(st.sampled_from(["upper_left", None] if feature == "window" else ["upper_left"]))
+        options["causal"] = draw(
+            st.sampled_from(["upper_left", None] if feature == "window" else ["upper_left"])
+        )
         if options["causal"] is None:
             del options["causal"]
     if feature == "causal_lower_right" or (feature == "combined" and draw(st.booleans())):
@@ -194,7 +235,9 @@ def mha_cases(draw, dtype: str, features: tuple[str, ...] = MHA_FEATURES) -> MHA
     if feature in ("window", "combined"):
         options["window"] = (draw(st.integers(0, 4)), draw(st.integers(0, 4)))
     if feature in ("kv_lengths", "no_visible_rows", "combined"):
-        options["kv_lengths"] = rng.integers(0 if feature == "no_visible_rows" else min(1, m), m + 1, size=batch)
+        options["kv_lengths"] = rng.integers(
+            0 if feature == "no_visible_rows" else min(1, m), m + 1, size=batch
+        )
     if feature in ("q_lengths", "combined"):
         options["q_lengths"] = rng.integers(0, n + 1, size=batch)
     if feature in MHA_VARIANT_FEATURES:
@@ -204,8 +247,9 @@ def mha_cases(draw, dtype: str, features: tuple[str, ...] = MHA_FEATURES) -> MHA
     return retag(case)
 
 
-def _draw_variants(draw, rng, feature: str, options: dict[str, Any], batch, heads: int, n: int, m: int,
-                   npdt) -> None:
+def _draw_variants(
+    draw, rng, feature: str, options: dict[str, Any], batch, heads: int, n: int, m: int, npdt
+) -> None:
     """One variant (or all, ``variants_combined``) into ``options``, as sdpa's variant cases draw
     them, with the layer's H query heads."""
     every = feature == "variants_combined"
@@ -251,101 +295,17 @@ def golden_for_mha(case: MHACase) -> MHAGolden:
 def call_mha(backend, case: MHACase, device: str | None, *, as_arrays: bool = False, params=None):
     """Run the case on ``backend``: inputs through ``asarray``; params as the NumPy MHAParams, or,
     with ``as_arrays``, as an MHAArrays made by ``backend.asparams`` in the case dtype."""
-    conv = {name: backend.asarray(v, device=device) if isinstance(v, np.ndarray) else v
-            for name, v in case.options.items()}
+    conv = {
+        name: backend.asarray(v, device=device) if isinstance(v, np.ndarray) else v
+        for name, v in case.options.items()
+    }
     params = case.params if params is None else params
     if as_arrays:
         params = backend.asparams(params, case.dtype, device)
-    return backend.mha(backend.asarray(case.q, device=device), backend.asarray(case.k, device=device),
-                       backend.asarray(case.v, device=device), params, **conv)
-
-
-# -- bad input ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class MHABadInput:
-    """One mha call the spec refuses; ``match`` leaves out the function name.
-
-    ``params`` names the layer: ``"p8"`` (E=8, kdim=vdim=8), ``"gqa"`` (E=8, 4 heads, 2 kv heads),
-    ``"kv"`` (E=8, kdim=3, vdim=5), ``"dict"`` (a plain dict, not parameters); or ``"raw"``: the
-    fields of ``p8`` with ``raw`` replacing some, handed to ``Backend.asparams`` (MHAParams would
-    refuse them), so the backend's own check of an MHAArrays is what must refuse them.
-    """
-
-    id: str
-    match: str
-    query: tuple[int, ...] = (2, 4, 8)
-    key: tuple[int, ...] = (2, 6, 8)
-    value: tuple[int, ...] = (2, 6, 8)
-    dtypes: tuple[str, str, str] = ("float32", "float32", "float32")
-    params: str = "p8"
-    raw: dict[str, Any] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def build(self) -> tuple[tuple[np.ndarray, ...], Any, dict[str, Any]]:
-        """((query, key, value), params, options) as NumPy; params as described above."""
-        rng = np.random.default_rng(0)
-        qkv = tuple(rng.standard_normal(s).astype(dt) for s, dt in zip((self.query, self.key, self.value), self.dtypes))
-        layers = {
-            "p8": lambda: MHAParams.init(8, 2, seed=0, dtype=np.float32),
-            "gqa": lambda: MHAParams.init(8, 4, num_kv_heads=2, seed=0, dtype=np.float32),
-            "kv": lambda: MHAParams.init(8, 2, kdim=3, vdim=5, seed=0, dtype=np.float32),
-        }
-        if self.params == "dict":
-            params: Any = {"w_q": np.eye(8, dtype=np.float32)}
-        elif self.params == "raw":
-            base = layers["p8"]()
-            params = SimpleNamespace(**{f.name: getattr(base, f.name) for f in fields(MHAParams)})
-            for name, value in self.raw.items():
-                setattr(params, name, value)
-        else:
-            params = layers[self.params]()
-        return qkv, params, {"num_heads": 2, **self.options}
-
-
-_f32 = np.float32
-MHA_BAD_INPUTS: tuple[MHABadInput, ...] = (
-    MHABadInput("embed_dim_not_multiple", r"embed_dim=8 must be a positive multiple of num_heads=3",
-                options={"num_heads": 3}),
-    MHABadInput("num_heads_zero", r"num_heads=0 must be an int >= 1", options={"num_heads": 0}),
-    MHABadInput("heads_not_multiple_of_kv", r"num_heads=4 must be a multiple of num_kv_heads=3",
-                options={"num_heads": 4, "num_kv_heads": 3}),
-    MHABadInput("kv_rows_vs_heads", r"params\.w_k\.shape\[0\]=4 must equal num_kv_heads \* head_dim = 4 \* 2",
-                params="gqa", options={"num_heads": 4}),
-    MHABadInput("query_features", r"query\.shape\[-1\]=6 must equal params\.embed_dim=8", query=(2, 4, 6)),
-    MHABadInput("key_features", r"key\.shape\[-1\]=8 must equal params\.kdim=3", params="kv", value=(2, 6, 5)),
-    MHABadInput("value_features", r"value\.shape\[-1\]=8 must equal params\.vdim=5", params="kv", key=(2, 6, 3)),
-    MHABadInput("key_value_lengths", r"value\.shape\[-2\]=5 must equal key\.shape\[-2\]=6", value=(2, 5, 8)),
-    MHABadInput("query_rank_1", r"query\.ndim=1 must be >= 2", query=(8,)),
-    MHABadInput("mixed_dtypes", r"query, key and value must share one dtype, got query\.dtype=float64",
-                dtypes=("float64", "float32", "float32")),
-    MHABadInput("int_dtype", r"query\.dtype=int32 must be one of", dtypes=("int32", "int32", "int32")),
-    MHABadInput("batch_not_broadcast", r"leading batch dims do not broadcast: query \(3,\), key \(2,\)",
-                query=(3, 4, 8)),
-    MHABadInput("bias_dtype", r"bias\.dtype=float64 must equal query\.dtype=float32",
-                options={"bias": np.zeros((4, 6))}),
-    MHABadInput("mask_not_bool", r"mask\.dtype=float32 must be bool", options={"mask": np.ones((4, 6), _f32)}),
-    MHABadInput("mask_shape", r"mask\.shape=\(3, 2, 4, 6\) must broadcast to \(\.\.\., Hq, n, m\)=\(2, 2, 4, 6\)",
-                options={"mask": np.ones((3, 2, 4, 6), bool)}),
-    MHABadInput("causal_true", r"causal=True is not supported", options={"causal": True}),
-    MHABadInput("kv_lengths_too_long", r"kv_lengths must lie in \[0, m=6\]", options={"kv_lengths": np.array(7)}),
-    MHABadInput("scale_negative", r"scale=-1\.0 must be finite and > 0", options={"scale": -1.0}),
-    MHABadInput("params_type", r"params must be an MHAParams.*got dict", params="dict"),
-    MHABadInput("w_q_not_square", r"params\.w_q\.shape=\(8, 6\) must be \(8, 8\)", params="raw",
-                raw={"w_q": np.ones((8, 6), _f32)}),
-    MHABadInput("w_v_rows", r"params\.w_v\.shape=\(4, 8\) must be \(8, 8\)", params="raw",
-                raw={"w_v": np.ones((4, 8), _f32)}),
-    MHABadInput("b_o_length", r"params\.b_o\.shape=\(7,\) must be \(8,\)", params="raw",
-                raw={"b_o": np.zeros(7, _f32)}),
-    MHABadInput("weight_rank", r"params\.w_k\.ndim=1 must be 2", params="raw", raw={"w_k": np.ones(8, _f32)}),
-    # the variants: checked against the layer's heads (H = 2 here), named as mha's arguments
-    MHABadInput("softcap_zero", r"softcap=0\.0 must be finite and > 0", options={"softcap": 0.0}),
-    MHABadInput("sinks_per_kv_head", r"sinks\.shape=\(3,\) must be \(Hq,\)=\(2,\)",
-                options={"sinks": np.ones(3, _f32)}),
-    MHABadInput("alibi_slopes_shape", r"alibi_slopes\.shape=\(3, 2\) must be \(Hq,\)=\(2,\)",
-                options={"alibi_slopes": np.ones((3, 2), _f32)}),
-    MHABadInput("segment_ids_float", r"q_segment_ids\.dtype=float32 must be an integer dtype",
-                options={"q_segment_ids": np.zeros((2, 4), _f32), "kv_segment_ids": np.zeros((2, 6), _f32)}),
-    MHABadInput("dropout_mask_without_p", r"dropout_mask was given without dropout_p",
-                options={"dropout_mask": np.ones((4, 6), bool)}),
-)
+    return backend.mha(
+        backend.asarray(case.q, device=device),
+        backend.asarray(case.k, device=device),
+        backend.asarray(case.v, device=device),
+        params,
+        **conv,
+    )

@@ -11,7 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnspec.conformance.mha_cases import (
-    MHA_BAD_INPUTS,
     MHA_VARIANT_FEATURES,
     SDPA_OPTIONS,
     MHACase,
@@ -21,6 +20,7 @@ from attnspec.conformance.mha_cases import (
     retag,
 )
 from attnspec.conformance.pytest_helpers import Verdict, bad_input_verdict, check_metadata, comparison_lines
+from attnspec.spec.bad_inputs import MHA_BAD_INPUTS
 from attnspec.spec.mha import MHAParams, merge_heads, split_heads
 from attnspec.spec.sdpa import sdpa
 from attnspec.spec.tolerance import Comparison, compare
@@ -258,7 +258,7 @@ class _BadCase:
         return f"feature=bad_input {sorted(self.tags - {'bad_input'})[0]}"
 
     def repro(self, backend_name: str, device, **extra) -> str:
-        return f"# see attnspec.conformance.mha_cases.MHA_BAD_INPUTS, entry {self.describe()}"
+        return f"# see attnspec.spec.bad_inputs.MHA_BAD_INPUTS, entry {self.describe()}"
 
 
 @pytest.mark.parametrize("bad", MHA_BAD_INPUTS, ids=lambda b: b.id)

@@ -9,14 +9,20 @@ out the function name, so it holds for ``sdpa``, ``torch.sdpa`` and the rest).
 alibi_slopes, sinks, segment ids, dropout, return_lse), in the same format. They are a tuple of
 their own so that a backend that does not take those keywords yet is not judged on them by the
 suites that run `SDPA_BAD_INPUTS`; `ALL_SDPA_BAD_INPUTS` is both.
+
+`MHA_BAD_INPUTS` are mha's (`MHABadInput`: a layer's parameters besides query, key and value),
+the variants' included: mha checks them against its heads and names them as its arguments.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+
+from attnspec.spec.mha_params import MHAParams
 
 
 @dataclass(frozen=True)
@@ -207,3 +213,148 @@ SDPA_VARIANT_BAD_INPUTS: tuple[BadInput, ...] = (
     ),
 )
 ALL_SDPA_BAD_INPUTS: tuple[BadInput, ...] = SDPA_BAD_INPUTS + SDPA_VARIANT_BAD_INPUTS
+
+
+@dataclass(frozen=True)
+class MHABadInput:
+    """One mha call the spec refuses; ``match`` leaves out the function name.
+
+    ``params`` names the layer: ``"p8"`` (E=8, kdim=vdim=8), ``"gqa"`` (E=8, 4 heads, 2 kv heads),
+    ``"kv"`` (E=8, kdim=3, vdim=5), ``"dict"`` (a plain dict, not parameters); or ``"raw"``: the
+    fields of ``p8`` with ``raw`` replacing some, handed to ``Backend.asparams`` (MHAParams would
+    refuse them), so the backend's own check of an MHAArrays is what must refuse them.
+    """
+
+    id: str
+    match: str
+    query: tuple[int, ...] = (2, 4, 8)
+    key: tuple[int, ...] = (2, 6, 8)
+    value: tuple[int, ...] = (2, 6, 8)
+    dtypes: tuple[str, str, str] = ("float32", "float32", "float32")
+    params: str = "p8"
+    raw: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def build(self) -> tuple[tuple[np.ndarray, ...], Any, dict[str, Any]]:
+        """((query, key, value), params, options) as NumPy; params as described above."""
+        rng = np.random.default_rng(0)
+        qkv = tuple(
+            rng.standard_normal(s).astype(dt)
+            for s, dt in zip((self.query, self.key, self.value), self.dtypes)
+        )
+        layers = {
+            "p8": lambda: MHAParams.init(8, 2, seed=0, dtype=np.float32),
+            "gqa": lambda: MHAParams.init(8, 4, num_kv_heads=2, seed=0, dtype=np.float32),
+            "kv": lambda: MHAParams.init(8, 2, kdim=3, vdim=5, seed=0, dtype=np.float32),
+        }
+        if self.params == "dict":
+            params: Any = {"w_q": np.eye(8, dtype=np.float32)}
+        elif self.params == "raw":
+            base = layers["p8"]()
+            params = SimpleNamespace(**{f.name: getattr(base, f.name) for f in fields(MHAParams)})
+            for name, value in self.raw.items():
+                setattr(params, name, value)
+        else:
+            params = layers[self.params]()
+        return qkv, params, {"num_heads": 2, **self.options}
+
+
+MHA_BAD_INPUTS: tuple[MHABadInput, ...] = (
+    MHABadInput(
+        "embed_dim_not_multiple",
+        r"embed_dim=8 must be a positive multiple of num_heads=3",
+        options={"num_heads": 3},
+    ),
+    MHABadInput("num_heads_zero", r"num_heads=0 must be an int >= 1", options={"num_heads": 0}),
+    MHABadInput(
+        "heads_not_multiple_of_kv",
+        r"num_heads=4 must be a multiple of num_kv_heads=3",
+        options={"num_heads": 4, "num_kv_heads": 3},
+    ),
+    MHABadInput(
+        "kv_rows_vs_heads",
+        r"params\.w_k\.shape\[0\]=4 must equal num_kv_heads \* head_dim = 4 \* 2",
+        params="gqa",
+        options={"num_heads": 4},
+    ),
+    MHABadInput("query_features", r"query\.shape\[-1\]=6 must equal params\.embed_dim=8", query=(2, 4, 6)),
+    MHABadInput(
+        "key_features", r"key\.shape\[-1\]=8 must equal params\.kdim=3", params="kv", value=(2, 6, 5)
+    ),
+    MHABadInput(
+        "value_features", r"value\.shape\[-1\]=8 must equal params\.vdim=5", params="kv", key=(2, 6, 3)
+    ),
+    MHABadInput("key_value_lengths", r"value\.shape\[-2\]=5 must equal key\.shape\[-2\]=6", value=(2, 5, 8)),
+    MHABadInput("query_rank_1", r"query\.ndim=1 must be >= 2", query=(8,)),
+    MHABadInput(
+        "mixed_dtypes",
+        r"query, key and value must share one dtype, got query\.dtype=float64",
+        dtypes=("float64", "float32", "float32"),
+    ),
+    MHABadInput("int_dtype", r"query\.dtype=int32 must be one of", dtypes=("int32", "int32", "int32")),
+    MHABadInput(
+        "batch_not_broadcast",
+        r"leading batch dims do not broadcast: query \(3,\), key \(2,\)",
+        query=(3, 4, 8),
+    ),
+    MHABadInput(
+        "bias_dtype",
+        r"bias\.dtype=float64 must equal query\.dtype=float32",
+        options={"bias": np.zeros((4, 6))},
+    ),
+    MHABadInput(
+        "mask_not_bool", r"mask\.dtype=float32 must be bool", options={"mask": np.ones((4, 6), _f32)}
+    ),
+    MHABadInput(
+        "mask_shape",
+        r"mask\.shape=\(3, 2, 4, 6\) must broadcast to \(\.\.\., Hq, n, m\)=\(2, 2, 4, 6\)",
+        options={"mask": np.ones((3, 2, 4, 6), bool)},
+    ),
+    MHABadInput("causal_true", r"causal=True is not supported", options={"causal": True}),
+    MHABadInput(
+        "kv_lengths_too_long", r"kv_lengths must lie in \[0, m=6\]", options={"kv_lengths": np.array(7)}
+    ),
+    MHABadInput("scale_negative", r"scale=-1\.0 must be finite and > 0", options={"scale": -1.0}),
+    MHABadInput("params_type", r"params must be an MHAParams.*got dict", params="dict"),
+    MHABadInput(
+        "w_q_not_square",
+        r"params\.w_q\.shape=\(8, 6\) must be \(8, 8\)",
+        params="raw",
+        raw={"w_q": np.ones((8, 6), _f32)},
+    ),
+    MHABadInput(
+        "w_v_rows",
+        r"params\.w_v\.shape=\(4, 8\) must be \(8, 8\)",
+        params="raw",
+        raw={"w_v": np.ones((4, 8), _f32)},
+    ),
+    MHABadInput(
+        "b_o_length",
+        r"params\.b_o\.shape=\(7,\) must be \(8,\)",
+        params="raw",
+        raw={"b_o": np.zeros(7, _f32)},
+    ),
+    MHABadInput("weight_rank", r"params\.w_k\.ndim=1 must be 2", params="raw", raw={"w_k": np.ones(8, _f32)}),
+    # the variants: checked against the layer's heads (H = 2 here), named as mha's arguments
+    MHABadInput("softcap_zero", r"softcap=0\.0 must be finite and > 0", options={"softcap": 0.0}),
+    MHABadInput(
+        "sinks_per_kv_head",
+        r"sinks\.shape=\(3,\) must be \(Hq,\)=\(2,\)",
+        options={"sinks": np.ones(3, _f32)},
+    ),
+    MHABadInput(
+        "alibi_slopes_shape",
+        r"alibi_slopes\.shape=\(3, 2\) must be \(Hq,\)=\(2,\)",
+        options={"alibi_slopes": np.ones((3, 2), _f32)},
+    ),
+    MHABadInput(
+        "segment_ids_float",
+        r"q_segment_ids\.dtype=float32 must be an integer dtype",
+        options={"q_segment_ids": np.zeros((2, 4), _f32), "kv_segment_ids": np.zeros((2, 6), _f32)},
+    ),
+    MHABadInput(
+        "dropout_mask_without_p",
+        r"dropout_mask was given without dropout_p",
+        options={"dropout_mask": np.ones((4, 6), bool)},
+    ),
+)

@@ -11,6 +11,7 @@ with a keyword the table does not have is refused as Python refuses it (`take`).
 
     OPTIONS                    the table: name, annotation, default, kind, variant
     LSH_OPTIONS                lsh_attention's table (`lsh_attention_vjp` and every backend's)
+    FP8_OPTIONS                sdpa_fp8's: its descales and out_dtype, then sdpa's
     NAMES, INPUT_NAMES         every keyword; those a vjp takes (no return_* keywords)
     ARRAY_NAMES, VALUE_NAMES   the array keywords; those read by value
     VARIANT_FEATURES           the attention variants (issue #15), as feature names
@@ -18,9 +19,13 @@ with a keyword the table does not have is refused as Python refuses it (`take`).
     VARIANT_ARRAYS             those of them that are arrays (the fields of `SDPAExtras`)
     with_options(...)          decorator: ``**options`` shown as the table's keywords
     take(fn, options, ...)     the call's keywords with the table's defaults, unknown ones refused
+    SDPAInputs, SDPAOptions    the tables as TypedDicts, for ``**options: Unpack[SDPAOptions]``:
+    LSHInputs, LSHOptions      how the `Backend` contract types its keywords for mypy (a test
+    FP8Options                 holds each to its table)
 
-The functions take ``table=LSH_OPTIONS`` for lsh_attention's keywords; `attnspec.spec.lsh_attention`
-writes its signature out as sdpa does, and a test checks it against that table.
+The functions take ``table=LSH_OPTIONS`` for lsh_attention's keywords and ``table=FP8_OPTIONS``
+for sdpa_fp8's; `attnspec.spec.lsh_attention` and `attnspec.spec.sdpa_fp8` write their own
+keywords out as sdpa does, and a test checks each against its table.
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 __all__ = [
     "ARRAY_NAMES",
+    "FP8_OPTIONS",
     "INPUT_NAMES",
     "LSH_OPTIONS",
     "NAMES",
@@ -41,7 +47,12 @@ __all__ = [
     "VARIANT_ARRAYS",
     "VARIANT_FEATURES",
     "VARIANT_KEYWORDS",
+    "FP8Options",
+    "LSHInputs",
+    "LSHOptions",
     "Option",
+    "SDPAInputs",
+    "SDPAOptions",
     "parameters",
     "signature",
     "take",
@@ -106,6 +117,16 @@ LSH_OPTIONS: tuple[Option, ...] = (
     Option("return_buckets", "bool", False, "output"),
 )
 
+#: every keyword of `attnspec.spec.sdpa_fp8`, in the order of its signature: its own (the descale
+#: factors, read by value, and the output dtype), then sdpa's
+FP8_OPTIONS: tuple[Option, ...] = (
+    Option("q_descale", "np.ndarray | float | None", None, "value"),
+    Option("k_descale", "np.ndarray | float | None", None, "value"),
+    Option("v_descale", "np.ndarray | float | None", None, "value"),
+    Option("out_dtype", "str | None", None, "value"),
+    *OPTIONS,
+)
+
 #: the attention variants, as the feature names a backend's ``variants`` holds and
 #: `attnspec.backends.base.variant_features` reports, in that order. All but
 #: ``causal_lower_right_lengths`` are keywords of the table; that one is a value of ``causal``.
@@ -119,6 +140,64 @@ ARRAY_NAMES = tuple(o.name for o in OPTIONS if o.kind == "array")
 VALUE_NAMES = tuple(o.name for o in OPTIONS if o.kind == "value")
 VARIANT_KEYWORDS = tuple(o.name for o in OPTIONS if o.variant is not None)
 VARIANT_ARRAYS = tuple(o.name for o in OPTIONS if o.variant is not None and o.kind == "array")
+
+
+class SDPAInputs(TypedDict, total=False):
+    """`OPTIONS` without the return_* keywords (the vjp forms' keywords), in the table's order.
+    Arrays are ``Any``: a backend's keywords are its framework's arrays."""
+
+    mask: Any
+    bias: Any
+    causal: str | None
+    window: tuple[int, int] | None
+    scale: float | None
+    q_lengths: Any
+    kv_lengths: Any
+    softcap: float | None
+    alibi_slopes: Any
+    sinks: Any
+    q_segment_ids: Any
+    kv_segment_ids: Any
+    dropout_mask: Any
+    dropout_p: float | None
+
+
+class SDPAOptions(SDPAInputs, total=False):
+    """Every keyword of `OPTIONS`, in its order."""
+
+    return_weights: bool
+    return_lse: bool
+
+
+class _FP8Keywords(TypedDict, total=False):
+    q_descale: Any
+    k_descale: Any
+    v_descale: Any
+    out_dtype: str | None
+
+
+class FP8Options(_FP8Keywords, SDPAOptions, total=False):
+    """Every keyword of `FP8_OPTIONS`, in its order."""
+
+
+class _LSHRequired(TypedDict):
+    rotations: Any
+    chunk_length: int
+
+
+class LSHInputs(_LSHRequired, total=False):
+    """`LSH_OPTIONS` without return_buckets (`lsh_attention_vjp`'s keywords), in its order."""
+
+    causal: bool
+    kv_lengths: Any
+    dedup: bool
+    scale: float | None
+
+
+class LSHOptions(LSHInputs, total=False):
+    """Every keyword of `LSH_OPTIONS`, in its order."""
+
+    return_buckets: bool
 
 
 def parameters(

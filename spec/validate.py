@@ -414,13 +414,14 @@ def plan_options(
     fn: str, q: np.ndarray, k: np.ndarray, v: np.ndarray, o: dict[str, Any]
 ) -> tuple[SDPAPlan, SDPAExtras]:
     """Validate an sdpa call on NumPy arrays, its keywords a dict as `attnspec.spec.options.take`
-    gives them, and return its plan and the variants' arrays (return_weights is not read)."""
+    gives them, and return its plan and the variants' arrays (return_weights is not read; a
+    keyword the dict lacks is at its default, None)."""
 
     def info(name: str, x: object) -> ArrayInfo | None:
         return None if x is None else numpy_info(fn, name, x)
 
-    arrays = {name: info(name, o[name]) for name in ARRAY_NAMES}
-    values = {name: o[name] for name in VALUE_NAMES}
+    arrays = {name: info(name, o.get(name)) for name in ARRAY_NAMES}
+    values = {name: o.get(name) for name in VALUE_NAMES}
     plan = validate_sdpa(
         fn,
         numpy_info(fn, "q", q),

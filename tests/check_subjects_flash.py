@@ -59,9 +59,12 @@ def _attend(q, k, v, scale, causal, window, softcap, slopes, anchor_on_padded=No
     return out, lse
 
 
-def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
-            causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_attn_probs=False,
-            upper_left=False):
+# FlashAttention's signatures, kept on few lines as its docs write them (formatted one argument a
+# line, they would be most of this file). Each wrong subject is its right one with a flag.
+def flash_varlen_numpy(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+                       causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                       return_attn_probs=False, *, upper_left=False):  # fmt: skip
+    """``flash_attn_varlen_func``'s semantics on packed (total, H, D) NumPy arrays."""
     dtype = q.dtype
     q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))  # (total, H, d)
     cq, ck = np.asarray(cu_seqlens_q), np.asarray(cu_seqlens_k)
@@ -73,31 +76,23 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     for s in range(len(cq) - 1):
         rows, keys = slice(cq[s], cq[s + 1]), slice(ck[s], ck[s + 1])
         sl = None if slopes is None else (slopes if slopes.ndim == 1 else slopes[s])
-        o, l_ = _attend(q[rows], k[keys], v[keys], scale, causal, window_size, softcap, sl,
-                        upper_left=upper_left)
+        o, l_ = _attend(
+            q[rows], k[keys], v[keys], scale, causal, window_size, softcap, sl, upper_left=upper_left
+        )
         out[rows], lse[:, rows] = o, l_
     out = out.astype(dtype)
     return (out, lse, None) if return_attn_probs else out
 
 
-def flash_varlen_numpy(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
-                       causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                       return_attn_probs=False):
-    """``flash_attn_varlen_func``'s semantics on packed (total, H, D) NumPy arrays."""
-    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                   window_size, softcap, alibi_slopes, return_attn_probs)
-
-
-def flash_varlen_upper_left(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            alibi_slopes=None, return_attn_probs=False):
+def flash_varlen_upper_left(*args, **kwargs):
     """Wrong: causal and window anchored upper-left (j <= i) in each sequence."""
-    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                   window_size, softcap, alibi_slopes, return_attn_probs, upper_left=True)
+    return flash_varlen_numpy(*args, **kwargs, upper_left=True)
 
 
-def _kvcache(q, k_cache, v_cache, cache_seqlens=None, softmax_scale=None, causal=False, window_size=(-1, -1),
-             softcap=0.0, alibi_slopes=None, return_softmax_lse=False, padded=False):
+def flash_kvcache_numpy(q, k_cache, v_cache, cache_seqlens=None, softmax_scale=None, causal=False,
+                        window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False,
+                        *, padded=False):  # fmt: skip
+    """``flash_attn_with_kvcache``'s semantics (no new k, v) on (B, L, H, D) NumPy arrays."""
     dtype = q.dtype
     q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k_cache, v_cache))  # (B, L, H, d)
     b, n, h, _ = q.shape
@@ -110,22 +105,22 @@ def _kvcache(q, k_cache, v_cache, cache_seqlens=None, softmax_scale=None, causal
     for e in range(b):
         sk = int(lengths[e])
         sl = None if slopes is None else (slopes if slopes.ndim == 1 else slopes[e])
-        out[e], lse[e] = _attend(q[e], k[e, :sk], v[e, :sk], scale, causal, window_size, softcap, sl,
-                                 anchor_on_padded=m if padded else None)
+        out[e], lse[e] = _attend(
+            q[e],
+            k[e, :sk],
+            v[e, :sk],
+            scale,
+            causal,
+            window_size,
+            softcap,
+            sl,
+            anchor_on_padded=m if padded else None,
+        )
     out = out.astype(dtype)
     return (out, lse) if return_softmax_lse else out
 
 
-def flash_kvcache_numpy(q, k_cache, v_cache, cache_seqlens=None, softmax_scale=None, causal=False,
-                        window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False):
-    """``flash_attn_with_kvcache``'s semantics (no new k, v) on (B, L, H, D) NumPy arrays."""
-    return _kvcache(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, window_size, softcap,
-                    alibi_slopes, return_softmax_lse)
-
-
-def flash_kvcache_padded(q, k_cache, v_cache, cache_seqlens=None, softmax_scale=None, causal=False,
-                         window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_softmax_lse=False):
+def flash_kvcache_padded(*args, **kwargs):
     """Wrong: the causal and window diagonal on the padded cache size m, keys past cache_seqlens
     hidden (the spec's "lower_right" with kv_lengths, where FlashAttention aligns on the lengths)."""
-    return _kvcache(q, k_cache, v_cache, cache_seqlens, softmax_scale, causal, window_size, softcap,
-                    alibi_slopes, return_softmax_lse, padded=True)
+    return flash_kvcache_numpy(*args, **kwargs, padded=True)

@@ -7,10 +7,13 @@ the suite. Each mutant switches on one bug that real implementations have shippe
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from attnspec.backends.base import VARIANT_FEATURES, Backend
-from attnspec.spec.validate import numpy_info, validate_sdpa
+from attnspec.spec.options import OPTIONS, Option, take, with_options
+from attnspec.spec.validate import plan_options
 
 
 class Naive(Backend):
@@ -24,20 +27,11 @@ class Naive(Backend):
     def to_numpy(self, x):
         return np.asarray(x)
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
-             q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None,
-             return_weights=False, return_lse=False):
+    @with_options()
+    def sdpa(self, q, k, v, **options):
         fn = f"{self.name}.sdpa"
-        info = lambda name, x: None if x is None else numpy_info(fn, name, x)  # noqa: E731
-        p = validate_sdpa(fn, info("q", q), info("k", k), info("v", v), mask=info("mask", mask),
-                          bias=info("bias", bias), causal=causal, window=window, scale=scale,
-                          q_lengths=q_lengths, kv_lengths=kv_lengths, softcap=softcap,
-                          alibi_slopes=info("alibi_slopes", alibi_slopes), sinks=info("sinks", sinks),
-                          q_segment_ids=info("q_segment_ids", q_segment_ids),
-                          kv_segment_ids=info("kv_segment_ids", kv_segment_ids),
-                          dropout_mask=info("dropout_mask", dropout_mask),
-                          dropout_p=dropout_p, return_lse=return_lse)
+        o = SimpleNamespace(**take(fn, options))
+        p, _ = plan_options(fn, q, k, v, vars(o))
         bug = self.bug
         ct = np.float32 if bug == "f32_accumulation" and p.dtype == "float64" else np.float64
 
@@ -48,47 +42,47 @@ class Naive(Backend):
         q, k, v = lift(q), lift(k), lift(v)
         heads = np.arange(p.hq) % p.hkv if bug == "gqa_modulo" else np.arange(p.hq) // p.group
         k, v = k[..., heads, :, :], v[..., heads, :, :]  # (..., Hq, m, d)
-        if scale is None:
-            scale = 1.0 / p.dk if bug == "scale_1_over_dk" else 1.0 / np.sqrt(p.dk)
+        if o.scale is None:
+            o.scale = 1.0 / p.dk if bug == "scale_1_over_dk" else 1.0 / np.sqrt(p.dk)
         if bug == "no_scale":
-            scale = 1.0
-        s = np.einsum("...id,...jd->...ij", q, k) * ct(scale)  # (..., Hq, n, m)
-        if softcap is not None and bug != "softcap_after_bias":
-            s = ct(softcap) * np.tanh(s / ct(softcap))
+            o.scale = 1.0
+        s = np.einsum("...id,...jd->...ij", q, k) * ct(o.scale)  # (..., Hq, n, m)
+        if o.softcap is not None and bug != "softcap_after_bias":
+            s = ct(o.softcap) * np.tanh(s / ct(o.softcap))
         i, j = np.arange(p.n)[:, None], np.arange(p.m)[None, :]
-        q_ids = None if q_segment_ids is None else np.broadcast_to(q_segment_ids, (*p.batch, p.n))
-        kv_ids = None if kv_segment_ids is None else np.broadcast_to(kv_segment_ids, (*p.batch, p.m))
-        anchor = self._anchor(p, causal, q_ids, kv_ids)[..., None, :, None]  # (..., 1, n, 1): i'
+        q_ids = None if o.q_segment_ids is None else np.broadcast_to(o.q_segment_ids, (*p.batch, p.n))
+        kv_ids = None if o.kv_segment_ids is None else np.broadcast_to(o.kv_segment_ids, (*p.batch, p.m))
+        anchor = self._anchor(p, o.causal, q_ids, kv_ids)[..., None, :, None]  # (..., 1, n, 1): i'
         vis = np.ones(p.full_weights_shape, bool)
-        if causal is not None:
+        if o.causal is not None:
             vis &= (j <= anchor + 1) if bug == "causal_off_by_one" else (j <= anchor)
-        if window is not None:
-            right = window[1] + (bug == "window_right_plus_one")  # one key too many on the right
-            vis &= (j >= anchor - window[0]) & (j <= anchor + right)
-        if kv_lengths is not None:
+        if o.window is not None:
+            right = o.window[1] + (bug == "window_right_plus_one")  # one key too many on the right
+            vis &= (j >= anchor - o.window[0]) & (j <= anchor + right)
+        if o.kv_lengths is not None:
             vis &= j < p.kv_lengths[..., None, None, None]
-        if q_lengths is not None:
+        if o.q_lengths is not None:
             vis &= i < p.q_lengths[..., None, None, None]
         if q_ids is not None:
             qi, kj = q_ids[..., None, :, None], kv_ids[..., None, None, :]  # (..., 1, n, 1), (..., 1, 1, m)
             vis &= ((qi <= kj) if bug == "segments_le" else (qi == kj)) & (qi >= 0)
-        if mask is not None:
-            vis &= mask
-        if bias is not None:
-            vis &= bias != -np.inf
+        if o.mask is not None:
+            vis &= o.mask
+        if o.bias is not None:
+            vis &= o.bias != -np.inf
             if bug != "bias_ignored":
-                s = s + np.where(bias == -np.inf, 0, bias).astype(ct)
-        if alibi_slopes is not None:
+                s = s + np.where(o.bias == -np.inf, 0, o.bias).astype(ct)
+        if o.alibi_slopes is not None:
             if bug == "alibi_upper_left_anchor":
                 anchor = np.arange(p.n)[:, None]
             elif bug == "alibi_lower_right_anchor":
                 anchor = np.arange(p.n)[:, None] + p.m - p.n
-            slopes = np.broadcast_to(alibi_slopes.astype(ct), (*p.batch, p.hq))[..., None, None]
+            slopes = np.broadcast_to(o.alibi_slopes.astype(ct), (*p.batch, p.hq))[..., None, None]
             distance = np.abs(anchor - j).astype(ct)  # (..., 1, n, m)
             s = s + slopes * distance if bug == "alibi_wrong_sign" else s - slopes * distance
-        if softcap is not None and bug == "softcap_after_bias":
-            s = ct(softcap) * np.tanh(s / ct(softcap))
-        sink = None if sinks is None else sinks.astype(ct)[:, None, None]  # (Hq, 1, 1)
+        if o.softcap is not None and bug == "softcap_after_bias":
+            s = ct(o.softcap) * np.tanh(s / ct(o.softcap))
+        sink = None if o.sinks is None else o.sinks.astype(ct)[:, None, None]  # (Hq, 1, 1)
         if bug is not None and bug.startswith("finite_fill"):
             # excluded keys get a large finite logit instead of none; patched as real code is:
             # rows with no visible key give 0, hidden keys' values are zeroed (no NaN leaks)
@@ -112,9 +106,9 @@ class Naive(Backend):
             # a row with no visible key has 0/0 = NaN weights: it gives 0; a NaN logit on a visible
             # key (a NaN bias) leaves its row NaN, as the spec says (corner_nan_bias)
             w = np.where(vis & vis.any(-1, keepdims=True), w, 0)
-            if dropout_mask is not None:
-                keep = dropout_mask.astype(ct)
-                w = w * keep if bug == "dropout_not_rescaled" else w * keep / ct(1.0 - dropout_p)
+            if o.dropout_mask is not None:
+                keep = o.dropout_mask.astype(ct)
+                w = w * keep if bug == "dropout_not_rescaled" else w * keep / ct(1.0 - o.dropout_p)
             out = np.where(vis[..., None], w[..., None] * v[..., None, :, :], 0).sum(-2)
             if bug == "empty_rows_mean":
                 empty = ~vis.any(-1, keepdims=True)
@@ -123,9 +117,9 @@ class Naive(Backend):
                 out = out + p_sink  # as if the sink had a value vector of ones
         dt = _np_dtype(p.dtype)
         result = [out.astype(dt).reshape(p.out_shape)]
-        if return_weights:
+        if o.return_weights:
             result.append(w.astype(dt).reshape(p.weights_shape))
-        if return_lse:
+        if o.return_lse:
             lse = _logsumexp(np.where(vis, s, -np.inf), sink, shifted=bug == "lse_no_max")
             result.append(lse.astype(_np_dtype(p.lse_dtype)).reshape(p.lse_shape))
         return result[0] if len(result) == 1 else tuple(result)
@@ -135,7 +129,8 @@ class Naive(Backend):
         i = np.arange(p.n)
         lengths_on_padded = self.bug == "lengths_on_padded"
         if (causal == "lower_right" and self.bug != "wrong_alignment") or (
-                causal == "lower_right_lengths" and lengths_on_padded):
+            causal == "lower_right_lengths" and lengths_on_padded
+        ):
             return np.broadcast_to(i + p.m - p.n, (*p.batch, p.n))
         anchor = np.broadcast_to(i, (*p.batch, p.n)).copy()
         if causal != "lower_right_lengths":
@@ -249,8 +244,12 @@ def finite_fill(bug: str, dtype: str) -> float:
     import ml_dtypes
 
     fi = ml_dtypes.finfo(_np_dtype(dtype))
-    return {"minus_1e4": -1e4, "minus_1e9": -1e9, "finfo_min": float(fi.min),
-            "minus_0_7_finfo_max": -0.7 * float(fi.max)}[bug.removeprefix("finite_fill_")]
+    return {
+        "minus_1e4": -1e4,
+        "minus_1e9": -1e9,
+        "finfo_min": float(fi.min),
+        "minus_0_7_finfo_max": -0.7 * float(fi.max),
+    }[bug.removeprefix("finite_fill_")]
 
 
 def fill_caught_in(bug: str) -> set[str]:
@@ -262,7 +261,9 @@ def fill_caught_in(bug: str) -> set[str]:
     return {d for d in FLOAT_DTYPES if min(floor_levels(d)) <= finite_fill(bug, d) + 20}
 
 
-FILL_MUTANTS = {f"finite_fill_{name}": (f"finite_fill_{name}", "corner_finite_floor") for name in FINITE_FILLS}
+FILL_MUTANTS = {
+    f"finite_fill_{name}": (f"finite_fill_{name}", "corner_finite_floor") for name in FINITE_FILLS
+}
 #: pytest -k of a fill mutant's run: sdpa's forward matches_golden, whose corner_finite_floor rows the
 #: test reads (all five forward sdpa properties ran before, the other four shrinking failures no test read)
 FILL_RUN = MUTANT_RUN
@@ -321,7 +322,7 @@ def control():
 
 
 for _name, (_bug, _) in {**MUTANTS, **VARIANT_MUTANTS, **FILL_MUTANTS}.items():
-    globals()[f"mutant_{_name}"] = (lambda b: (lambda: make(b)()))(_bug)
+    globals()[f"mutant_{_name}"] = (lambda b: lambda: make(b)())(_bug)
 
 
 class Crasher(Naive):
@@ -366,11 +367,14 @@ class Hanger(Naive):
 
 
 class SignatureDrift(Naive):
-    """Correct numbers, but sdpa grew a keyword the spec does not have: its own run must fail."""
+    """Correct numbers, but sdpa's signature drifted from the spec's: the variants' keywords are
+    gone, and dropout_p, read by nothing, defaults to 0.0 rather than None. Its own run must fail."""
 
     name = "signature-drift"
+    drifted = (*(o for o in OPTIONS if o.variant is None), Option("dropout_p", "float", 0.0, "value"))
 
-    def sdpa(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-             q_lengths=None, kv_lengths=None, return_weights=False, dropout_p=0.0):
-        return super().sdpa(q, k, v, mask=mask, bias=bias, causal=causal, window=window, scale=scale,
-                            q_lengths=q_lengths, kv_lengths=kv_lengths, return_weights=return_weights)
+    @with_options(table=drifted)
+    def sdpa(self, q, k, v, **options):
+        options = take(f"{self.name}.sdpa", options, table=self.drifted)
+        del options["dropout_p"]
+        return super().sdpa(q, k, v, **options)

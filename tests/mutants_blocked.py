@@ -10,22 +10,28 @@ bug that tiles of a single size (block_k >= m) never show.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 from mutants import Naive, _np_dtype, naive_visibility
 
-from attnspec.spec.validate import ArrayInfo, validate_sdpa
+from attnspec.spec.options import OPTIONS, take, with_options
+from attnspec.spec.validate import plan_options
+
+#: sdpa's keywords but the variants': this plain sdpa_blocked refuses a variant's keyword as an
+#: unexpected one
+CORE = tuple(o for o in OPTIONS if o.variant is None)
 
 
 class BlockedNaive(Naive):
     name = "blocked-naive"
     bug = None
 
-    def sdpa_blocked(self, q, k, v, *, mask=None, bias=None, causal=None, window=None, scale=None,
-                     q_lengths=None, kv_lengths=None, return_weights=False, block_q=256, block_k=512):
-        info = lambda x: None if x is None else ArrayInfo(tuple(x.shape), x.dtype.name)  # noqa: E731
-        p = validate_sdpa(f"{self.name}.sdpa_blocked", info(q), info(k), info(v), mask=info(mask),
-                          bias=info(bias), causal=causal, window=window, scale=scale,
-                          q_lengths=q_lengths, kv_lengths=kv_lengths)
+    @with_options(after=("block_q", "block_k"), table=CORE)
+    def sdpa_blocked(self, q, k, v, *, block_q=256, block_k=512, **options):
+        fn = f"{self.name}.sdpa_blocked"
+        o = SimpleNamespace(**take(fn, options, table=CORE))
+        p, _ = plan_options(fn, q, k, v, vars(o))
 
         def lift(x):  # (..., H, L, d), batch dims broadcast out
             x = x if x.ndim > 2 else x[None]
@@ -34,9 +40,11 @@ class BlockedNaive(Naive):
         heads = np.arange(p.hq) // p.group
         q, k, v = lift(q), lift(k)[..., heads, :, :], lift(v)[..., heads, :, :]  # (..., Hq, L, d)
         s = np.einsum("...id,...jd->...ij", q, k) * p.scale  # (..., Hq, n, m)
-        vis = naive_visibility(p, causal, window, q_lengths, kv_lengths, mask, bias)  # (..., Hq, n, m)
-        if bias is not None:
-            s = s + np.where(bias == -np.inf, 0, bias)
+        vis = naive_visibility(
+            p, o.causal, o.window, o.q_lengths, o.kv_lengths, o.mask, o.bias
+        )  # (..., Hq, n, m)
+        if o.bias is not None:
+            s = s + np.where(o.bias == -np.inf, 0, o.bias)
         s = np.where(vis, s, -np.inf)
 
         run_max = np.full((*p.full_weights_shape[:-1], 1), -np.inf)  # (..., Hq, n, 1)
@@ -61,7 +69,7 @@ class BlockedNaive(Naive):
             w = np.where(vis, np.exp(s - safe) / np.where(total == 0, 1, total), 0)
         dt = _np_dtype(p.dtype)
         out = out.astype(dt).reshape(p.out_shape)
-        return (out, w.astype(dt).reshape(p.weights_shape)) if return_weights else out
+        return (out, w.astype(dt).reshape(p.weights_shape)) if o.return_weights else out
 
 
 # mutant name -> (bug, a feature whose failure the suite must report)

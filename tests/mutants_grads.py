@@ -14,6 +14,7 @@ backwards, one query row and one round at a time); it is the control of `MHA_LSH
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 from mutants import Naive, _np_dtype, naive_visibility
@@ -23,27 +24,23 @@ from mutants_mha import NaiveMHA, _info
 from attnspec.backends import Unsupported, _mha
 from attnspec.backends.base import MHAArrays, variant_features
 from attnspec.spec.lsh import NORM_EPS, plan_lsh_call
-from attnspec.spec.options import LSH_OPTIONS, with_options
-from attnspec.spec.validate import ArrayInfo, validate_sdpa
+from attnspec.spec.options import LSH_OPTIONS, take, with_options
+from attnspec.spec.validate import plan_options
 
 
 class NaiveGrad(Naive):
     name = "naive-grad"
     grad_bug = None
 
-    def sdpa_vjp(self, q, k, v, d_out, *, mask=None, bias=None, causal=None, window=None, scale=None,
-                 q_lengths=None, kv_lengths=None, softcap=None, alibi_slopes=None, sinks=None,
-                 q_segment_ids=None, kv_segment_ids=None, dropout_mask=None, dropout_p=None):
-        variants = variant_features(dict(alibi_slopes=alibi_slopes, causal=causal, q_segment_ids=q_segment_ids,
-                                         kv_segment_ids=kv_segment_ids, dropout_mask=dropout_mask,
-                                         dropout_p=dropout_p))
+    @with_options(outputs=False)
+    def sdpa_vjp(self, q, k, v, d_out, **options):
+        fn = f"{self.name}.sdpa_vjp"
+        o = SimpleNamespace(**take(fn, options, outputs=False))
+        variants = [f for f in variant_features(vars(o)) if f not in ("softcap", "sinks")]
         if variants:  # of the variants, this backward has softcap's and the sinks' only
-            raise Unsupported(f"{self.name}.sdpa_vjp: no backward for {', '.join(variants)}")
-        info = lambda x: None if x is None else ArrayInfo(tuple(x.shape), x.dtype.name)  # noqa: E731
-        p = validate_sdpa(f"{self.name}.sdpa_vjp", info(q), info(k), info(v), mask=info(mask),
-                          bias=info(bias), causal=causal, window=window, scale=scale,
-                          q_lengths=q_lengths, kv_lengths=kv_lengths, softcap=softcap, sinks=info(sinks))
-        shapes = [x.shape for x in (q, k, v)] + [x.shape for x in (bias, sinks) if x is not None]
+            raise Unsupported(f"{fn}: no backward for {', '.join(variants)}")
+        p, _ = plan_options(fn, q, k, v, vars(o))
+        shapes = [x.shape for x in (q, k, v)] + [x.shape for x in (o.bias, o.sinks) if x is not None]
         dt = _np_dtype(p.dtype)
         if p.n == 0 or p.m == 0 or p.hq == 0:
             return tuple(np.zeros(s, dt) for s in shapes)
@@ -57,20 +54,22 @@ class NaiveGrad(Naive):
         dO = d_out.astype(np.float64).reshape(*p.batch, p.hq, p.n, p.dv)
         scale = p.scale if self.grad_bug != "no_scale" else 1.0
 
-        vis = naive_visibility(p, causal, window, q_lengths, kv_lengths, mask, bias)  # (..., Hq, n, m)
+        vis = naive_visibility(
+            p, o.causal, o.window, o.q_lengths, o.kv_lengths, o.mask, o.bias
+        )  # (..., Hq, n, m)
         seen = vis.any(axis=-2)[..., None]  # (..., Hq, m, 1): a key no row sees never enters a sum
         k64, v64 = np.where(seen, k64, 0), np.where(seen, v64, 0)
 
         s = np.einsum("...id,...jd->...ij", q64, k64) * p.scale  # (..., Hq, n, m)
         cap_grad = 1.0  # d capped logit / d logit
-        if softcap is not None:
-            th = np.tanh(s / softcap)
-            s = softcap * th
+        if o.softcap is not None:
+            th = np.tanh(s / o.softcap)
+            s = o.softcap * th
             if self.grad_bug != "softcap_grad_dropped":
                 cap_grad = 1 - th**2
-        sink = None if sinks is None else sinks.astype(np.float64)[:, None, None]  # (Hq, 1, 1)
-        if bias is not None:
-            s = s + np.where(bias == -np.inf, 0, bias.astype(np.float64))
+        sink = None if o.sinks is None else o.sinks.astype(np.float64)[:, None, None]  # (Hq, 1, 1)
+        if o.bias is not None:
+            s = s + np.where(o.bias == -np.inf, 0, o.bias.astype(np.float64))
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             if self.grad_bug == "masked_key_leak":
                 top = s.max(axis=-1, keepdims=True)  # recomputed without the mask
@@ -102,7 +101,7 @@ class NaiveGrad(Naive):
             dv = np.swapaxes(w, -1, -2) @ dO  # (..., Hq, m, dv)
         dk = dk.reshape(*p.batch, p.hkv, p.group, p.m, p.dk).sum(axis=-3)  # back to kv heads
         dv = dv.reshape(*p.batch, p.hkv, p.group, p.m, p.dv).sum(axis=-3)
-        grads = [dq, dk, dv] + ([] if bias is None else [ds])
+        grads = [dq, dk, dv] + ([] if o.bias is None else [ds])
         if sink is not None:  # the sink's probability times the row's D, summed over rows and batch
             d_sinks = -(e_sink / denom * row)[..., 0].reshape(-1, p.hq, p.n).sum(axis=(0, 2))  # (Hq,)
             grads.append(np.zeros_like(d_sinks) if self.grad_bug == "sinks_no_grad" else d_sinks)
@@ -140,27 +139,27 @@ def control():
 
 
 for _bug in (*GRAD_MUTANTS, *VARIANT_GRAD_MUTANTS):
-    globals()[f"mutant_{_bug}"] = (lambda b: (lambda: make(b)()))(_bug)
+    globals()[f"mutant_{_bug}"] = (lambda b: lambda: make(b)())(_bug)
 
 
 # -- mha_vjp and lsh_attention_vjp ------------------------------------------------------------------
+
 
 class NaiveGradAll(NaiveGrad, NaiveMHA, NaiveLSH):
     name = "naive-grad-all"
     vjp_bug = None
 
-    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, mask=None,
-                bias=None, causal=None, window=None, scale=None, q_lengths=None, kv_lengths=None,
-                softcap=None, alibi_slopes=None, sinks=None, q_segment_ids=None, kv_segment_ids=None,
-                dropout_mask=None, dropout_p=None):
-        variants = variant_features(dict(softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, causal=causal,
-                                         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-                                         dropout_mask=dropout_mask, dropout_p=dropout_p))
+    @with_options(outputs=False)
+    def mha_vjp(self, query, key, value, params, d_out, *, num_heads, num_kv_heads=None, **options):
+        fn = f"{self.name}.mha_vjp"
+        options = take(fn, options, outputs=False)
+        variants = variant_features(options)
         if variants:  # as sdpa_vjp above: the variants' backward is not here
-            raise Unsupported(f"{self.name}.mha_vjp: no backward for {', '.join(variants)}")
-        options = dict(causal=causal, window=window, scale=scale, q_lengths=q_lengths, kv_lengths=kv_lengths)
-        inputs = (query, key, value, params, num_heads, num_kv_heads, mask, bias)
-        plan = _mha.validate(f"{self.name}.mha_vjp", _info, lambda x: x, inputs, options)
+            raise Unsupported(f"{fn}: no backward for {', '.join(variants)}")
+        plan = _mha.validate(
+            fn, _info, lambda x: x, (query, key, value, params, num_heads, num_kv_heads), options
+        )
+        mask, bias = options.pop("mask"), options.pop("bias")
         h, hkv, hd = plan.hq, plan.hkv, plan.dk
         p = params
         f = lambda x: None if x is None else x.astype(np.float64)  # noqa: E731
@@ -179,8 +178,11 @@ class NaiveGradAll(NaiveGrad, NaiveMHA, NaiveLSH):
         def outer(d, x):  # sum over rows of d^T x: (..., L, out), (..., L, in) -> (out, in)
             return d.reshape(-1, d.shape[-1]).T @ x.reshape(-1, x.shape[-1])
 
-        q, k, v = split(project(query, p.w_q, p.b_q), h), split(project(key, p.w_k, p.b_k), hkv), \
-            split(project(value, p.w_v, p.b_v), hkv)
+        q, k, v = (
+            split(project(query, p.w_q, p.b_q), h),
+            split(project(key, p.w_k, p.b_k), hkv),
+            split(project(value, p.w_v, p.b_v), hkv),
+        )
         o = self.sdpa(q, k, v, mask=mask, bias=f(bias), **options)  # (..., H, n, hd)
         dO = f(d_out)  # (..., n, E)
         do = np.ascontiguousarray(split(dO @ f(p.w_o), h))  # (..., H, n, hd)
@@ -189,11 +191,22 @@ class NaiveGradAll(NaiveGrad, NaiveMHA, NaiveLSH):
         d_w_o = outer(dO, merge(o))  # (E, E)
         if self.vjp_bug == "w_o_transposed":
             d_w_o = d_w_o.T
-        d = {"w_q": outer(dq, f(query)), "w_k": outer(dk, f(key)), "w_v": outer(dv, f(value)), "w_o": d_w_o,
-             "b_q": dq.reshape(-1, dq.shape[-1]).sum(0), "b_k": dk.reshape(-1, dk.shape[-1]).sum(0),
-             "b_v": dv.reshape(-1, dv.shape[-1]).sum(0), "b_o": dO.reshape(-1, dO.shape[-1]).sum(0)}
-        d_params = MHAArrays(**{name: None if getattr(p, name) is None else g.astype(getattr(p, name).dtype)
-                                for name, g in d.items()})
+        d = {
+            "w_q": outer(dq, f(query)),
+            "w_k": outer(dk, f(key)),
+            "w_v": outer(dv, f(value)),
+            "w_o": d_w_o,
+            "b_q": dq.reshape(-1, dq.shape[-1]).sum(0),
+            "b_k": dk.reshape(-1, dk.shape[-1]).sum(0),
+            "b_v": dv.reshape(-1, dv.shape[-1]).sum(0),
+            "b_o": dO.reshape(-1, dO.shape[-1]).sum(0),
+        }
+        d_params = MHAArrays(
+            **{
+                name: None if getattr(p, name) is None else g.astype(getattr(p, name).dtype)
+                for name, g in d.items()
+            }
+        )
         dt = query.dtype
         out = (dq @ f(p.w_q), dk @ f(p.w_k), dv @ f(p.w_v))
         result = [g.reshape(x.shape).astype(dt) for g, x in zip(out, (query, key, value))] + [d_params]
@@ -216,8 +229,18 @@ class NaiveGradAll(NaiveGrad, NaiveMHA, NaiveLSH):
 
     def _one_vjp(self, x, v, dO, rotations, n, p):
         """One batch element's unpadded positions (n, d), (n, dv), (n, dv) -> dx, dv."""
-        _, buckets = self._one(x, v, rotations.astype(np.float64), n, p, n, p.n_hashes, p.n_buckets,
-                               p.chunk_length, p.padded_length)  # NaiveLSH's buckets of the n positions
+        _, buckets = self._one(
+            x,
+            v,
+            rotations.astype(np.float64),
+            n,
+            p,
+            n,
+            p.n_hashes,
+            p.n_buckets,
+            p.chunk_length,
+            p.padded_length,
+        )  # NaiveLSH's buckets of the n positions
         windows = self._windows(buckets, n, p)
         norm = np.linalg.norm(x, axis=-1)  # (n,)
         k_hat = x / np.maximum(norm, NORM_EPS)[:, None]  # (n, d)
@@ -287,5 +310,8 @@ def control_all():
 
 
 for _bug in MHA_LSH_MUTANTS:
-    globals()[f"mutant_{_bug}"] = (lambda b: (lambda: type(f"GradMutant_{b}", (NaiveGradAll,),
-                                                          {"name": f"grad-mutant-{b}", "vjp_bug": b})()))(_bug)
+    globals()[f"mutant_{_bug}"] = (
+        lambda b: (
+            lambda: type(f"GradMutant_{b}", (NaiveGradAll,), {"name": f"grad-mutant-{b}", "vjp_bug": b})()
+        )
+    )(_bug)

@@ -29,14 +29,13 @@ class NaiveMHA(Naive):
 
     @with_options()
     def mha(self, query, key, value, params, *, num_heads, num_kv_heads=None, **given):
-        options = take(f"{self.name}.mha", given)  # sdpa's keywords; those not mask, bias, return_*
-        mask, bias = options.pop("mask"), options.pop("bias")  # go on to the per-head sdpa
+        options = take(f"{self.name}.mha", given)
+        inputs = (query, key, value, params, num_heads, num_kv_heads)
+        plan = _mha.validate(f"{self.name}.mha", _info, lambda x: x, inputs, options)
+        # sdpa's keywords; those not mask, bias, return_* go on to the per-head sdpa
+        mask, bias = options.pop("mask"), options.pop("bias")
         return_weights, return_lse = options.pop("return_weights"), options.pop("return_lse")
         sinks = options["sinks"]
-        inputs = (query, key, value, params, num_heads, num_kv_heads, mask, bias)
-        plan = _mha.validate(
-            f"{self.name}.mha", _info, lambda x: x, inputs, {**options, "return_lse": return_lse}
-        )
         bug = self.mha_bug
         if bug == "drops_softcap":  # a per-head call that forgets one variant (sglang#33915's kind)
             options["softcap"] = None

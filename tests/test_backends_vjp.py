@@ -18,8 +18,7 @@ from attnspec import SpecError
 from attnspec.backends._vjp import FORWARD
 from attnspec.backends.base import spec_signature_mismatches
 from attnspec.conformance.lsh_cases import LSH_BAD_INPUTS
-from attnspec.conformance.mha_cases import MHA_BAD_INPUTS
-from attnspec.spec.bad_inputs import SDPA_BAD_INPUTS
+from attnspec.spec.bad_inputs import MHA_BAD_INPUTS, SDPA_BAD_INPUTS
 from attnspec.spec.lsh import lsh_rotations
 from attnspec.spec.mha import MHAParams
 

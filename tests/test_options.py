@@ -134,6 +134,44 @@ def test_every_backend_method_accepts_the_same_set():
     assert checked >= 8  # numpy alone implements eight of them
 
 
+TYPED = [
+    (options.SDPAOptions, options.OPTIONS, True),
+    (options.SDPAInputs, options.OPTIONS, False),
+    (options.LSHOptions, options.LSH_OPTIONS, True),
+    (options.LSHInputs, options.LSH_OPTIONS, False),
+    (options.FP8Options, options.FP8_OPTIONS, True),
+]
+
+
+@pytest.mark.parametrize(("typed", "table", "outputs"), TYPED, ids=[t.__name__ for t, _, _ in TYPED])
+def test_each_typed_dict_is_its_table(typed, table, outputs):
+    """The TypedDicts that type the Backend contract's ``**options`` (for mypy) hold the table's
+    keywords, in its order, required exactly where the table requires them."""
+    rows = [o for o in table if outputs or o.kind != "output"]
+    assert list(typed.__annotations__) == [o.name for o in rows]
+    assert typed.__required_keys__ == {o.name for o in rows if o.default is options.REQUIRED}
+
+
+def test_sdpa_fp8_is_its_table_and_every_backend_shows_it():
+    """sdpa_fp8's own keywords (the descales, out_dtype) then sdpa's: the golden writes its own four
+    out, and the table holds them, so the Backend contract and the backends derive the rest."""
+    ours = [
+        p for p in inspect.signature(sdpa_fp8).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    assert ours == options.parameters(table=options.FP8_OPTIONS)
+    names = [o.name for o in options.FP8_OPTIONS]
+    assert names[4:] == list(options.NAMES)
+    for fn in (Backend.sdpa_fp8, get("numpy").sdpa_fp8):
+        shown = [
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        ]
+        assert shown == names, fn
+    with pytest.raises(TypeError, match="unexpected keyword argument 'k_scale'"):
+        get("numpy").sdpa_fp8(np.zeros((1, 2, 4)), np.zeros((1, 2, 4)), np.zeros((1, 2, 4)), k_scale=1.0)
+
+
 def lsh_table(outputs: bool) -> list[inspect.Parameter]:
     return options.parameters(outputs=outputs, annotated=False, table=options.LSH_OPTIONS)
 

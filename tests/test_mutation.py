@@ -203,3 +203,23 @@ def test_the_segments_tour_pads_queries_and_keys():
         assert case.feature == "segments"
         assert (np.asarray(case.options["q_segment_ids"])[..., -1] == -1).all()
         assert (np.asarray(case.options["kv_segment_ids"])[..., -1] == -1).all()
+
+
+def test_every_recorded_mutant_names_a_line_that_exists():
+    """The mutation records name a mutant by its file and source line, so an edit or a reflow of
+    that line orphans the record: an equivalent entry would then excuse nothing, a CI sample entry
+    would name a mutant that is no longer generated. Each must name a line of its file (stripped,
+    as equivalent.toml writes them; whole, as ci_sample.toml does)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    orphans = []
+    for record, strip in (("equivalent.toml", True), ("ci_sample.toml", False)):
+        for entry in tomllib.loads((MUTATION / record).read_text(encoding="utf-8"))["mutant"]:
+            lines = (REPO / entry["file"]).read_text(encoding="utf-8").splitlines()
+            wanted = entry["before"] if strip else entry["line"]
+            if wanted not in ([line.strip() for line in lines] if strip else lines):
+                orphans.append(f"{record}: {entry['file']}: {wanted!r}")
+    assert not orphans, "\n".join(orphans)

@@ -49,6 +49,11 @@ from attnspec.spec.options import (
 )
 from attnspec.spec.validate import FLOAT_DTYPES
 
+#: the dtype names `Backend.dtype_name` may read off a framework's dtype object
+_DTYPE_NAMES = frozenset(
+    (*FLOAT_DTYPES, *FP8_DTYPES, "bool", *(f"{s}int{b}" for s in ("", "u") for b in (8, 16, 32, 64)))
+)
+
 if TYPE_CHECKING:  # typing.Unpack is 3.11's; mypy reads typing_extensions' from its own stubs
     from typing_extensions import Unpack
 
@@ -222,8 +227,22 @@ class Backend:
         """Block until queued device work is done (timing reads the clock only after this)."""
 
     def dtype_name(self, x: Any) -> str:
-        """The canonical dtype name of one of this backend's arrays (``float32``, ``bool``...)."""
-        return str(np.dtype(x.dtype).name)
+        """The canonical dtype name of one of this backend's arrays (``float32``, ``bool``...).
+
+        The default reads NumPy's name of ``x.dtype`` or, for a framework's own dtype object
+        (``torch.float32``, ``mlx.core.float32``), the last dotted part of its name when that is a
+        dtype the kit knows; any other raises TypeError saying to override this method.
+        """
+        try:
+            return str(np.dtype(x.dtype).name)
+        except TypeError:
+            name = str(x.dtype).rsplit(".", 1)[-1]
+        if name not in _DTYPE_NAMES:
+            raise TypeError(
+                f"{self.name}.dtype_name: cannot name the dtype {x.dtype!r} of a {type(x).__name__}: "
+                "override Backend.dtype_name to name your arrays' dtypes (float32, bool, ...)"
+            )
+        return name
 
     def numerics_policy(self) -> dict[str, Any]:
         """Turn off reduced-precision shortcuts (TF32, bf16 matmul passes) and report the settings.

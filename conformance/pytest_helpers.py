@@ -55,9 +55,17 @@ class Verdict:
 
 def resolve_backend(name: str):
     """A registered backend name, ``module:attribute`` naming a Backend class or factory, or
-    ``module:function@convention`` (see `attnspec.backends.load`)."""
+    ``module:function@convention`` (see `attnspec.backends.load`).
+
+    The reproducers call it. Run from the folder ``attnspec check`` ran in, a module of that
+    folder resolves as it did for check: the current folder is searched after the installed
+    packages, so it can never hide one.
+    """
+    import os
+
     import attnspec.backends
 
+    attnspec.backends.search_after_installed([os.getcwd()])
     return attnspec.backends.load(name)
 
 

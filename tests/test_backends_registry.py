@@ -101,3 +101,51 @@ def test_register_refuses_taken_names_and_bad_factories(monkeypatch):
     registry.register("not-a-backend", lambda: object())
     with pytest.raises(SpecError, match=r"returned object, not an attnspec\.backends\.Backend"):
         registry.get("not-a-backend")
+
+
+def test_a_reproducer_run_from_the_checks_folder_finds_its_module(tmp_path):
+    """`attnspec check mine:Mine` finds mine.py in the current folder; the reproducers it writes
+    (attnspec-report/repro/*.py, run from that folder) must find it too, although Python puts the
+    script's own folder on sys.path, not the current one. An installed module still wins."""
+    (tmp_path / "mine_backend.py").write_text(
+        "from attnspec.backends.numpy import NumpyBackend\n\nclass Mine(NumpyBackend):\n    name = 'mine'\n"
+    )
+    (tmp_path / "colorsys.py").write_text(
+        "raise SystemExit('the current folder shadowed an installed module')\n"
+    )
+    repro = tmp_path / "attnspec-report" / "repro" / "01.py"
+    repro.parent.mkdir(parents=True)
+    repro.write_text(
+        "from attnspec.conformance.pytest_helpers import resolve_backend\n"
+        "name = resolve_backend('mine_backend:Mine').name\n"
+        "import colorsys\n"
+        "print(name, colorsys.__name__)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(repro.relative_to(tmp_path))],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and proc.stdout.split() == ["mine", "colorsys"], proc.stderr
+
+
+def test_the_default_dtype_name_reads_a_frameworks_dtype_or_says_to_override_it():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from attnspec.backends.authoring import Backend
+
+    class Mine(Backend):
+        name = "mine"
+
+    be = Mine()
+    assert be.dtype_name(np.zeros(2, np.float16)) == "float16"
+    assert be.dtype_name(SimpleNamespace(dtype="torch.bfloat16")) == "bfloat16"  # str() of torch's dtype
+    assert be.dtype_name(SimpleNamespace(dtype="mlx.core.int32")) == "int32"
+    with pytest.raises(TypeError, match=r"mine.dtype_name: cannot name the dtype 'mylib.half2'.*override"):
+        be.dtype_name(SimpleNamespace(dtype="mylib.half2"))
+    torch = pytest.importorskip("torch")
+    assert be.dtype_name(torch.zeros(2, dtype=torch.bfloat16)) == "bfloat16"

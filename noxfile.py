@@ -123,7 +123,7 @@ def _kit_tests(session: nox.Session, tier: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the kit's own tests (spec, backends, runner, plugin, reports, docs), all frameworks, but
-    not the proofs: about 11 minutes on 2 cores (tests/tiers.py)."""
+    not the proofs: 7 to 13 minutes on 2 cores (tests/tiers.py)."""
     _kit_tests(session, "not proof")
 
 
@@ -131,7 +131,7 @@ def tests(session: nox.Session) -> None:
 def proofs(session: nox.Session) -> None:
     """Run the proofs that the suite and its verdicts work: the conformance suite, in a subprocess,
     on every mutant (each caught), every control (each passing) and every real function whose
-    verdict a test reads. About 45 minutes on 2 cores; CI runs it after `nox -s tests`."""
+    verdict a test reads. 30 to 48 minutes on 2 cores; CI runs it after `nox -s tests`."""
     _kit_tests(session, "proof")
 
 

@@ -93,14 +93,13 @@ class TorchNativeBackend(TorchArrays):
         """`torch.nn.MultiheadAttention` (batch_first=True) as a user calls it; see `_mha_module`."""
         fn = "torch-native.mha"
         o = take(fn, options)
-        variants = variant_keywords(o)
-        mask, bias, causal, return_weights = o["mask"], o["bias"], o["causal"], o["return_weights"]
+        mask, bias, return_weights = o["mask"], o["bias"], o["return_weights"]
         options = {name: o[name] for name in ("causal", "window", "scale", "q_lengths", "kv_lengths")}
         p = _mha.validate(
             fn, self._info, _lengths_to_numpy, (query, key, value, params, num_heads, num_kv_heads), o
         )
         # the module has none of the variants (its dropout draws its own mask): refused, not emulated
-        self.refuse_variants("mha", {**variants, "causal": causal})
+        self.refuse_variants("mha", o)
         prm = _mha.arrays_of(self, params, p.dtype, str(query.device))
         biases = [getattr(prm, name) is not None for name in ("b_q", "b_k", "b_v", "b_o")]
         reasons = mha_refusals(

@@ -37,29 +37,13 @@ from attnspec.backends._common import (
 from attnspec.backends.base import VARIANT_FEATURES, Backend, Unsupported, variant_features
 from attnspec.errors import SpecError
 from attnspec.spec.blocked import check_block
+from attnspec.spec.dtypes import DTYPE_NAMES
 from attnspec.spec.options import LSH_OPTIONS, take, with_options
 from attnspec.spec.sdpa import BLOCKED_MIN_LOGITS
 from attnspec.spec.validate import SDPAPlan
 
 __all__ = ["ArrayAPIBackend", "ArrayAPICupy", "ArrayAPINumpy", "ArrayAPIStrict", "ArrayAPITorch"]
 
-_DTYPE_NAMES = (
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "bfloat16",
-    "float32",
-    "float64",
-    "complex64",
-    "complex128",
-)
 # Narrow floats travel as float32 (which holds them exactly): not every namespace can take
 # float16/bfloat16 from NumPy or hand it back (DLPack has no bfloat16 in NumPy).
 _NARROW = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -131,7 +115,7 @@ class ArrayAPIBackend(Backend):
 
     def dtype_name(self, x) -> str:
         xp = self._compat.array_namespace(x)
-        for name in _DTYPE_NAMES:
+        for name in DTYPE_NAMES:
             candidate = getattr(xp, name, None)
             # skip absent names: NumPy compares None equal to float64 (its default dtype)
             if candidate is not None and candidate == x.dtype:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from attnspec.spec.dtypes import DTYPE_NAMES
 from attnspec.spec.fp8 import FP8_DTYPES
 from attnspec.spec.mha_params import ParamSizes
 from attnspec.spec.options import (
@@ -50,9 +51,7 @@ from attnspec.spec.options import (
 from attnspec.spec.validate import FLOAT_DTYPES
 
 #: the dtype names `Backend.dtype_name` may read off a framework's dtype object
-_DTYPE_NAMES = frozenset(
-    (*FLOAT_DTYPES, *FP8_DTYPES, "bool", *(f"{s}int{b}" for s in ("", "u") for b in (8, 16, 32, 64)))
-)
+_DTYPE_NAMES = frozenset((*DTYPE_NAMES, *FP8_DTYPES))
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11's; mypy reads typing_extensions' from its own stubs
     from typing_extensions import Unpack

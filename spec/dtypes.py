@@ -12,6 +12,16 @@ from attnspec.errors import SpecError
 #: the floating-point dtypes of the spec's inputs, narrowest first
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
+#: every dtype name a backend names its arrays by (`Backend.dtype_name`), FP8 aside
+#: (`attnspec.spec.fp8.FP8_DTYPES`)
+DTYPE_NAMES = (
+    "bool",
+    *(f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64)),
+    *FLOAT_DTYPES,
+    "complex64",
+    "complex128",
+)
+
 #: dtype name -> NumPy dtype (bfloat16 through ml_dtypes)
 NUMPY_DTYPES: dict[str, np.dtype] = {
     "bool": np.dtype(bool),
